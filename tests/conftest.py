@@ -1,0 +1,66 @@
+"""Shared fixtures: one real PostgreSQL per server version and one Spark session per test run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pgmedallion.localpg import LocalPostgres
+
+PG15_BIN = Path("/usr/lib/postgresql/15/bin")
+STATE = Path(os.environ.get("PGMEDALLION_TEST_STATE", Path(__file__).parent.parent / ".pgmedallion" / "test"))
+
+SERVERS = ["pg18"] + (["pg15"] if (PG15_BIN / "postgres").exists() else [])
+
+
+def _server(name: str) -> LocalPostgres:
+    bin_dir = PG15_BIN if name == "pg15" else None
+    return LocalPostgres(STATE / name, bin_dir=bin_dir).start()
+
+
+@pytest.fixture(scope="session")
+def pg() -> LocalPostgres:
+    """The embedded PostgreSQL 18 server (wal_level=logical)."""
+    return _server("pg18")
+
+
+@pytest.fixture(scope="session", params=SERVERS)
+def any_pg(request) -> LocalPostgres:
+    """Every server version available here: capture tests run against each."""
+    return _server(request.param)
+
+
+@pytest.fixture
+def db(pg: LocalPostgres, request):
+    """A fresh database on the embedded server, named after the test; yields its conninfo."""
+    yield from _fresh_db(pg, request)
+
+
+@pytest.fixture
+def any_db(any_pg: LocalPostgres, request):
+    yield from _fresh_db(any_pg, request)
+
+
+def _fresh_db(server: LocalPostgres, request):
+    name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name.lower())[:55]
+    with psycopg.connect(**server.conninfo(), autocommit=True) as conn:
+        for (slot,) in conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (name,)
+        ).fetchall():
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        conn.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(psycopg.sql.Identifier(name)))
+        conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
+    yield server.conninfo(dbname=name)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The one SparkSession of the test run (local, Delta, Hive catalog under the test state)."""
+    from pgmedallion.spark import get_spark
+
+    session = get_spark(STATE / "spark")
+    yield session
+    session.stop()
