@@ -1,0 +1,121 @@
+"""What can go wrong on the PostgreSQL side, as types.
+
+Every failure capture raises is a :class:`CaptureError`, and every one is either
+
+- **transient**: the world may heal on its own (a connection refused or lost, an authentication
+  timeout, a slot still held by a dying walsender, a walsender killed by an administrator).
+  The caller retries with backoff; nothing about it is ever written as data; or
+- **definite**: a fact about the source at some LSN that no retry can change (the publication
+  or the slot is gone, the slot no longer holds the WAL we need, the server is on another
+  timeline, a table was dropped). The caller records it for the tables it concerns and stops
+  reading those tables, not the others.
+
+::
+
+    psycopg.Error ──server_errors()──┐
+    server error message ───────────classify()──> TransientError ─> retry with backoff
+                                             └──> DefiniteError  ─> bronze error record
+
+Messages are single lines meant for logs and error records, so they never carry a password:
+connection errors name the server through ``connection.redact``, and :func:`classify` receives
+only the server's message text, which PostgreSQL never fills with credentials.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import psycopg
+
+
+class CaptureError(Exception):
+    """Any failure of the PostgreSQL side of capture."""
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class TransientError(CaptureError):
+    """Retry later: connection refused or lost, timeouts, a slot in use, a killed walsender."""
+
+
+class SlotInUse(TransientError):
+    """Another session still streams from the slot (often a stale connection of ours)."""
+
+
+class DefiniteError(CaptureError):
+    """A fact about the source that no retry changes; recorded as data for its tables."""
+
+
+class PublicationDropped(DefiniteError):
+    """The publication the stream reads no longer exists."""
+
+
+class SlotMissing(DefiniteError):
+    """The replication slot does not exist (dropped, or never created on this server)."""
+
+
+class SlotInvalidated(DefiniteError):
+    """The server invalidated the slot (``wal_status = 'lost'``): its WAL was removed."""
+
+
+class SlotCompacted(DefiniteError):
+    """The resume point is older than what the slot still holds, so changes were lost."""
+
+
+class SlotPluginMismatch(DefiniteError):
+    """A slot with our name exists but decodes with another plugin or in another database."""
+
+
+class TimelineChanged(DefiniteError):
+    """The server is not the one (system id, timeline) whose LSNs we recorded."""
+
+
+class TableDropped(DefiniteError):
+    """A table we capture no longer exists."""
+
+
+@dataclass(frozen=True)
+class _Rule:
+    sqlstate: str
+    needle: str
+    error: type[CaptureError]
+
+
+# Server errors are matched on SQLSTATE and, where one SQLSTATE covers several causes, on a
+# fragment of the (English) message text; anything unmatched is transient, because a definite
+# error stops a table forever and must only be claimed when we are sure.
+_RULES = (
+    _Rule("42704", "replication slot", SlotMissing),
+    _Rule("42704", "publication", PublicationDropped),
+    _Rule("55006", "", SlotInUse),
+    _Rule("55000", "can no longer", SlotInvalidated),
+    _Rule("55000", "invalidated", SlotInvalidated),
+    _Rule("42P01", "", TableDropped),
+)
+
+
+def classify(sqlstate: str | None, message: str) -> CaptureError:
+    """The capture error for a server error with this SQLSTATE and primary message."""
+    line = " ".join(message.split())
+    for rule in _RULES:
+        if sqlstate == rule.sqlstate and rule.needle in line:
+            return rule.error(line, sqlstate)
+    return TransientError(line, sqlstate)
+
+
+def from_psycopg(exc: psycopg.Error) -> CaptureError:
+    """The capture error for a psycopg error; a lost connection has no SQLSTATE: transient."""
+    return classify(exc.sqlstate, exc.diag.message_primary or str(exc))
+
+
+@contextmanager
+def server_errors() -> Iterator[None]:
+    """Re-raise any psycopg error inside the block as its capture error."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise from_psycopg(exc) from exc

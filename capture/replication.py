@@ -1,0 +1,345 @@
+"""Read the main slot's pgoutput stream, message by message, up to a target WAL position.
+
+``START_REPLICATION SLOT s LOGICAL X/Y (proto_version '1', publication_names 'p')`` turns the
+session into a CopyBoth stream. Each CopyData from the server is one of
+
+- ``'w'`` XLogData: start, end, send time, then exactly one pgoutput message;
+- ``'k'`` primary keepalive: the server's WAL end, send time, and whether it wants a reply.
+
+Transactions arrive whole and in commit order, as ``Begin, ..., Commit``. Each message becomes
+a :class:`WalMessage` stamped with its transaction's commit LSN (``Begin.final_lsn``, equal to
+``Commit.commit_lsn``) and its ordinal in the transaction (Begin is 0, Commit is last), so
+``(commit_lsn, ordinal)`` names a message across re-reads. Messages are yielded as they arrive,
+so memory stays bounded whatever the transaction size; a run cut mid-transaction re-reads the
+whole transaction next time, and the same keys let bronze drop the duplicates.
+
+Progress and the frontier
+    After a Commit, every transaction with commit LSN below its ``end_lsn`` has been seen. With
+    no transaction open, a keepalive's ``wal_end`` is the last position the walsender has
+    decoded and sent, so it bounds everything still to come just as well: this is what moves
+    the frontier when the publication is idle or when the server skips empty transactions
+    (writes to unpublished tables). Keepalives inside a transaction prove nothing and are not
+    yielded.
+
+Acknowledging
+    The reader never acknowledges on its own. The caller calls :meth:`ReplicationStream.ack`
+    once bronze has durably committed up to an LSN (a Commit's ``end_lsn`` or a keepalive's
+    ``wal_end``); the server then sets the slot's ``confirmed_flush_lsn`` to exactly that and
+    may recycle WAL before it. Status replies the server asks for, and the polls that solicit a
+    keepalive when the stream is quiet, repeat the last acknowledged position and nothing more.
+
+Stopping
+    :meth:`ReplicationStream.read_until` returns once the stream has caught up with a target,
+    normally ``pg_current_wal_lsn()`` read at the start of a run: after a Commit whose
+    ``end_lsn >= target``, or a keepalive outside a transaction whose ``wal_end >= target``.
+
+::
+
+    socket ──select()──> CopyData ──┬─ 'w' ─> WalMessage(commit_lsn, ordinal, payload) ─> caller
+                                    └─ 'k' ─> Keepalive(wal_end)  (no open transaction) ─> caller
+    caller ──ack(lsn) after bronze commit──> 'r' standby status (write = flush = apply = lsn)
+"""
+
+from __future__ import annotations
+
+import select
+import struct
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import pq, sql
+from psycopg.pq.abc import PGconn, PGresult
+
+from capture.errors import CaptureError, TransientError, classify
+from pgmedallion.pgoutput import MSG_BEGIN, MSG_COMMIT, Begin, Commit, decode, format_lsn
+
+PROTO_VERSION = "1"
+
+XLOG_DATA = b"w"
+PRIMARY_KEEPALIVE = b"k"
+STANDBY_STATUS_UPDATE = b"r"
+
+PG_EPOCH_UNIX_S = 946_684_800
+"""2000-01-01 00:00:00 UTC, the zero of replication protocol timestamps."""
+
+_XLOG_DATA_HEADER = struct.Struct(">cQQq")
+_KEEPALIVE = struct.Struct(">cQq?")
+_STANDBY_STATUS = struct.Struct(">cQQQq?")
+
+_BEGIN_BYTE = MSG_BEGIN[0]
+_COMMIT_BYTE = MSG_COMMIT[0]
+
+
+@dataclass(frozen=True, slots=True)
+class XLogData:
+    start: int
+    """``dataStart``; the server leaves it 0/0 on some messages that are not last in a write."""
+    end: int
+    time: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Keepalive:
+    wal_end: int
+    time: int = 0
+    reply_requested: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WalMessage:
+    commit_lsn: int
+    """The commit LSN of the message's transaction: the time of its changes."""
+    end_lsn: int
+    """The XLogData ``walEnd`` the message arrived with."""
+    xid: int
+    ordinal: int
+    """Position in the transaction: 0 for Begin, counting up to its Commit."""
+    message_lsn: int
+    """The XLogData ``dataStart`` (0 where the server does not set it)."""
+    payload: bytes
+    """One raw pgoutput message (``pgmedallion.pgoutput.decode`` reads it)."""
+
+
+def parse_copy_data(buf: bytes | memoryview) -> XLogData | Keepalive:
+    """One CopyData message of the replication stream."""
+    kind = bytes(buf[:1])
+    if kind == XLOG_DATA and len(buf) >= _XLOG_DATA_HEADER.size:
+        _, start, end, sent = _XLOG_DATA_HEADER.unpack_from(buf)
+        return XLogData(start, end, sent, bytes(buf[_XLOG_DATA_HEADER.size :]))
+    if kind == PRIMARY_KEEPALIVE and len(buf) == _KEEPALIVE.size:
+        _, wal_end, sent, reply = _KEEPALIVE.unpack_from(buf)
+        return Keepalive(wal_end, sent, reply)
+    raise TransientError(f"unexpected replication CopyData: {bytes(buf[:32])!r}")
+
+
+def standby_status(flush_lsn: int, reply: bool, now_us: int) -> bytes:
+    """A standby status update reporting ``flush_lsn`` as written, flushed and applied."""
+    return _STANDBY_STATUS.pack(
+        STANDBY_STATUS_UPDATE, flush_lsn, flush_lsn, flush_lsn, now_us, reply
+    )
+
+
+def pg_now_us() -> int:
+    """Now, in microseconds since 2000-01-01 UTC."""
+    return time.time_ns() // 1000 - PG_EPOCH_UNIX_S * 1_000_000
+
+
+def send_standby_status(conn: psycopg.Connection, flush_lsn: int, reply: bool = False) -> None:
+    """Send a standby status update on a streaming connection and flush it out."""
+    pgconn = conn.pgconn
+    message = standby_status(flush_lsn, reply, pg_now_us())
+    try:
+        while pgconn.put_copy_data(message) == 0:
+            _wait(pgconn, write=True, timeout_s=None)
+        while pgconn.flush():
+            _wait(pgconn, write=True, timeout_s=None)
+    except psycopg.OperationalError as exc:
+        raise TransientError(f"replication connection lost: {_one_line(exc)}") from exc
+
+
+def start_replication(
+    repl_conn: psycopg.Connection,
+    slot: str,
+    publication: str | Sequence[str],
+    start_lsn: int,
+) -> ReplicationStream:
+    """Start streaming ``slot`` from ``start_lsn`` for one or more publications."""
+    publications = [publication] if isinstance(publication, str) else list(publication)
+    # pgoutput splits publication_names like an identifier list, so each name is quoted.
+    names = ",".join(sql.Identifier(name).as_string(repl_conn) for name in publications)
+    query = sql.SQL(
+        "START_REPLICATION SLOT {slot} LOGICAL {lsn}"
+        " (proto_version {proto}, publication_names {names})"
+    ).format(
+        slot=sql.Identifier(slot),
+        lsn=sql.SQL(format_lsn(start_lsn)),
+        proto=sql.Literal(PROTO_VERSION),
+        names=sql.Literal(names),
+    )
+    pgconn = repl_conn.pgconn
+    try:
+        pgconn.send_query(query.as_bytes(repl_conn))
+        while pgconn.flush():
+            _wait(pgconn, write=True, timeout_s=None)
+        while pgconn.is_busy():
+            _wait(pgconn, write=False, timeout_s=None)
+            pgconn.consume_input()
+        result = pgconn.get_result()
+    except psycopg.OperationalError as exc:
+        raise TransientError(f"replication connection lost: {_one_line(exc)}") from exc
+    if result is None or result.status != pq.ExecStatus.COPY_BOTH:
+        error = _result_error(result)
+        _drain_results(pgconn)
+        raise error
+    return ReplicationStream(repl_conn, start_lsn)
+
+
+class ReplicationStream:
+    """A started stream; iterate with :meth:`read_until`, acknowledge with :meth:`ack`."""
+
+    def __init__(self, conn: psycopg.Connection, start_lsn: int) -> None:
+        self.conn = conn
+        self.position = start_lsn
+        """Everything committed below this LSN has been yielded."""
+        self.acked = 0
+        self._begin: Begin | None = None
+        self._ordinal = 0
+        self._closed = False
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._begin is not None
+
+    def read_until(
+        self, target_lsn: int, poll_interval_s: float = 1.0
+    ) -> Iterator[WalMessage | Keepalive]:
+        """Yield messages and keepalives until the stream has caught up with ``target_lsn``.
+
+        When nothing arrives for ``poll_interval_s`` the reader asks the server for a keepalive,
+        so an idle stream still reaches the target promptly.
+        """
+        if self._begin is None and self.position >= target_lsn:
+            return
+        while True:
+            buf = self._receive(poll_interval_s)
+            if buf is None:
+                send_standby_status(self.conn, self.acked, reply=True)
+                continue
+            event = parse_copy_data(buf)
+            if isinstance(event, Keepalive):
+                if event.reply_requested:
+                    send_standby_status(self.conn, self.acked)
+                if self._begin is not None:
+                    continue
+                self.position = max(self.position, event.wal_end)
+                yield event
+                if event.wal_end >= target_lsn:
+                    return
+                continue
+            message, commit = self._stamp(event)
+            yield message
+            if commit is not None and commit.end_lsn >= target_lsn:
+                return
+
+    def ack(self, lsn: int) -> None:
+        """Report ``lsn`` as durably stored: the slot's ``confirmed_flush_lsn`` becomes ``lsn``.
+
+        Only call it with positions bronze has committed; lower positions than an earlier ack
+        are ignored, because the server never moves the slot back.
+        """
+        if lsn <= self.acked:
+            return
+        self.acked = lsn
+        send_standby_status(self.conn, lsn)
+
+    def close(self) -> None:
+        """End the stream (CopyDone) so the session accepts queries again."""
+        if self._closed:
+            return
+        self._closed = True
+        pgconn = self.conn.pgconn
+        try:
+            pgconn.put_copy_end()
+            while pgconn.flush():
+                _wait(pgconn, write=True, timeout_s=None)
+            while self._receive(None) is not None:
+                pass
+        except _StreamEnded:
+            _drain_results(pgconn)
+        except psycopg.OperationalError as exc:
+            raise TransientError(f"replication connection lost: {_one_line(exc)}") from exc
+
+    def __enter__(self) -> ReplicationStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if not self.conn.closed:
+            self.close()
+
+    def _stamp(self, data: XLogData) -> tuple[WalMessage, Commit | None]:
+        payload = data.payload
+        kind = payload[0] if payload else None
+        commit = None
+        if kind == _BEGIN_BYTE:
+            if self._begin is not None:
+                raise TransientError("pgoutput Begin inside an open transaction")
+            self._begin = decode(payload)
+            self._ordinal = 0
+        elif self._begin is None:
+            raise TransientError(f"pgoutput message {payload[:1]!r} outside a transaction")
+        begin = self._begin
+        message = WalMessage(
+            begin.final_lsn, data.end, begin.xid, self._ordinal, data.start, payload
+        )
+        self._ordinal += 1
+        if kind == _COMMIT_BYTE:
+            commit = decode(payload)
+            self._begin = None
+            self.position = max(self.position, commit.end_lsn)
+        return message, commit
+
+    def _receive(self, timeout_s: float | None) -> memoryview | None:
+        """The next CopyData, or ``None`` after ``timeout_s`` without one."""
+        pgconn = self.conn.pgconn
+        try:
+            while True:
+                size, data = pgconn.get_copy_data(1)
+                if size > 0:
+                    return data
+                if size == -1:
+                    raise _StreamEnded
+                if not _wait(pgconn, write=False, timeout_s=timeout_s):
+                    return None
+                pgconn.consume_input()
+        except _StreamEnded:
+            if self._closed:
+                raise
+            self._closed = True
+            error = _result_error(pgconn.get_result())
+            _drain_results(pgconn)
+            raise error from None
+        except psycopg.OperationalError as exc:
+            raise TransientError(f"replication connection lost: {_one_line(exc)}") from exc
+
+
+class _StreamEnded(Exception):
+    pass
+
+
+def _wait(pgconn: PGconn, write: bool, timeout_s: float | None) -> bool:
+    """Wait until the socket is readable (or writable); False on timeout."""
+    sock = pgconn.socket
+    readable, writable, _ = select.select(
+        [] if write else [sock], [sock] if write else [], [], timeout_s
+    )
+    return bool(readable or writable)
+
+
+def _result_error(result: PGresult | None) -> CaptureError:
+    if result is None:
+        return TransientError("replication stream ended without a result")
+    if result.status == pq.ExecStatus.FATAL_ERROR:
+        sqlstate = result.error_field(pq.DiagnosticField.SQLSTATE)
+        message = result.error_field(pq.DiagnosticField.MESSAGE_PRIMARY)
+        return classify(
+            sqlstate.decode() if sqlstate else None,
+            message.decode(errors="replace") if message else result.error_message.decode(),
+        )
+    return TransientError(f"replication stream ended ({result.status.name})")
+
+
+def _drain_results(pgconn: PGconn) -> None:
+    try:
+        while pgconn.is_busy() or pgconn.get_result() is not None:
+            if pgconn.is_busy():
+                _wait(pgconn, write=False, timeout_s=None)
+                pgconn.consume_input()
+    except psycopg.OperationalError:
+        pass  # the session is gone; the error already raised says why
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())

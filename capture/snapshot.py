@@ -1,0 +1,277 @@
+"""Read every captured table at one consistent LSN, in parallel ctid ranges.
+
+Consistent point
+    Replication timestamps each change with its commit LSN, so the snapshot must be taken at an
+    LSN too, and an ordinary transaction has none. Creating a logical slot as the first
+    statement of a ``REPEATABLE READ`` transaction (``USE_SNAPSHOT``) puts that transaction at
+    the slot's consistent point: it sees exactly the transactions that commit before
+    ``consistent_point``, so its view is the table's state at ``snapshot_lsn =
+    consistent_point - 1``. The slot is ``TEMPORARY`` and is never read; the main slot cannot
+    serve, because after a crash its creating transaction is gone and so is that chance.
+    Rewinding the snapshot to the main slot's start happens downstream (see DESIGN.md).
+
+Sharing it
+    ``pg_export_snapshot()`` names the view, and any session (another process, a Spark task)
+    enters it with ``SET TRANSACTION SNAPSHOT`` (:func:`use_snapshot`). A snapshot can only be
+    imported while the exporting transaction is open, so :func:`exported_snapshot` holds it for
+    the duration of a ``with`` block: the leader closes the block after every worker imported.
+
+Parallel ranges
+    ``ctid`` is ``(block, item)``; ``ctid >= '(a,0)' AND ctid < '(b,0)'`` selects whole blocks
+    ``[a, b)`` with a TID Range Scan (PostgreSQL >= 14). The block count comes from
+    ``pg_relation_size`` (``relpages`` is 0 before the first ANALYZE), and the last range is
+    open-ended so rows on blocks added since the estimate are still read. Below 14 a range
+    predicate would scan the whole table once per range, so each table is one range.
+
+::
+
+    leader: replication session                    workers: one session each
+    ┌──────────────────────────────────────┐
+    │ BEGIN READ ONLY REPEATABLE READ      │
+    │ CREATE_REPLICATION_SLOT tmp          │  snapshot_name   ┌────────────────────────────┐
+    │   TEMPORARY LOGICAL pgoutput         │  block counts    │ BEGIN REPEATABLE READ      │
+    │   USE_SNAPSHOT     -> consistent_pt  ├─────────────────>│ SET TRANSACTION SNAPSHOT   │
+    │ SELECT pg_export_snapshot()          │                  │ COPY (SELECT cols FROM t   │
+    │            ... held open ...         │                  │   WHERE ctid range) TO     │
+    │ COMMIT  (after every worker imported)│                  │   STDOUT  -> raw row bytes │
+    └──────────────────────────────────────┘                  └────────────────────────────┘
+
+All SQL is composed with ``psycopg.sql`` (identifiers and literals), so any schema, table or
+column name works, quotes and all, and nothing here needs server-side parameters (which a
+replication session does not support).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from capture.connection import connect, connect_replication
+from capture.errors import PublicationDropped, TableDropped, server_errors
+from pgmedallion.pgoutput import parse_lsn
+
+TID_RANGE_SCAN_MIN_VERSION = 140000
+
+CtidRange = tuple[int, int | None]
+"""Blocks ``[start, end)``; ``end`` is ``None`` for the open-ended last range."""
+
+WHOLE_TABLE: CtidRange = (0, None)
+
+
+@dataclass(frozen=True)
+class SnapshotPoint:
+    snapshot_name: str
+    consistent_point_lsn: int
+    snapshot_lsn: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "snapshot_lsn", self.consistent_point_lsn - 1)
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type_oid: int
+    typmod: int
+    not_null: bool
+    type_name: str
+    generated: bool
+    """A stored generated column: PostgreSQL < 18 never sends it in replication tuples."""
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    oid: int
+    schema: str
+    name: str
+    columns: tuple[Column, ...]
+    primary_key: tuple[str, ...]
+    replica_identity: str
+    """``pg_class.relreplident``: ``d`` default, ``n`` nothing, ``f`` full, ``i`` index."""
+
+
+@dataclass(frozen=True)
+class PublishedTable:
+    oid: int
+    schema: str
+    name: str
+
+
+def export_snapshot(repl_conn: psycopg.Connection, temp_slot_name: str) -> SnapshotPoint:
+    """Open the exporting transaction on ``repl_conn`` and name its view.
+
+    The transaction stays open; committing it (or closing the session) ends the chance for
+    anyone to import the snapshot and drops the temporary slot.
+    """
+    with server_errors():
+        repl_conn.execute("BEGIN READ ONLY ISOLATION LEVEL REPEATABLE READ")
+        row = repl_conn.execute(
+            sql.SQL("CREATE_REPLICATION_SLOT {} TEMPORARY LOGICAL pgoutput USE_SNAPSHOT").format(
+                sql.Identifier(temp_slot_name)
+            )
+        ).fetchone()
+        (snapshot_name,) = repl_conn.execute("SELECT pg_export_snapshot()").fetchone()
+    return SnapshotPoint(snapshot_name, parse_lsn(row[1]))
+
+
+@contextmanager
+def exported_snapshot(conninfo: Mapping[str, Any], temp_slot_name: str) -> Iterator[SnapshotPoint]:
+    """Hold an exported snapshot open for the ``with`` block, then end it."""
+    repl_conn = connect_replication(conninfo)
+    try:
+        point = export_snapshot(repl_conn, temp_slot_name)
+        yield point
+        with server_errors():
+            repl_conn.execute("COMMIT")
+    finally:
+        repl_conn.close()
+
+
+def use_snapshot(conn: psycopg.Connection, snapshot_name: str) -> None:
+    """Begin a read-only transaction on ``conn`` (autocommit) inside an exported snapshot."""
+    with server_errors():
+        conn.execute("BEGIN READ ONLY ISOLATION LEVEL REPEATABLE READ")
+        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
+
+
+def publication_tables(conn: psycopg.Connection, publication: str) -> list[PublishedTable]:
+    """The tables ``publication`` publishes, by schema and name."""
+    with server_errors():
+        exists = conn.execute(
+            sql.SQL("SELECT 1 FROM pg_publication WHERE pubname = {}").format(
+                sql.Literal(publication)
+            )
+        ).fetchone()
+        if exists is None:
+            raise PublicationDropped(f"publication {publication!r} does not exist")
+        rows = conn.execute(
+            sql.SQL(
+                "SELECT c.oid, n.nspname, c.relname"
+                " FROM pg_publication_tables p"
+                " JOIN pg_namespace n ON n.nspname = p.schemaname"
+                " JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename"
+                " WHERE p.pubname = {} ORDER BY n.nspname, c.relname"
+            ).format(sql.Literal(publication))
+        ).fetchall()
+    return [PublishedTable(int(oid), schema, name) for oid, schema, name in rows]
+
+
+def table_schema_at_snapshot(conn: psycopg.Connection, oid: int) -> TableSchema:
+    """The table's columns (in order), primary key and replica identity, as ``conn`` sees them.
+
+    Inside :func:`use_snapshot` that is the schema at the snapshot, which is the schema the
+    snapshot rows have; a table dropped by then raises :class:`TableDropped`.
+    """
+    oid_literal = sql.Literal(int(oid))
+    with server_errors():
+        table = conn.execute(
+            sql.SQL(
+                "SELECT n.nspname, c.relname, c.relreplident::text FROM pg_class c"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = {}::oid"
+            ).format(oid_literal)
+        ).fetchone()
+        if table is None:
+            raise TableDropped(f"table with oid {oid} does not exist")
+        columns = conn.execute(
+            sql.SQL(
+                "SELECT attname, atttypid::int8, atttypmod, attnotnull,"
+                " format_type(atttypid, atttypmod), attgenerated <> ''"
+                " FROM pg_attribute WHERE attrelid = {}::oid AND attnum > 0"
+                " AND NOT attisdropped ORDER BY attnum"
+            ).format(oid_literal)
+        ).fetchall()
+        primary_key = conn.execute(
+            sql.SQL(
+                "SELECT a.attname FROM pg_index i"
+                " CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, position)"
+                " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+                " WHERE i.indrelid = {}::oid AND i.indisprimary ORDER BY k.position"
+            ).format(oid_literal)
+        ).fetchall()
+    schema, name, replica_identity = table
+    return TableSchema(
+        oid=int(oid),
+        schema=schema,
+        name=name,
+        columns=tuple(Column(*column) for column in columns),
+        primary_key=tuple(key for (key,) in primary_key),
+        replica_identity=replica_identity,
+    )
+
+
+def estimate_table_block_counts(conn: psycopg.Connection, oids: Iterable[int]) -> dict[int, int]:
+    """Blocks per table from the relation's size on disk; 0 for an unknown oid."""
+    counts = dict.fromkeys((int(oid) for oid in oids), 0)
+    if not counts:
+        return counts
+    with server_errors():
+        rows = conn.execute(
+            sql.SQL(
+                "SELECT oid::int8, pg_relation_size(oid) / current_setting('block_size')::int8"
+                " FROM pg_class WHERE oid IN ({})"
+            ).format(sql.SQL(", ").join(sql.Literal(oid) for oid in counts))
+        ).fetchall()
+    counts.update((oid, int(blocks)) for oid, blocks in rows)
+    return counts
+
+
+def worker_ctid_ranges(block_count: int, workers: int, server_version: int) -> list[CtidRange]:
+    """Split ``block_count`` blocks into at most ``workers`` contiguous ranges, last open-ended.
+
+    ``server_version`` is ``conn.info.server_version`` (e.g. ``150013``). An empty-looking
+    table, one worker, or a server without TID Range Scans gets one whole-table range.
+    """
+    if server_version < TID_RANGE_SCAN_MIN_VERSION or block_count <= 0 or workers <= 1:
+        return [WHOLE_TABLE]
+    count = min(workers, block_count)
+    bounds = [i * block_count // count for i in range(count)]
+    return [(start, end) for start, end in zip(bounds, bounds[1:], strict=False)] + [
+        (bounds[-1], None)
+    ]
+
+
+def copy_range(
+    conninfo: Mapping[str, Any],
+    snapshot_name: str,
+    table: tuple[str, str],
+    columns: Sequence[str],
+    ctid_range: CtidRange,
+) -> Iterator[bytes]:
+    """Each row of ``table`` (schema, name) in ``ctid_range``, as of the snapshot.
+
+    A row is its COPY TEXT line without the trailing newline: columns separated by tabs,
+    ``\\N`` for NULL, backslash escapes inside values. The generator owns its own session; it
+    drains the COPY before leaving, and closes the session if the caller stops early.
+    """
+    query = copy_query(table, columns, ctid_range)
+    conn = connect(conninfo)
+    try:
+        use_snapshot(conn, snapshot_name)
+        with server_errors(), conn.cursor() as cursor, cursor.copy(query) as copy:
+            for row in copy:
+                yield bytes(row[:-1])
+        with server_errors():
+            conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def copy_query(table: tuple[str, str], columns: Sequence[str], ctid_range: CtidRange) -> sql.SQL:
+    """``COPY (SELECT columns FROM table WHERE <ctid range>) TO STDOUT``."""
+    start, end = ctid_range
+    conditions = []
+    if ctid_range != WHOLE_TABLE:
+        conditions.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({start},0)")))
+    if end is not None:
+        conditions.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({end},0)")))
+    where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
+    return sql.SQL("COPY (SELECT {columns} FROM {table}{where}) TO STDOUT").format(
+        columns=sql.SQL(", ").join(sql.Identifier(column) for column in columns),
+        table=sql.Identifier(*table),
+        where=where,
+    )

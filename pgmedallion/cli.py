@@ -1,0 +1,118 @@
+"""The ``pgmedallion`` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from pgmedallion.config import Config, ConfigError, load_config
+
+log = logging.getLogger("pgmedallion")
+
+
+def _local_pg(config: Config):
+    from pgmedallion.localpg import LocalPostgres
+
+    return LocalPostgres(config.state_dir / "postgres")
+
+
+def cmd_postgres(config: Config, args: argparse.Namespace) -> int:
+    pg = _local_pg(config)
+    if args.action == "start":
+        pg.start()
+        print(f"PostgreSQL {pg.major} running on 127.0.0.1:{pg.port} (data: {pg.data})")
+        print(f"password file: {pg.root / 'password'}")
+    elif args.action == "stop":
+        pg.stop()
+        print("stopped")
+    elif args.action == "status":
+        running = pg.is_running()
+        print(f"PostgreSQL {pg.major}: {'running on 127.0.0.1:' + str(pg.port) if running else 'stopped'}")
+        return 0 if running else 3
+    elif args.action == "env":
+        pg.start()
+        for key, value in pg.env().items():
+            if key != "PGPASSWORD":
+                print(f"export {key}={value}")
+        print(f"# export PGPASSWORD=\"$(cat {pg.root / 'password'})\"")
+    return 0
+
+
+def cmd_run(config: Config, args: argparse.Namespace) -> int:
+    from pgmedallion.sdp import run_pipeline
+
+    definitions = [Path(d) for d in args.definitions]
+    missing = [str(d) for d in definitions if not d.is_dir()]
+    if missing:
+        print(f"error: no pipeline definitions folder at {', '.join(missing)}", file=sys.stderr)
+        return 2
+    result = run_pipeline(
+        definitions,
+        state_dir=config.state_dir,
+        name=config.source.name,
+        schema=args.schema or config.lakehouse.gold_schema,
+        full_refresh=args.full_refresh,
+        echo=True,
+    )
+    if not result.ok:
+        print(f"pipeline run failed:\n{result.failure()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_demo(config: Config, args: argparse.Namespace) -> int:
+    from pgmedallion.demo import run_demo
+
+    return run_demo(config)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pgmedallion",
+        description="PostgreSQL tables into a Delta Lake medallion lakehouse, exactly once.",
+    )
+    parser.add_argument("-c", "--config", help="TOML config file (default: ./pgmedallion.toml)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="embedded PostgreSQL + local Spark: the whole pipeline")
+    demo.set_defaults(func=cmd_demo)
+
+    run = sub.add_parser("run", help="run a declarative pipeline locally (Spark Declarative Pipelines)")
+    run.add_argument("--definitions", action="append", required=True,
+                     help="folder of dataset definition files (repeatable)")
+    run.add_argument("--schema", help="target schema (default: the gold schema)")
+    run.add_argument("--full-refresh", action="store_true")
+    run.set_defaults(func=cmd_run)
+
+    postgres = sub.add_parser("postgres", help="the project-owned local PostgreSQL server")
+    postgres.add_argument("action", choices=["start", "stop", "status", "env"])
+    postgres.set_defaults(func=cmd_postgres)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    from pgmedallion.spark import JavaMissing
+
+    try:
+        return args.func(config, args)
+    except JavaMissing as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

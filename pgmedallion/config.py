@@ -1,0 +1,203 @@
+"""Configuration: a TOML file, environment variables, and nothing else.
+
+::
+
+    # pgmedallion.toml
+    [source]
+    name = "shop"                  # names bronze rows and the pipeline; [A-Za-z0-9_]
+    dsn = "host=db.example port=5432 dbname=shop user=capture"   # optional libpq string
+    host = "127.0.0.1"             # or the separate keys; PG* variables fill the gaps
+    port = 5432
+    dbname = "shop"
+    user = "capture"
+    password_env = "PGPASSWORD"    # the variable that holds the password (never the file)
+    publication = "pgmedallion"
+    slot = "pgmedallion_shop"
+    tables = ["public.customers", "public.orders"]   # empty: every table in the publication
+    create_publication = true      # create/extend the publication when the role may
+
+    [lakehouse]
+    state_dir = ".pgmedallion"     # local runs: warehouse, metastore, checkpoints, PostgreSQL
+    catalog = ""                   # Unity Catalog name on Databricks; empty locally
+    bronze_schema = "pgm_bronze"
+    silver_schema = "pgm_silver"
+    gold_schema = "pgm_gold"
+
+    [tables."public.orders"]
+    on_error = "fail"              # fail | quarantine | warn  (gold's policy for definite errors)
+    truncate = "error"             # error | delete            (TRUNCATE: an error, or delete all rows)
+
+Precedence, lowest first: built-in defaults, the file, ``PGMEDALLION_*`` variables
+(``PGMEDALLION_SOURCE_SLOT=...``, ``PGMEDALLION_LAKEHOUSE_GOLD_SCHEMA=...``). Connection keys left
+unset are filled by libpq from ``PGHOST``, ``PGPORT``, ``PGUSER``, ``PGDATABASE``, ``PGPASSWORD``...
+A malformed file or value is a ``ConfigError`` that names the key; the password is never part of
+any message or ``repr``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+DEFAULT_FILE = "pgmedallion.toml"
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+ON_ERROR = ("fail", "quarantine", "warn")
+TRUNCATE = ("error", "delete")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class TablePolicy:
+    on_error: str = "fail"
+    truncate: str = "error"
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    name: str = "pg"
+    dsn: str = ""
+    host: str = ""
+    port: int = 0
+    dbname: str = ""
+    user: str = ""
+    password_env: str = "PGPASSWORD"
+    publication: str = "pgmedallion"
+    slot: str = "pgmedallion"
+    tables: tuple[str, ...] = ()
+    create_publication: bool = True
+    # Set only by code (the demo, tests, Databricks secrets); never read from the file.
+    password: str = field(default="", repr=False)
+
+    def conninfo(self) -> dict[str, str]:
+        """``psycopg.connect`` keyword arguments; unset keys fall back to libpq's PG* variables."""
+        info: dict[str, str] = {}
+        if self.dsn:
+            from psycopg.conninfo import conninfo_to_dict
+
+            info.update({k: str(v) for k, v in conninfo_to_dict(self.dsn).items()})
+        for key in ("host", "dbname", "user"):
+            if getattr(self, key):
+                info[key] = getattr(self, key)
+        if self.port:
+            info["port"] = str(self.port)
+        password = self.password or os.environ.get(self.password_env, "")
+        if password:
+            info["password"] = password
+        return info
+
+
+@dataclass(frozen=True)
+class LakehouseConfig:
+    state_dir: str = ".pgmedallion"
+    catalog: str = ""
+    bronze_schema: str = "pgm_bronze"
+    silver_schema: str = "pgm_silver"
+    gold_schema: str = "pgm_gold"
+
+
+@dataclass(frozen=True)
+class Config:
+    source: SourceConfig = SourceConfig()
+    lakehouse: LakehouseConfig = LakehouseConfig()
+    tables: Mapping[str, TablePolicy] = field(default_factory=dict)
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.lakehouse.state_dir).absolute()
+
+    def policy(self, table: str) -> TablePolicy:
+        return self.tables.get(table, TablePolicy())
+
+    def qualified(self, layer: str, name: str) -> str:
+        """``catalog.schema.name`` (or ``schema.name``) with every part back-quoted."""
+        schema = getattr(self.lakehouse, f"{layer}_schema")
+        parts = [p for p in (self.lakehouse.catalog, schema, name) if p]
+        return ".".join("`" + p.replace("`", "``") + "`" for p in parts)
+
+
+def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
+    where = f"[{section}] {key}"
+    if isinstance(default, bool):
+        if isinstance(value, str):
+            if value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if value.lower() in ("0", "false", "no", "off"):
+                return False
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    if isinstance(default, int):
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where} must be an integer, got {value!r}") from None
+    if isinstance(default, tuple):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where} must be a list of strings")
+        return tuple(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{where} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _section(cls: type, section: str, raw: Mapping[str, Any], env: Mapping[str, str]) -> Any:
+    known = {f.name: f for f in fields(cls) if f.name != "password"}
+    unknown = set(raw) - set(known)
+    if unknown:
+        raise ConfigError(f"unknown key(s) in [{section}]: {', '.join(sorted(unknown))}")
+    obj = cls()
+    values = {}
+    for name, f in known.items():
+        env_key = f"PGMEDALLION_{section.upper()}_{name.upper()}"
+        if env_key in env:
+            values[name] = _coerce(section, name, env[env_key], getattr(obj, name))
+        elif name in raw:
+            values[name] = _coerce(section, name, raw[name], getattr(obj, name))
+    return replace(obj, **values)
+
+
+def load_config(path: Path | str | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Read ``path`` (default ``./pgmedallion.toml`` when it exists) and the environment."""
+    env = os.environ if env is None else env
+    raw: dict[str, Any] = {}
+    if path is None and Path(DEFAULT_FILE).exists():
+        path = DEFAULT_FILE
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    unknown = set(raw) - {"source", "lakehouse", "tables"}
+    if unknown:
+        raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")
+    source = _section(SourceConfig, "source", raw.get("source", {}), env)
+    lakehouse = _section(LakehouseConfig, "lakehouse", raw.get("lakehouse", {}), env)
+    for key in ("name", "publication", "slot"):
+        if not _NAME.match(getattr(source, key)):
+            raise ConfigError(
+                f"[source] {key} must be a plain identifier (letters, digits, _), "
+                f"got {getattr(source, key)!r}"
+            )
+    tables: dict[str, TablePolicy] = {}
+    for table, policy in raw.get("tables", {}).items():
+        if not isinstance(policy, dict):
+            raise ConfigError(f"[tables.{table!r}] must be a table of settings")
+        p = _section(TablePolicy, f"tables.{table}", policy, {})
+        if p.on_error not in ON_ERROR:
+            raise ConfigError(f"[tables.{table!r}] on_error must be one of {ON_ERROR}")
+        if p.truncate not in TRUNCATE:
+            raise ConfigError(f"[tables.{table!r}] truncate must be one of {TRUNCATE}")
+        tables[table] = p
+    return Config(source=source, lakehouse=lakehouse, tables=tables)

@@ -1,0 +1,188 @@
+"""Declarative pipeline decorators: the SDP ones, plus DLT-style expectations everywhere.
+
+Dataset files are written once and run unmodified on Databricks Lakeflow and locally::
+
+    from pgmedallion.pipelines import expect_or_drop, materialized_view
+
+    @materialized_view(name="orders_gold")
+    @expect_or_drop("id_not_null", "id IS NOT NULL")
+    def orders_gold():
+        return spark.read.table("orders_silver").transform(current_state)
+
+On Databricks ``expect*`` are the native Lakeflow decorators and ``materialized_view`` / ``table``
+are ``dp``'s own. Open-source SDP has no expectations, so elsewhere the same decorators keep
+Lakeflow's semantics in the plan itself:
+
+    warn   rows are kept;                      failures are counted
+    drop   failing rows are filtered out;      failures are counted
+    fail   the update fails, naming the rule and the offending row (``raise_error``)
+
+A rule *fails* a row when its SQL condition is false or NULL. The per-rule counts of passing
+and failing rows land in a companion materialized view ``<dataset>_quality`` with columns
+``dataset, rule, action, passed, failed`` recomputed by every update, the local stand-in for
+Lakeflow's event log. Expectations go on materialized views: a streaming table's input cannot be
+re-read as a batch to count it, so ``table`` refuses them locally rather than count nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from pgmedallion.spark import on_databricks
+
+WARN, DROP, FAIL = "warn", "drop", "fail"
+_RULES_ATTR = "__pgmedallion_expectations__"
+
+
+@dataclass(frozen=True)
+class Expectation:
+    name: str
+    condition: str
+    action: str
+
+    def passes(self) -> Column:
+        return F.coalesce(F.expr(self.condition), F.lit(False))
+
+
+def rules_of(fn: Callable) -> list[Expectation]:
+    return list(getattr(fn, _RULES_ATTR, []))
+
+
+def apply_expectations(df: DataFrame, rules: list[Expectation]) -> DataFrame:
+    """The dataset's output under its rules: drop rules filter, fail rules raise in the plan."""
+    for rule in rules:
+        if rule.action == DROP:
+            df = df.filter(rule.passes())
+        elif rule.action == FAIL:
+            offending = F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns]))
+            # A filter keeps raise_error in the plan; a projected column could be pruned away.
+            df = df.filter(
+                F.when(
+                    ~rule.passes(),
+                    F.raise_error(
+                        F.concat(
+                            F.lit(f"expectation '{rule.name}' failed ({rule.condition}) on row "),
+                            offending,
+                        )
+                    ),
+                ).otherwise(F.lit(True))
+            )
+    return df
+
+
+def quality_counts(df: DataFrame, dataset: str, rules: list[Expectation]) -> DataFrame:
+    """One row per rule: how many input rows pass and fail it."""
+    aggs = []
+    for i, rule in enumerate(rules):
+        aggs.append(F.count_if(rule.passes()).alias(f"p{i}"))
+        aggs.append(F.count_if(~rule.passes()).alias(f"f{i}"))
+    counted = df.agg(*aggs)
+    rows = [
+        F.struct(
+            F.lit(dataset).alias("dataset"),
+            F.lit(rule.name).alias("rule"),
+            F.lit(rule.action).alias("action"),
+            F.col(f"p{i}").alias("passed"),
+            F.col(f"f{i}").alias("failed"),
+        )
+        for i, rule in enumerate(rules)
+    ]
+    return counted.select(F.explode(F.array(*rows)).alias("q")).select("q.*")
+
+
+def _expectation(action: str, rules: dict[str, str]) -> Callable[[Callable], Callable]:
+    new = [Expectation(name, cond, action) for name, cond in rules.items()]
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any):
+            return fn(*args, **kwargs)
+
+        setattr(wrapper, _RULES_ATTR, rules_of(fn) + new)
+        return wrapper
+
+    return decorate
+
+
+def _native(name: str):
+    from pyspark import pipelines as dp
+
+    return getattr(dp, name)
+
+
+def expect(name: str, condition: str):
+    if on_databricks():
+        return _native("expect")(name, condition)
+    return _expectation(WARN, {name: condition})
+
+
+def expect_or_drop(name: str, condition: str):
+    if on_databricks():
+        return _native("expect_or_drop")(name, condition)
+    return _expectation(DROP, {name: condition})
+
+
+def expect_or_fail(name: str, condition: str):
+    if on_databricks():
+        return _native("expect_or_fail")(name, condition)
+    return _expectation(FAIL, {name: condition})
+
+
+def expect_all(rules: dict[str, str]):
+    if on_databricks():
+        return _native("expect_all")(rules)
+    return _expectation(WARN, rules)
+
+
+def expect_all_or_drop(rules: dict[str, str]):
+    if on_databricks():
+        return _native("expect_all_or_drop")(rules)
+    return _expectation(DROP, rules)
+
+
+def expect_all_or_fail(rules: dict[str, str]):
+    if on_databricks():
+        return _native("expect_all_or_fail")(rules)
+    return _expectation(FAIL, rules)
+
+
+def materialized_view(*, name: str, **kwargs: Any) -> Callable[[Callable], Callable]:
+    """``dp.materialized_view`` that also enforces and counts the function's expectations."""
+    from pyspark import pipelines as dp
+
+    def decorate(fn: Callable) -> Callable:
+        rules = rules_of(fn)
+        if not rules or on_databricks():
+            return dp.materialized_view(name=name, **kwargs)(fn)
+
+        def checked() -> DataFrame:
+            return apply_expectations(fn(), rules)
+
+        def quality() -> DataFrame:
+            return quality_counts(fn(), name, rules)
+
+        dp.materialized_view(name=f"{name}_quality")(quality)
+        return dp.materialized_view(name=name, **kwargs)(checked)
+
+    return decorate
+
+
+def table(*, name: str, **kwargs: Any) -> Callable[[Callable], Callable]:
+    """``dp.table`` (a streaming table); expectations on it only run on Databricks."""
+    from pyspark import pipelines as dp
+
+    def decorate(fn: Callable) -> Callable:
+        if rules_of(fn) and not on_databricks():
+            raise ValueError(
+                f"expectations on streaming table {name!r} are enforced only by Lakeflow; "
+                "put them on a materialized view that reads it"
+            )
+        return dp.table(name=name, **kwargs)(fn)
+
+    return decorate

@@ -1,0 +1,99 @@
+"""Driver program for a local Spark Declarative Pipelines run (launched by ``sdp.run_pipeline``).
+
+It does what ``spark-pipelines run`` does (create the dataflow graph, import the definition
+files, start the run, stream its events) with three differences:
+
+- the spec comes from command-line arguments instead of a YAML file, so nothing is written into
+  the (possibly read-only) folder that holds the definitions;
+- the target schema is created first (the local Hive catalog has no implicit schemas);
+- the event stream also accepts ``PlanObservedMetrics`` responses, which Python data source
+  workers send and which pyspark 4.2's ``execute_command_as_iterator`` rejects with
+  ``UNKNOWN_RESPONSE`` (SPARK-59135). The run is judged by its events, never by that exception.
+
+Exit status: 0 when the last run event says COMPLETED, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC
+from pathlib import Path
+from typing import Any, cast
+
+from pyspark.sql import SparkSession
+from pyspark.sql.connect.client.core import PlanObservedMetrics
+
+
+def _events(spark: SparkSession, graph_id: str, storage: str, full_refresh: bool):
+    import pyspark.sql.connect.proto as pb2
+
+    start = pb2.PipelineCommand.StartRun(
+        dataflow_graph_id=graph_id, full_refresh_all=full_refresh, dry=False, storage=storage
+    )
+    command = pb2.Command()
+    command.pipeline_command.start_run.CopyFrom(start)
+    client = cast(Any, spark).client
+    req = client._execute_plan_request_with_metadata()
+    client._set_command_in_plan(req.plan, command)
+    for response in client._execute_and_fetch_as_iterator(req, {}):
+        if isinstance(response, PlanObservedMetrics):
+            continue
+        if isinstance(response, dict) and "pipeline_event_result" in response:
+            yield response["pipeline_event_result"].event
+
+
+def main(argv: list[str]) -> int:
+    from pyspark.pipelines.cli import LibrariesGlob, PipelineSpec, register_definitions
+    from pyspark.pipelines.spark_connect_graph_element_registry import (
+        SparkConnectGraphElementRegistry,
+    )
+    from pyspark.pipelines.spark_connect_pipeline import create_dataflow_graph
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--definitions", required=True, action="append")
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--schema", required=True)
+    parser.add_argument("--storage", required=True)
+    parser.add_argument("--configuration", default="{}")
+    parser.add_argument("--full-refresh", action="store_true")
+    args = parser.parse_args(argv)
+
+    configuration: dict[str, str] = json.loads(args.configuration)
+    builder = SparkSession.builder.config("spark.sql.connect.serverStacktrace.enabled", "false")
+    for key, value in configuration.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    status = "FAILED"
+    try:
+        spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{args.schema.replace('`', '``')}`")
+        graph_id = create_dataflow_graph(
+            spark, default_catalog=None, default_database=args.schema, sql_conf=configuration
+        )
+        registry = SparkConnectGraphElementRegistry(spark, graph_id)
+        for folder in args.definitions:
+            folder_path = Path(folder).resolve()
+            spec = PipelineSpec(
+                name=args.name,
+                storage=args.storage,
+                catalog=None,
+                database=args.schema,
+                configuration=configuration,
+                libraries=[LibrariesGlob(include=f"{folder_path.name}/**")],
+            )
+            # Only the spec file's folder is used (as the root the globs are relative to).
+            spec_path = folder_path.parent / "pipeline.yml"
+            register_definitions(spec_path, registry, spec, spark, graph_id)
+        for event in _events(spark, graph_id, args.storage, args.full_refresh):
+            when = event.timestamp.ToDatetime().replace(tzinfo=UTC)
+            print(f"{when:%Y-%m-%d %H:%M:%S} {event.message}", flush=True)
+            if event.message.startswith("Run is "):
+                status = event.message.removeprefix("Run is ").rstrip(".")
+    finally:
+        spark.stop()
+    return 0 if status == "COMPLETED" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

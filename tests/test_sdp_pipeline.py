@@ -1,0 +1,56 @@
+"""The declarative pipeline runs locally through Spark Connect, twice on the same state."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import Row
+
+from pgmedallion.sdp import run_pipeline
+from tests.conftest import STATE
+
+TINY = Path(__file__).parent / "pipelines" / "tiny"
+
+
+def _append(spark, path: Path, rows: list[tuple[str | None, int]]) -> None:
+    spark.createDataFrame(rows, "kind string, value long").write.format("delta").mode(
+        "append"
+    ).save(str(path))
+
+
+def _read(spark, state: Path, table: str):
+    # The pipeline has its own metastore (Derby admits one JVM), so read its tables by path.
+    return spark.read.format("delta").load(str(state / "warehouse" / "tiny.db" / table))
+
+
+@pytest.mark.slow
+def test_streaming_table_and_materialized_view_twice(spark):
+    state = STATE / "sdp-tiny"
+    shutil.rmtree(state, ignore_errors=True)
+    source = state / "source"
+    conf = {"tiny.source": str(source)}
+    _append(spark, source, [("a", 1), ("a", 2), ("b", 150), (None, 5)])
+
+    first = run_pipeline([TINY], state_dir=state, name="tiny", schema="tiny", configuration=conf)
+    assert first.ok, first.failure()
+    summary_schema = "kind string, n long, value long"
+    expected = spark.createDataFrame([("a", 2, 3), ("b", 1, 150)], summary_schema)
+    assert_df_equality(_read(spark, state, "event_summary"), expected, ignore_row_order=True,
+                       ignore_nullable=True)
+    quality = _read(spark, state, "event_summary_quality").collect()
+    assert sorted(quality) == sorted([
+        Row(dataset="event_summary", rule="small_value", action="warn", passed=2, failed=1),
+        Row(dataset="event_summary", rule="has_kind", action="drop", passed=2, failed=1),
+    ])
+
+    # The second run on the same state reads only the new source rows into the streaming table.
+    _append(spark, source, [("a", 10), ("c", 1)])
+    second = run_pipeline([TINY], state_dir=state, name="tiny", schema="tiny", configuration=conf)
+    assert second.ok, second.failure()
+    assert _read(spark, state, "events").count() == 6
+    expected = spark.createDataFrame([("a", 3, 13), ("b", 1, 150), ("c", 1, 1)], summary_schema)
+    assert_df_equality(_read(spark, state, "event_summary"), expected, ignore_row_order=True,
+                       ignore_nullable=True)
