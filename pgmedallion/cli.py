@@ -29,14 +29,17 @@ def cmd_postgres(config: Config, args: argparse.Namespace) -> int:
         print("stopped")
     elif args.action == "status":
         running = pg.is_running()
-        print(f"PostgreSQL {pg.major}: {'running on 127.0.0.1:' + str(pg.port) if running else 'stopped'}")
+        print(
+            f"PostgreSQL {pg.major}: "
+            + (f"running on 127.0.0.1:{pg.port}" if running else "stopped")
+        )
         return 0 if running else 3
     elif args.action == "env":
         pg.start()
         for key, value in pg.env().items():
             if key != "PGPASSWORD":
                 print(f"export {key}={value}")
-        print(f"# export PGPASSWORD=\"$(cat {pg.root / 'password'})\"")
+        print(f'# export PGPASSWORD="$(cat {pg.root / "password"})"')
     return 0
 
 
@@ -80,9 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="embedded PostgreSQL + local Spark: the whole pipeline")
     demo.set_defaults(func=cmd_demo)
 
-    run = sub.add_parser("run", help="run a declarative pipeline locally (Spark Declarative Pipelines)")
-    run.add_argument("--definitions", action="append", required=True,
-                     help="folder of dataset definition files (repeatable)")
+    run = sub.add_parser(
+        "run", help="run a declarative pipeline locally (Spark Declarative Pipelines)"
+    )
+    run.add_argument(
+        "--definitions",
+        action="append",
+        required=True,
+        help="folder of dataset definition files (repeatable)",
+    )
     run.add_argument("--schema", help="target schema (default: the gold schema)")
     run.add_argument("--full-refresh", action="store_true")
     run.set_defaults(func=cmd_run)

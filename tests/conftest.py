@@ -7,11 +7,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgmedallion.localpg import LocalPostgres
 
 PG15_BIN = Path("/usr/lib/postgresql/15/bin")
-STATE = Path(os.environ.get("PGMEDALLION_TEST_STATE", Path(__file__).parent.parent / ".pgmedallion" / "test"))
+STATE = Path(
+    os.environ.get("PGMEDALLION_TEST_STATE", Path(__file__).parent.parent / ".pgmedallion" / "test")
+)
 
 SERVERS = ["pg18"] + (["pg15"] if (PG15_BIN / "postgres").exists() else [])
 
@@ -46,14 +49,28 @@ def any_db(any_pg: LocalPostgres, request):
 
 def _fresh_db(server: LocalPostgres, request):
     name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name.lower())[:55]
+    _drop_db(server, name)
     with psycopg.connect(**server.conninfo(), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield server.conninfo(dbname=name)
+    _drop_db(server, name)
+
+
+def _drop_db(server: LocalPostgres, name: str) -> None:
+    """Drop a test database and its slots (slot names are cluster-wide, so they must go too)."""
+    with psycopg.connect(**server.conninfo(), autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+            "WHERE database = %s AND active_pid IS NOT NULL",
+            (name,),
+        )
         for (slot,) in conn.execute(
             "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (name,)
         ).fetchall():
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-        conn.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(psycopg.sql.Identifier(name)))
-        conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
-    yield server.conninfo(dbname=name)
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
 
 
 @pytest.fixture(scope="session")

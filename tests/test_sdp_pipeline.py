@@ -38,13 +38,16 @@ def test_streaming_table_and_materialized_view_twice(spark):
     assert first.ok, first.failure()
     summary_schema = "kind string, n long, value long"
     expected = spark.createDataFrame([("a", 2, 3), ("b", 1, 150)], summary_schema)
-    assert_df_equality(_read(spark, state, "event_summary"), expected, ignore_row_order=True,
-                       ignore_nullable=True)
+    assert_df_equality(
+        _read(spark, state, "event_summary"), expected, ignore_row_order=True, ignore_nullable=True
+    )
     quality = _read(spark, state, "event_summary_quality").collect()
-    assert sorted(quality) == sorted([
-        Row(dataset="event_summary", rule="small_value", action="warn", passed=2, failed=1),
-        Row(dataset="event_summary", rule="has_kind", action="drop", passed=2, failed=1),
-    ])
+    assert sorted(quality) == sorted(
+        [
+            Row(dataset="event_summary", rule="small_value", action="warn", passed=2, failed=1),
+            Row(dataset="event_summary", rule="has_kind", action="drop", passed=2, failed=1),
+        ]
+    )
 
     # The second run on the same state reads only the new source rows into the streaming table.
     _append(spark, source, [("a", 10), ("c", 1)])
@@ -52,5 +55,6 @@ def test_streaming_table_and_materialized_view_twice(spark):
     assert second.ok, second.failure()
     assert _read(spark, state, "events").count() == 6
     expected = spark.createDataFrame([("a", 3, 13), ("b", 1, 150), ("c", 1, 1)], summary_schema)
-    assert_df_equality(_read(spark, state, "event_summary"), expected, ignore_row_order=True,
-                       ignore_nullable=True)
+    assert_df_equality(
+        _read(spark, state, "event_summary"), expected, ignore_row_order=True, ignore_nullable=True
+    )

@@ -1,6 +1,5 @@
 """A streaming table fed incrementally from a Delta table outside the pipeline."""
 
-
 from pgmedallion.pipelines import table
 
 
