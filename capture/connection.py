@@ -4,11 +4,13 @@ Bronze stores values exactly as the server prints them (COPY text, pgoutput text
 silver parses that text later, possibly on another machine. So every capture session pins the
 settings that change how values print, in the startup packet, before any query runs::
 
-    client_encoding=UTF8  DateStyle=ISO  IntervalStyle=postgres  TimeZone=UTC
+    client_encoding=UTF8  DateStyle=ISO,MDY  IntervalStyle=postgres  TimeZone=UTC
     extra_float_digits=3  bytea_output=hex
 
-The walsender applies the same settings when it formats pgoutput tuples, because it runs the
-type output functions in the replication session.
+``MDY`` does not change ISO output; pinning it keeps a caller's ``DMY`` from changing date
+input too. The walsender formats pgoutput tuples with the same settings, because it runs the
+type output functions in the replication session (the tests check both against a caller who
+asks for another time zone and date style).
 
 - :func:`connect` opens an ordinary session in autocommit mode: capture never leaves an implicit
   transaction open (it would hold back vacuum); snapshot reads begin theirs explicitly.
@@ -31,7 +33,7 @@ from capture.errors import TransientError
 
 SESSION_SETTINGS = {
     "client_encoding": "UTF8",
-    "DateStyle": "ISO",
+    "DateStyle": "ISO,MDY",
     "IntervalStyle": "postgres",
     "TimeZone": "UTC",
     "extra_float_digits": "3",

@@ -8,10 +8,15 @@ session into a CopyBoth stream. Each CopyData from the server is one of
 
 Transactions arrive whole and in commit order, as ``Begin, ..., Commit``. Each message becomes
 a :class:`WalMessage` stamped with its transaction's commit LSN (``Begin.final_lsn``, equal to
-``Commit.commit_lsn``) and its ordinal in the transaction (Begin is 0, Commit is last), so
-``(commit_lsn, ordinal)`` names a message across re-reads. Messages are yielded as they arrive,
-so memory stays bounded whatever the transaction size; a run cut mid-transaction re-reads the
-whole transaction next time, and the same keys let bronze drop the duplicates.
+``Commit.commit_lsn``) and its ordinal in the transaction (Begin is 0, Commit is last).
+Messages are yielded as they arrive, so memory stays bounded whatever the transaction size.
+
+``(commit_lsn, ordinal)`` names a message within one streaming session only. The server sends a
+Relation (and Type) message before a table's first change *in each session*, so a transaction
+read again in a later session can carry more or fewer of them and its ordinals shift; its own
+messages (Begin, changes, Commit) repeat byte for byte. A run cut mid-transaction re-reads the
+whole transaction next time, so the unit of deduplication is the transaction: keep each commit
+LSN's messages from one complete read (one that reached its Commit).
 
 Progress and the frontier
     After a Commit, every transaction with commit LSN below its ``end_lsn`` has been seen. With
@@ -27,6 +32,12 @@ Acknowledging
     ``wal_end``); the server then sets the slot's ``confirmed_flush_lsn`` to exactly that and
     may recycle WAL before it. Status replies the server asks for, and the polls that solicit a
     keepalive when the stream is quiet, repeat the last acknowledged position and nothing more.
+
+Dropped publications
+    Before PostgreSQL 18 the walsender fails with "publication does not exist" at the first
+    change decoded after the drop (:class:`~capture.errors.PublicationDropped`). PostgreSQL 18
+    skips a missing publication with a warning and sends nothing, so a run checks its
+    publication (``snapshot.publication_tables``) before it reads.
 
 Stopping
     :meth:`ReplicationStream.read_until` returns once the stream has caught up with a target,
@@ -255,9 +266,14 @@ class ReplicationStream:
     def __enter__(self) -> ReplicationStream:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        if not self.conn.closed:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        if self.conn.closed:
+            return
+        try:
             self.close()
+        except CaptureError:
+            if exc_type is None:
+                raise  # otherwise the error that ended the block says more
 
     def _stamp(self, data: XLogData) -> tuple[WalMessage, Commit | None]:
         payload = data.payload

@@ -121,13 +121,17 @@ def export_snapshot(repl_conn: psycopg.Connection, temp_slot_name: str) -> Snaps
 
 @contextmanager
 def exported_snapshot(conninfo: Mapping[str, Any], temp_slot_name: str) -> Iterator[SnapshotPoint]:
-    """Hold an exported snapshot open for the ``with`` block, then end it."""
+    """Hold an exported snapshot open for the ``with`` block, then end it and drop its slot."""
     repl_conn = connect_replication(conninfo)
     try:
         point = export_snapshot(repl_conn, temp_slot_name)
         yield point
         with server_errors():
             repl_conn.execute("COMMIT")
+            # Closing the session would drop the slot too, but only once the server notices.
+            repl_conn.execute(
+                sql.SQL("DROP_REPLICATION_SLOT {}").format(sql.Identifier(temp_slot_name))
+            )
     finally:
         repl_conn.close()
 

@@ -52,7 +52,8 @@ def test_drop_filters_false_and_null_and_counts(spark, rows):
     ]
 
 
-def test_fail_names_the_rule_and_the_offending_row(spark, rows):
+def test_fail_names_the_rule_and_the_offending_row(spark):
+    rows = spark.createDataFrame([(1, 5), (2, -1), (3, 7)], SCHEMA)
     rules = [Expectation("qty_positive", "qty > 0", FAIL)]
     with pytest.raises(PySparkException) as info:
         apply_expectations(rows, rules).collect()

@@ -1,0 +1,179 @@
+"""The bronze table: one append-only Delta table of everything capture saw, raw.
+
+Columns (documented in the README):
+
+    source       the configured source name
+    kind         copy | wal | rewind | schema | error | progress
+    table_oid    the source table's OID (NULL for Begin/Commit/Truncate messages and progress)
+    table_schema, table_name   the source table's schema and name, unquoted
+    lsn          wal: the transaction's commit LSN; copy/rewind/schema: the snapshot LSN;
+                 progress: the frontier F (every transaction committing below F is in bronze)
+    end_lsn      wal: the XLogData walEnd the message arrived with
+    xid          wal: the transaction id
+    ordinal      wal: the message's position in its transaction (Begin = 0);
+                 copy: the row's position in its ctid range
+    part         copy: the ctid range the row came from
+    payload      copy: one COPY TEXT row; wal: one pgoutput message; schema: JSON; error: JSON
+    batch_id     the capture batch that committed the row (Delta txnVersion, per source)
+    run_id       the capture run that produced it
+    captured_at  when it was captured (UTC)
+
+Invariants: every batch is one Delta commit made with ``txnAppId = pgmedallion-<source>`` and
+``txnVersion = batch_id``, so a retried commit of the same batch is skipped by Delta itself;
+batch ids only grow. A snapshot's copy rows, its rewind and schema records are one commit, so
+a table's snapshot is either wholly in bronze or not at all. The slot is acknowledged only up to
+the frontier of a committed progress record.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from datetime import UTC, datetime
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+KINDS = ("copy", "wal", "rewind", "schema", "error", "progress")
+
+BRONZE_DDL = (
+    "source STRING NOT NULL, kind STRING NOT NULL, table_oid BIGINT, table_schema STRING, "
+    "table_name STRING, lsn BIGINT NOT NULL, end_lsn BIGINT, xid BIGINT, ordinal BIGINT, "
+    "part INT, payload BINARY, batch_id BIGINT NOT NULL, run_id STRING NOT NULL, "
+    "captured_at TIMESTAMP NOT NULL"
+)
+
+ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("table_oid", pa.int64()),
+        pa.field("table_schema", pa.string()),
+        pa.field("table_name", pa.string()),
+        pa.field("lsn", pa.int64(), nullable=False),
+        pa.field("end_lsn", pa.int64()),
+        pa.field("xid", pa.int64()),
+        pa.field("ordinal", pa.int64()),
+        pa.field("part", pa.int32()),
+        pa.field("payload", pa.binary()),
+        pa.field("batch_id", pa.int64(), nullable=False),
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("captured_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+
+
+def app_id(source: str) -> str:
+    return f"pgmedallion-{source}"
+
+
+def ensure_bronze_table(spark: SparkSession, table: str) -> None:
+    spark.sql(f"CREATE TABLE IF NOT EXISTS {table} ({BRONZE_DDL}) USING DELTA")
+
+
+def bronze_rows(spark: SparkSession, table: str, source: str) -> DataFrame:
+    return spark.table(table).where(F.col("source") == source)
+
+
+def bronze_frontier(spark: SparkSession, table: str, source: str) -> int | None:
+    """The highest committed frontier of ``source``, or None before its first progress record."""
+    row = (
+        bronze_rows(spark, table, source)
+        .where(F.col("kind") == "progress")
+        .agg(F.max("lsn").alias("f"))
+        .first()
+    )
+    return None if row is None else row["f"]
+
+
+def next_batch_id(spark: SparkSession, table: str, source: str) -> int:
+    row = bronze_rows(spark, table, source).agg(F.max("batch_id").alias("b")).first()
+    return 0 if row is None or row["b"] is None else row["b"] + 1
+
+
+def snapshotted_tables(spark: SparkSession, table: str, source: str) -> dict[int, int]:
+    """OID -> snapshot LSN of every table whose snapshot is complete in bronze."""
+    rows = (
+        bronze_rows(spark, table, source)
+        .where(F.col("kind") == "rewind")
+        .groupBy("table_oid")
+        .agg(F.max("lsn").alias("lsn"))
+        .collect()
+    )
+    return {r["table_oid"]: r["lsn"] for r in rows}
+
+
+def write_batch(df: DataFrame, table: str, source: str, batch_id: int) -> None:
+    """Append one batch as one idempotent Delta commit."""
+    (
+        df.write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id(source))
+        .option("txnVersion", batch_id)
+        .saveAsTable(table)
+    )
+
+
+class RecordBuffer:
+    """Column buffers of bronze records for one batch, turned into an Arrow table at flush."""
+
+    def __init__(self, source: str, run_id: str) -> None:
+        self.source = source
+        self.run_id = run_id
+        self.clear()
+
+    def clear(self) -> None:
+        self.columns: dict[str, list] = {f.name: [] for f in ARROW_SCHEMA}
+        self.payload_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self.columns["kind"])
+
+    def add(
+        self,
+        kind: str,
+        lsn: int,
+        *,
+        table_oid: int | None = None,
+        table_schema: str | None = None,
+        table_name: str | None = None,
+        end_lsn: int | None = None,
+        xid: int | None = None,
+        ordinal: int | None = None,
+        part: int | None = None,
+        payload: bytes | None = None,
+    ) -> None:
+        c = self.columns
+        c["source"].append(self.source)
+        c["kind"].append(kind)
+        c["table_oid"].append(table_oid)
+        c["table_schema"].append(table_schema)
+        c["table_name"].append(table_name)
+        c["lsn"].append(lsn)
+        c["end_lsn"].append(end_lsn)
+        c["xid"].append(xid)
+        c["ordinal"].append(ordinal)
+        c["part"].append(part)
+        c["payload"].append(payload)
+        if payload is not None:
+            self.payload_bytes += len(payload)
+
+    def to_arrow(self, batch_id: int) -> pa.Table:
+        n = len(self)
+        cols = dict(self.columns)
+        cols["batch_id"] = [batch_id] * n
+        cols["run_id"] = [self.run_id] * n
+        cols["captured_at"] = [datetime.now(UTC)] * n
+        return pa.table(cols, schema=ARROW_SCHEMA)
+
+
+def json_payload(obj) -> bytes:
+    """Deterministic JSON for schema and error records (dataclasses become objects)."""
+
+    def default(o):
+        if hasattr(o, "__dataclass_fields__"):
+            return asdict(o)
+        raise TypeError(f"cannot encode {type(o).__name__}")
+
+    return json.dumps(obj, default=default, sort_keys=True).encode()

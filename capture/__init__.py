@@ -1,0 +1,24 @@
+"""The PostgreSQL side of pgmedallion: raw bytes and LSNs out, nothing decoded, no Spark.
+
+A run provisions the main slot, snapshots the tables that need it at one consistent LSN, and
+then reads the slot's pgoutput stream up to the WAL position seen at the start of the run.
+Everything is yielded as it arrives, raw, for a sink (bronze) to store; the slot is only
+acknowledged by the caller, after the sink has committed.
+
+::
+
+    connection.py   connect / connect_replication: pinned text formats, errors as types
+         │
+    slot.py         ensure_slot ─> slot_state ─> check_resume_point ─> release_slot
+         │
+    snapshot.py     exported_snapshot (temporary slot, held open)          ──> snapshot_lsn
+         │            └─ per table: table_schema_at_snapshot, ctid ranges
+         │                 └─ copy_range (own session, SET TRANSACTION SNAPSHOT)
+         │                      ──> raw COPY text rows, time 0
+         │
+    replication.py  start_replication ─> read_until(pg_current_wal_lsn())
+         │            ──> WalMessage(commit_lsn, ordinal, payload), Keepalive(wal_end)
+         │          ack(lsn) <── caller, once bronze committed up to lsn
+         │
+    errors.py       TransientError (retry) | DefiniteError (record for the table)
+"""

@@ -1,0 +1,105 @@
+"""Capture into bronze against a real PostgreSQL: snapshot, stream, acknowledgement."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from pyspark.sql import functions as F
+
+from bronze.land import CaptureTarget, capture_once
+from capture.slot import slot_state
+from pgmedallion.pgoutput import Delete, Insert, Update, decode
+from silver.copy_text import decode_copy_row
+
+HOSTILE_SCHEMA = 'Sales "EU"'
+HOSTILE_TABLE = "Order Items; DROP TABLE x"
+
+
+@pytest.fixture
+def shop(any_db):
+    with psycopg.connect(**any_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE customers (id int PRIMARY KEY, name text)")
+        conn.execute("CREATE TABLE notes (id int PRIMARY KEY, body text)")
+        conn.execute(
+            psycopg.sql.SQL("CREATE SCHEMA {}").format(psycopg.sql.Identifier(HOSTILE_SCHEMA))
+        )
+        conn.execute(
+            psycopg.sql.SQL('CREATE TABLE {}.{} ("qté" int, "Note\tTab" text)').format(
+                psycopg.sql.Identifier(HOSTILE_SCHEMA), psycopg.sql.Identifier(HOSTILE_TABLE)
+            )
+        )
+        conn.execute(
+            psycopg.sql.SQL("ALTER TABLE {}.{} REPLICA IDENTITY FULL").format(
+                psycopg.sql.Identifier(HOSTILE_SCHEMA), psycopg.sql.Identifier(HOSTILE_TABLE)
+            )
+        )
+        conn.execute("INSERT INTO customers SELECT g, 'c' || g FROM generate_series(1, 3000) g")
+        conn.execute(
+            "INSERT INTO notes SELECT g, E'tab\\there\\nnewline' FROM generate_series(1, 50) g"
+        )
+        conn.execute(
+            psycopg.sql.SQL(
+                "INSERT INTO {}.{} SELECT g, NULL FROM generate_series(1, 10) g"
+            ).format(psycopg.sql.Identifier(HOSTILE_SCHEMA), psycopg.sql.Identifier(HOSTILE_TABLE))
+        )
+        conn.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    return any_db
+
+
+def _bronze(spark, name: str) -> str:
+    spark.sql("CREATE SCHEMA IF NOT EXISTS bronze_test")
+    spark.sql(f"DROP TABLE IF EXISTS bronze_test.{name}")
+    return f"bronze_test.{name}"
+
+
+def test_snapshot_then_stream_lands_everything_once(spark, shop, any_pg):
+    target = CaptureTarget(
+        shop,
+        source="shop",
+        publication="pub",
+        slot=f"pgm_{any_pg.major}",
+        bronze=_bronze(spark, f"b{any_pg.major}"),
+    )
+    first = capture_once(spark, target, workers=3)
+    assert first.snapshotted == {
+        "public.customers": 3000,
+        "public.notes": 50,
+        f"{HOSTILE_SCHEMA}.{HOSTILE_TABLE}": 10,
+    }
+    bronze = spark.table(target.bronze)
+    kinds = {r["kind"]: r["count"] for r in bronze.groupBy("kind").count().collect()}
+    assert kinds["rewind"] == 3 and kinds["schema"] == 3 and kinds["copy"] == 3060
+    rows = [
+        decode_copy_row(r["payload"])
+        for r in bronze.where("kind = 'copy' AND table_name = 'notes'").collect()
+    ]
+    assert rows[0][1] == "tab\there\nnewline"
+    ids = sorted(
+        int(decode_copy_row(r["payload"])[0])
+        for r in bronze.where("kind = 'copy' AND table_name = 'customers'").collect()
+    )
+    assert ids == list(range(1, 3001))
+
+    with psycopg.connect(**shop, autocommit=True) as conn:
+        conn.execute("INSERT INTO customers VALUES (5000, 'new')")
+        conn.execute("UPDATE customers SET name = 'renamed' WHERE id = 1")
+        conn.execute("DELETE FROM customers WHERE id = 2")
+    second = capture_once(spark, target)
+    assert second.snapshotted == {}  # no table is snapshotted twice
+    wal = spark.table(target.bronze).where("kind = 'wal'").orderBy("lsn", "ordinal").collect()
+    changes = [decode(r["payload"]) for r in wal]
+    assert [type(m) for m in changes if isinstance(m, Insert | Update | Delete)] == [
+        Insert,
+        Update,
+        Delete,
+    ]
+    frontier = spark.table(target.bronze).where("kind = 'progress'").agg(F.max("lsn")).first()[0]
+    assert second.frontier == frontier
+    assert max(r["lsn"] for r in wal) < frontier
+    with psycopg.connect(**shop) as conn:
+        state = slot_state(conn, target.slot)
+    assert state.confirmed_flush_lsn == frontier  # acknowledged exactly what bronze holds
+    batch_ids = [
+        r["batch_id"] for r in spark.table(target.bronze).select("batch_id").distinct().collect()
+    ]
+    assert sorted(batch_ids) == list(range(len(batch_ids)))
