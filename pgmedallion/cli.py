@@ -65,6 +65,51 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_capture(config: Config, args: argparse.Namespace) -> int:
+    from bronze.land import CaptureTarget, capture_once
+    from capture.errors import CaptureError
+    from pgmedallion.pgoutput import format_lsn
+    from pgmedallion.spark import get_spark
+
+    spark = get_spark(config.state_dir)
+    spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{config.lakehouse.bronze_schema}`")
+    target = CaptureTarget(
+        config.source.conninfo(),
+        source=config.source.name,
+        publication=config.source.publication,
+        slot=config.source.slot,
+        bronze=config.qualified("bronze", "bronze"),
+    )
+    try:
+        result = capture_once(
+            spark, target, workers=args.workers, tables=list(config.source.tables) or None
+        )
+    except CaptureError as e:
+        print(f"capture failed: {e}", file=sys.stderr)
+        return 1
+    for table, rows in sorted(result.snapshotted.items()):
+        print(f"snapshot {table}: {rows} rows at {format_lsn(result.snapshot_lsn)}")
+    print(
+        f"{result.messages} messages in {result.batches} batch(es); "
+        f"frontier {format_lsn(result.frontier)}"
+    )
+    return 0
+
+
+def cmd_doctor(config: Config, args: argparse.Namespace) -> int:
+    from capture.provision import all_ok, format_report, run_checks
+
+    results = run_checks(
+        config.source.conninfo(),
+        publication=config.source.publication,
+        slot=config.source.slot,
+        tables=list(config.source.tables),
+        create_publication=config.source.create_publication,
+    )
+    print(format_report(results))
+    return 0 if all_ok(results) else 1
+
+
 def cmd_demo(config: Config, args: argparse.Namespace) -> int:
     from pgmedallion.demo import run_demo
 
@@ -82,6 +127,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="embedded PostgreSQL + local Spark: the whole pipeline")
     demo.set_defaults(func=cmd_demo)
+
+    doctor = sub.add_parser(
+        "doctor", help="preflight: wal_level, privileges, publication, replica identity, slot"
+    )
+    doctor.set_defaults(func=cmd_doctor)
+
+    capture = sub.add_parser(
+        "capture", help="snapshot new tables and stream the slot into bronze, then stop"
+    )
+    capture.add_argument("--workers", type=int, default=2, help="parallel COPY ranges per table")
+    capture.set_defaults(func=cmd_capture)
 
     run = sub.add_parser(
         "run", help="run a declarative pipeline locally (Spark Declarative Pipelines)"

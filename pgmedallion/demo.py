@@ -13,6 +13,7 @@ import psycopg
 from pgmedallion.config import Config
 
 DEMO_DB = "shop"
+PUBLICATION = "pgmedallion"
 TABLES = ("public.customers", "public.products", "public.orders", 'public."OrderItems"')
 
 SCHEMA = """
@@ -55,11 +56,18 @@ def create_demo_database(conninfo: dict[str, str], *, seed: int = 7, customers: 
     """(Re)create the ``shop`` database with its schema and a deterministic initial load."""
     admin = {**conninfo, "dbname": "postgres"}
     with psycopg.connect(**admin, autocommit=True) as conn:
+        # A database with logical slots cannot be dropped: the demo starts from scratch.
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE database = %s AND NOT active",
+            (DEMO_DB,),
+        )
         conn.execute(f"DROP DATABASE IF EXISTS {DEMO_DB} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {DEMO_DB}")
     rng = random.Random(seed)
     with psycopg.connect(**{**conninfo, "dbname": DEMO_DB}) as conn:
         conn.execute(SCHEMA)
+        conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {', '.join(TABLES)}")
         with conn.cursor() as cur:
             cur.executemany(
                 "INSERT INTO customers VALUES (%s, %s, %s, now() - %s * interval '1 hour', %s, %s)",
@@ -118,14 +126,93 @@ def create_demo_database(conninfo: dict[str, str], *, seed: int = 7, customers: 
             cur.executemany('INSERT INTO "OrderItems" VALUES (%s, %s, %s, %s, %s)', item_rows)
 
 
+def apply_burst(conninfo: dict[str, str], *, seed: int = 11, transactions: int = 200) -> int:
+    """Random inserts, updates (TOASTed text included) and deletes over many transactions."""
+    rng = random.Random(seed)
+    changes = 0
+    # autocommit: each conn.transaction() below is a real transaction, not a savepoint.
+    with psycopg.connect(**{**conninfo, "dbname": DEMO_DB}, autocommit=True) as conn:
+        next_id = conn.execute("SELECT max(id) + 1 FROM orders").fetchone()[0]
+        for _ in range(transactions):
+            with conn.transaction():
+                for _ in range(rng.randint(1, 5)):
+                    action = rng.random()
+                    if action < 0.4:
+                        conn.execute(
+                            "INSERT INTO orders VALUES (%s, %s, 'new', now(), %s, %s)",
+                            (
+                                next_id,
+                                rng.randint(1, 500),
+                                round(rng.uniform(1, 900), 2),
+                                "rush" if rng.random() < 0.2 else None,
+                            ),
+                        )
+                        next_id += 1
+                    elif action < 0.8:
+                        conn.execute(
+                            "UPDATE orders SET status = %s WHERE id = %s",
+                            (
+                                rng.choice(["paid", "shipped", "cancelled"]),
+                                rng.randint(1, next_id - 1),
+                            ),
+                        )
+                    elif action < 0.9:
+                        conn.execute(
+                            "UPDATE products SET price = price + 1 WHERE sku = "
+                            "(SELECT sku FROM products ORDER BY random() LIMIT 1)"
+                        )
+                    else:
+                        conn.execute(
+                            'DELETE FROM "OrderItems" WHERE ("orderId", "lineNo") IN '
+                            '(SELECT "orderId", "lineNo" FROM "OrderItems" '
+                            "ORDER BY random() LIMIT 1)"
+                        )
+                    changes += 1
+    return changes
+
+
 def run_demo(config: Config) -> int:
+    from bronze.land import CaptureTarget, capture_once
     from pgmedallion.localpg import LocalPostgres
+    from pgmedallion.pgoutput import format_lsn
+    from pgmedallion.spark import get_spark
 
     pg = LocalPostgres(config.state_dir / "postgres").start()
     print(f"embedded PostgreSQL {pg.major} on 127.0.0.1:{pg.port}")
     create_demo_database(pg.conninfo())
+    source_counts = {}
     with psycopg.connect(**pg.conninfo(dbname=DEMO_DB)) as conn:
         for table in TABLES:
             (n,) = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+            source_counts[table.replace('"', "")] = n
             print(f"  {table:<24} {n:>7} rows")
-    return 0
+
+    spark = get_spark(config.state_dir)
+    bronze = config.qualified("bronze", "bronze")
+    spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{config.lakehouse.bronze_schema}`")
+    spark.sql(f"DROP TABLE IF EXISTS {bronze}")
+    target = CaptureTarget(
+        pg.conninfo(dbname=DEMO_DB),
+        source="demo",
+        publication=PUBLICATION,
+        slot="pgmedallion_demo",
+        bronze=bronze,
+    )
+    first = capture_once(spark, target, workers=2)
+    print(
+        f"snapshot at {format_lsn(first.snapshot_lsn)}: "
+        + ", ".join(f"{t}={n}" for t, n in sorted(first.snapshotted.items()))
+    )
+    changes = apply_burst(pg.conninfo())
+    print(f"applied {changes} random changes in 200 transactions")
+    second = capture_once(spark, target)
+    print(
+        f"streamed {second.messages} pgoutput messages in {second.batches} batch(es); "
+        f"frontier {format_lsn(second.frontier)}"
+    )
+    print("bronze:")
+    for row in spark.table(bronze).groupBy("kind").count().orderBy("kind").collect():
+        print(f"  {row['kind']:<10} {row['count']:>7}")
+    ok = first.snapshotted == source_counts and second.messages > changes
+    print("every source row landed in bronze" if ok else "bronze does not match the source")
+    return 0 if ok else 1

@@ -7,7 +7,7 @@ import subprocess
 
 def test_help_lists_the_commands():
     out = subprocess.run(["pgmedallion", "--help"], capture_output=True, text=True, check=True)
-    for command in ("demo", "run", "postgres"):
+    for command in ("demo", "doctor", "capture", "run", "postgres"):
         assert command in out.stdout
 
 

@@ -1,0 +1,557 @@
+"""Preflight for ``pgmedallion doctor``: is this server, role and database ready for capture?
+
+Capture needs a handful of things the server administrator controls, and each one fails late
+and obscurely if it is missing (a walsender refusing to start, a snapshot silently missing rows
+hidden by row-level security, deletes arriving without an old tuple). So before the first run
+we ask the catalog directly and report every problem at once, each with the exact SQL that fixes
+it, composed with :mod:`psycopg.sql` so hostile names are quoted correctly::
+
+    run_checks ──> connect ──> server version ─ wal_level ─ free slots ─ free WAL senders
+                               role: REPLICATION, SELECT (+ schema USAGE), replication session
+                               tables exist ─ publication covers them (created if allowed)
+                               replica identity ─ row-level security ─ the main slot
+                          ──> [CheckResult] ──> format_report / all_ok
+
+Every check is a small function of a connection (or of plain values, where the server's
+setting cannot be changed in a test), and one failing check never hides the others: a check
+that errors is itself reported as failed. The only writes are the ones the caller opts into
+with ``create_publication``; a slot that is not ours is reported, never dropped. Messages never
+carry the password: connection failures are redacted by :mod:`capture.connection`, and the
+rest are catalog facts and server error texts, which never contain credentials.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from capture.connection import connect, connect_replication
+from capture.errors import CaptureError, SlotMissing, server_errors
+from capture.slot import PLUGIN, identify_system, slot_state
+from capture.snapshot import TID_RANGE_SCAN_MIN_VERSION
+
+RESTART_NOTE = "-- then restart PostgreSQL: this setting only changes at server start"
+
+WAL_SENDERS_NEEDED = 1
+"""The stream's walsender; the snapshot leader's session is one more while a snapshot runs."""
+
+PUBLISH_ACTIONS = ("insert", "update", "delete", "truncate")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    ok: bool
+    message: str
+    remediation_sql: str | None = None
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    superuser: bool
+    replication: bool
+    bypassrls: bool
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    schema: str
+    name: str
+    owned: bool
+    """The current role owns the table (or is a member of its owner)."""
+    replica_identity: str
+    """``pg_class.relreplident``: ``d`` default, ``n`` nothing, ``f`` full, ``i`` index."""
+    has_primary_key: bool
+    can_select: bool
+    schema_usage: bool
+    row_security_active: bool
+    """Row-level security filters what the current role reads from this table."""
+
+    @property
+    def identifier(self) -> sql.Identifier:
+        return sql.Identifier(self.schema, self.name)
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
+def run_checks(
+    conninfo: Mapping[str, Any],
+    *,
+    publication: str,
+    slot: str,
+    tables: Sequence[str],
+    create_publication: bool,
+) -> list[CheckResult]:
+    """Every preflight check against the server ``conninfo`` names, in report order.
+
+    ``tables`` are ``schema.table`` names (split at the first dot); empty means every table the
+    publication publishes. With ``create_publication`` a missing publication is created, or an
+    existing one extended, when the role may do so; otherwise the SQL is reported.
+    """
+    try:
+        conn = connect(conninfo)
+    except CaptureError as exc:
+        return [CheckResult("server", False, str(exc))]
+    with conn:
+        results = _guarded("server", check_server_version, conn)
+        results += _guarded("wal_level", check_wal_level, conn)
+        results += _guarded("replication slots", check_free_slots, conn, slot)
+        results += _guarded("wal senders", check_free_wal_senders, conn)
+        try:
+            role = current_role(conn)
+        except CaptureError as exc:
+            results.append(CheckResult("role", False, f"check could not run: {exc}"))
+            role = Role(str(conninfo.get("user", "")), False, False, False)
+        results += _guarded("replication privilege", check_replication_privilege, conn, role)
+        results += _guarded("replication session", check_replication_session, conninfo)
+        found: list[TableInfo] = []
+
+        def resolve() -> list[CheckResult]:
+            found[:], result = resolve_tables(conn, publication, tables)
+            return [result]
+
+        results += _guarded("tables", resolve)
+        results += _guarded(
+            "publication",
+            check_publication,
+            conn,
+            publication,
+            found,
+            role,
+            create_publication,
+        )
+        results += _guarded("select privilege", check_select_privilege, conn, role, found)
+        results += _guarded("replica identity", check_replica_identity, conn, found)
+        results += _guarded("row-level security", check_row_security, conn, role, found)
+        results += _guarded("slot", check_slot, conn, slot)
+    return results
+
+
+def all_ok(results: Sequence[CheckResult]) -> bool:
+    return all(result.ok for result in results)
+
+
+def format_report(results: Sequence[CheckResult]) -> str:
+    """One line per check (``✓``/``✗ name: message``), remediation SQL indented below it."""
+    lines = []
+    for result in results:
+        lines.append(f"{'✓' if result.ok else '✗'} {result.name}: {result.message}")
+        if result.remediation_sql:
+            lines.extend(f"    {line}" for line in result.remediation_sql.splitlines())
+    failed = sum(not result.ok for result in results)
+    lines.append("all checks passed" if failed == 0 else f"{failed} check(s) failed")
+    return "\n".join(lines)
+
+
+def current_role(conn: psycopg.Connection) -> Role:
+    with server_errors():
+        row = conn.execute(
+            "SELECT rolname, rolsuper, rolreplication, rolbypassrls"
+            " FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
+    return Role(*row)
+
+
+def check_server_version(conn: psycopg.Connection) -> CheckResult:
+    with server_errors():
+        (version,) = conn.execute("SHOW server_version").fetchone()
+    return server_version_result(conn.info.server_version, version)
+
+
+def server_version_result(version_num: int, version: str) -> CheckResult:
+    """Below 14 capture still works, but each table is snapshotted as one range."""
+    if version_num < TID_RANGE_SCAN_MIN_VERSION:
+        return CheckResult(
+            "server",
+            True,
+            f"PostgreSQL {version} (warning: before 14 there are no TID range scans, so each "
+            "table is snapshotted by one worker)",
+        )
+    return CheckResult("server", True, f"PostgreSQL {version}")
+
+
+def check_wal_level(conn: psycopg.Connection) -> CheckResult:
+    return wal_level_result(_setting(conn, "wal_level"), conn)
+
+
+def wal_level_result(wal_level: str, context: psycopg.Connection | None = None) -> CheckResult:
+    if wal_level == "logical":
+        return CheckResult("wal_level", True, "wal_level = logical")
+    remediation = sql.SQL("ALTER SYSTEM SET wal_level = {};").format(sql.Literal("logical"))
+    return CheckResult(
+        "wal_level",
+        False,
+        f"wal_level = {wal_level}; logical decoding needs logical",
+        f"{remediation.as_string(context)}\n{RESTART_NOTE}",
+    )
+
+
+def check_free_slots(conn: psycopg.Connection, slot: str) -> CheckResult:
+    with server_errors():
+        maximum, used, ours = conn.execute(
+            sql.SQL(
+                "SELECT current_setting('max_replication_slots')::int,"
+                " (SELECT count(*) FROM pg_replication_slots),"
+                " EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = {})"
+            ).format(sql.Literal(slot))
+        ).fetchone()
+    # A snapshot holds a temporary slot for its duration, besides the main slot.
+    return free_slots_result(maximum, used, needed=1 if ours else 2, context=conn)
+
+
+def free_slots_result(
+    maximum: int, used: int, needed: int, context: psycopg.Connection | None = None
+) -> CheckResult:
+    return _capacity_result(
+        "replication slots", "max_replication_slots", maximum, used, needed, context
+    )
+
+
+def check_free_wal_senders(conn: psycopg.Connection) -> CheckResult:
+    with server_errors():
+        maximum, active = conn.execute(
+            "SELECT current_setting('max_wal_senders')::int,"
+            " (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender')"
+        ).fetchone()
+    return free_wal_senders_result(maximum, active, WAL_SENDERS_NEEDED, context=conn)
+
+
+def free_wal_senders_result(
+    maximum: int, active: int, needed: int, context: psycopg.Connection | None = None
+) -> CheckResult:
+    return _capacity_result("wal senders", "max_wal_senders", maximum, active, needed, context)
+
+
+def check_replication_privilege(conn: psycopg.Connection, role: Role) -> CheckResult:
+    if role.superuser or role.replication:
+        reason = "superuser" if role.superuser else "REPLICATION"
+        return CheckResult("replication privilege", True, f"role {role.name!r} has {reason}")
+    return CheckResult(
+        "replication privilege",
+        False,
+        f"role {role.name!r} has neither REPLICATION nor superuser, so it cannot stream changes",
+        sql.SQL("ALTER ROLE {} REPLICATION;").format(sql.Identifier(role.name)).as_string(conn),
+    )
+
+
+def check_replication_session(conninfo: Mapping[str, Any]) -> CheckResult:
+    """Open a ``replication=database`` session: proves pg_hba, the role and a free walsender."""
+    with connect_replication(conninfo) as repl_conn:
+        system = identify_system(repl_conn)
+    return CheckResult(
+        "replication session",
+        True,
+        f"replication session opened (system {system.system_id}, timeline {system.timeline})",
+    )
+
+
+def parse_table(name: str) -> tuple[str, str]:
+    """``schema.table`` split at the first dot; a bare name is in ``public``."""
+    schema, dot, table = name.partition(".")
+    return (schema, table) if dot else ("public", name)
+
+
+def resolve_tables(
+    conn: psycopg.Connection, publication: str, tables: Sequence[str]
+) -> tuple[list[TableInfo], CheckResult]:
+    """The configured tables (or, if none, the published ones) that exist, and a check of that."""
+    if tables:
+        wanted = [parse_table(name) for name in tables]
+    else:
+        wanted = _published_tables(conn, publication)
+        if not wanted:
+            return [], CheckResult(
+                "tables",
+                False,
+                f"no tables configured and publication {publication!r} publishes none",
+            )
+    found = table_info(conn, wanted)
+    missing = [f"{schema}.{name}" for schema, name in wanted if (schema, name) not in found]
+    infos = [found[key] for key in wanted if key in found]
+    if missing:
+        return infos, CheckResult(
+            "tables", False, f"tables not found (or not tables): {', '.join(missing)}"
+        )
+    return infos, CheckResult("tables", True, f"{len(infos)} table(s) to capture")
+
+
+def table_info(
+    conn: psycopg.Connection, tables: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], TableInfo]:
+    """What the checks need to know about each existing ordinary or partitioned table."""
+    if not tables:
+        return {}
+    keys = sql.SQL(", ").join(
+        sql.SQL("({}, {})").format(sql.Literal(schema), sql.Literal(name))
+        for schema, name in tables
+    )
+    with server_errors():
+        rows = conn.execute(
+            sql.SQL(
+                "SELECT n.nspname, c.relname, pg_has_role(c.relowner, 'USAGE'),"
+                " c.relreplident::text,"
+                " EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),"
+                " has_table_privilege(c.oid, 'SELECT'), has_schema_privilege(n.oid, 'USAGE'),"
+                " row_security_active(c.oid)"
+                " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE c.relkind IN ('r', 'p') AND (n.nspname, c.relname) IN ({})"
+            ).format(keys)
+        ).fetchall()
+    return {(row[0], row[1]): TableInfo(*row) for row in rows}
+
+
+def check_publication(
+    conn: psycopg.Connection,
+    publication: str,
+    tables: Sequence[TableInfo],
+    role: Role,
+    create: bool,
+) -> list[CheckResult]:
+    """The publication exists, publishes every change kind and covers ``tables``.
+
+    With ``create`` it is created or extended when the role may: superusers, or owners of every
+    table (and of the publication, to extend it). Anything else gets the SQL to run.
+    """
+    name = sql.Identifier(publication)
+    row = _publication(conn, publication)
+    if row is None:
+        if not tables:
+            return [
+                CheckResult(
+                    "publication",
+                    False,
+                    f"publication {publication!r} does not exist and there are no tables to "
+                    "create it for",
+                )
+            ]
+        statement = sql.SQL("CREATE PUBLICATION {} FOR TABLE {};").format(
+            name, sql.SQL(", ").join(table.identifier for table in tables)
+        )
+        allowed = role.superuser or (all(t.owned for t in tables) and _can_create_in_db(conn))
+        return [
+            _provision(
+                conn,
+                statement,
+                create and allowed,
+                f"created publication {publication!r}",
+                f"publication {publication!r} does not exist",
+            )
+        ]
+    all_tables, owner_is_us, actions = row
+    results = []
+    unpublished = [a for a, on in zip(PUBLISH_ACTIONS, actions, strict=True) if not on]
+    if unpublished:
+        results.append(
+            CheckResult(
+                "publication",
+                False,
+                f"publication {publication!r} does not publish {', '.join(unpublished)}",
+                sql.SQL("ALTER PUBLICATION {} SET (publish = {});")
+                .format(name, sql.Literal(", ".join(PUBLISH_ACTIONS)))
+                .as_string(conn),
+            )
+        )
+    published = set(_published_tables(conn, publication))
+    missing = [t for t in tables if (t.schema, t.name) not in published]
+    if all_tables or not missing:
+        results.append(
+            CheckResult("publication", True, f"publication {publication!r} covers the tables")
+        )
+        return results
+    statement = sql.SQL("ALTER PUBLICATION {} ADD TABLE {};").format(
+        name, sql.SQL(", ").join(table.identifier for table in missing)
+    )
+    allowed = role.superuser or (owner_is_us and all(t.owned for t in missing))
+    missing_names = ", ".join(t.qualified_name for t in missing)
+    results.append(
+        _provision(
+            conn,
+            statement,
+            create and allowed,
+            f"added {missing_names} to publication {publication!r}",
+            f"publication {publication!r} does not publish {missing_names}",
+        )
+    )
+    return results
+
+
+def check_select_privilege(
+    conn: psycopg.Connection, role: Role, tables: Sequence[TableInfo]
+) -> CheckResult:
+    denied = [t for t in tables if not t.can_select]
+    no_usage = sorted({t.schema for t in tables if not t.schema_usage})
+    if not denied and not no_usage:
+        return CheckResult("select privilege", True, f"role {role.name!r} can read every table")
+    grantee = sql.Identifier(role.name)
+    statements = [
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {};").format(sql.Identifier(schema), grantee)
+        for schema in no_usage
+    ]
+    if denied:
+        statements.append(
+            sql.SQL("GRANT SELECT ON {} TO {};").format(
+                sql.SQL(", ").join(t.identifier for t in denied), grantee
+            )
+        )
+    problems = [f"no SELECT on {t.qualified_name}" for t in denied]
+    problems += [f"no USAGE on schema {schema}" for schema in no_usage]
+    return CheckResult(
+        "select privilege",
+        False,
+        f"role {role.name!r} cannot read: {'; '.join(problems)}",
+        "\n".join(statement.as_string(conn) for statement in statements),
+    )
+
+
+def check_replica_identity(
+    conn: psycopg.Connection | None, tables: Sequence[TableInfo]
+) -> CheckResult:
+    """FULL or an index identity is fine, DEFAULT only with a primary key; NOTHING never.
+
+    Without an identity the server rejects UPDATE and DELETE on a published table, and
+    DEFAULT without a key sends deletes with no old tuple at all.
+    """
+    bad = [
+        t
+        for t in tables
+        if t.replica_identity == "n" or (t.replica_identity == "d" and not t.has_primary_key)
+    ]
+    if not bad:
+        return CheckResult("replica identity", True, "every table has a usable replica identity")
+    reasons = [
+        f"{t.qualified_name} ({'NOTHING' if t.replica_identity == 'n' else 'DEFAULT, no PK'})"
+        for t in bad
+    ]
+    return CheckResult(
+        "replica identity",
+        False,
+        f"updates and deletes cannot be captured for: {', '.join(reasons)}",
+        "\n".join(
+            sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL;").format(t.identifier).as_string(conn)
+            for t in bad
+        ),
+    )
+
+
+def check_row_security(
+    conn: psycopg.Connection, role: Role, tables: Sequence[TableInfo]
+) -> CheckResult:
+    hidden = [t for t in tables if t.row_security_active]
+    if not hidden:
+        return CheckResult("row-level security", True, "no row-level security hides rows")
+    return CheckResult(
+        "row-level security",
+        False,
+        f"row-level security applies to role {role.name!r} on "
+        f"{', '.join(t.qualified_name for t in hidden)}: the snapshot would miss rows",
+        sql.SQL("ALTER ROLE {} BYPASSRLS;").format(sql.Identifier(role.name)).as_string(conn),
+    )
+
+
+def check_slot(conn: psycopg.Connection, slot: str) -> CheckResult:
+    """Ours (``pgoutput`` in this database), or absent; anything else is someone else's."""
+    try:
+        state = slot_state(conn, slot)
+    except SlotMissing:
+        return CheckResult("slot", True, f"replication slot {slot!r} is absent: will be created")
+    with server_errors():
+        (database,) = conn.execute("SELECT current_database()").fetchone()
+    if state.plugin != PLUGIN or state.database != database:
+        return CheckResult(
+            "slot",
+            False,
+            f"replication slot {slot!r} exists with plugin {state.plugin!r} in database "
+            f"{state.database!r}, not {PLUGIN!r} in {database!r}: configure another slot name",
+        )
+    return CheckResult("slot", True, f"replication slot {slot!r} exists with {PLUGIN}")
+
+
+def _capacity_result(
+    name: str,
+    setting: str,
+    maximum: int,
+    used: int,
+    needed: int,
+    context: psycopg.Connection | None,
+) -> CheckResult:
+    free = maximum - used
+    message = f"{free} of {setting} = {maximum} free, {needed} needed"
+    if free >= needed:
+        return CheckResult(name, True, message)
+    remediation = sql.SQL("ALTER SYSTEM SET {} = {};").format(
+        sql.Identifier(setting), sql.Literal(used + needed)
+    )
+    return CheckResult(name, False, message, f"{remediation.as_string(context)}\n{RESTART_NOTE}")
+
+
+def _provision(
+    conn: psycopg.Connection, statement: sql.Composed, run: bool, done: str, problem: str
+) -> CheckResult:
+    """Run ``statement`` if allowed to; otherwise, or if it fails, report it as the fix."""
+    text = statement.as_string(conn)
+    if not run:
+        return CheckResult("publication", False, problem, text)
+    try:
+        conn.execute(statement)
+    except psycopg.Error as exc:
+        return CheckResult("publication", False, f"{problem}; {_primary(exc)}", text)
+    return CheckResult("publication", True, done)
+
+
+def _publication(conn: psycopg.Connection, publication: str) -> tuple | None:
+    with server_errors():
+        return conn.execute(
+            sql.SQL(
+                "SELECT puballtables, pg_has_role(pubowner, 'USAGE'),"
+                " ARRAY[pubinsert, pubupdate, pubdelete, pubtruncate]"
+                " FROM pg_publication WHERE pubname = {}"
+            ).format(sql.Literal(publication))
+        ).fetchone()
+
+
+def _published_tables(conn: psycopg.Connection, publication: str) -> list[tuple[str, str]]:
+    with server_errors():
+        rows = conn.execute(
+            sql.SQL(
+                "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = {}"
+                " ORDER BY schemaname, tablename"
+            ).format(sql.Literal(publication))
+        ).fetchall()
+    return [(schema, name) for schema, name in rows]
+
+
+def _can_create_in_db(conn: psycopg.Connection) -> bool:
+    with server_errors():
+        (allowed,) = conn.execute(
+            "SELECT has_database_privilege(current_database(), 'CREATE')"
+        ).fetchone()
+    return allowed
+
+
+def _setting(conn: psycopg.Connection, name: str) -> str:
+    with server_errors():
+        (value,) = conn.execute(
+            sql.SQL("SELECT current_setting({})").format(sql.Literal(name))
+        ).fetchone()
+    return value
+
+
+def _guarded(name: str, check: Callable[..., Any], *args: Any) -> list[CheckResult]:
+    """Run one check; an error inside it becomes its failed result, not the end of the report."""
+    try:
+        result = check(*args)
+    except (CaptureError, psycopg.Error) as exc:
+        message = _primary(exc) if isinstance(exc, psycopg.Error) else str(exc)
+        return [CheckResult(name, False, f"check could not run: {message}")]
+    return result if isinstance(result, list) else [result]
+
+
+def _primary(exc: psycopg.Error) -> str:
+    return " ".join((exc.diag.message_primary or str(exc)).split())
