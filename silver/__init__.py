@@ -1,0 +1,34 @@
+"""Silver: bronze's raw bytes turned into typed, consolidated differential updates per table.
+
+The contract gold (and anyone querying silver) relies on. Every table lives in the configured
+silver schema (``pgm_silver`` by default), all Delta.
+
+``_tables``   one row per (source, table) silver knows about (overwritten each run):
+    source STRING, table_oid BIGINT, table_schema STRING, table_name STRING,
+    silver_table STRING   the unqualified name of the table's diffs table (and gold table),
+    snapshot_lsn BIGINT   the LSN of the table's snapshot (NULL: not snapshotted yet),
+    primary_key ARRAY<STRING>, not_null ARRAY<STRING>   source column names,
+    columns STRING        JSON list of {name, type_oid, typmod, type_name, spark_type},
+    updated_at TIMESTAMP
+
+``<silver_table>``   the table's consolidated diffs (append-only):
+    the source columns, in source order, with the source's names and their Spark types
+    (column mapping mode ``name``, so any PostgreSQL name works), then
+    _lsn BIGINT    commit LSN of the change; 0 = the snapshot (and rewinds)
+    _diff BIGINT   signed multiplicity (never 0)
+    _run BIGINT    the silver run that appended the row
+    The state of the table at frontier F is the multiset sum of all rows with ``_lsn < F``.
+    Rows are consolidated within a run; a later run may add rows at an earlier ``_lsn``
+    (rewinds at 0 when a table is snapshotted after its changes were seen), so consumers sum.
+
+``_errors``   definite errors, kept forever (append-only):
+    source STRING, table_oid BIGINT, table_schema STRING, table_name STRING, lsn BIGINT,
+    code STRING   InvalidCopyInput | MissingColumn | CastError | DefaultReplicaIdentity |
+                  MissingToast | SchemaIncompatible | TableTruncated | TableDropped |
+                  PublicationDropped | SlotCompacted | ...
+    column_name STRING, raw STRING, message STRING, run BIGINT, detected_at TIMESTAMP
+
+``_progress``   one row per completed silver run (append-only):
+    source STRING, run BIGINT, frontier BIGINT (every transaction committing below it is in
+    silver), bronze_batch BIGINT (the last bronze batch read), completed_at TIMESTAMP
+"""
