@@ -11,6 +11,8 @@
     dbname = "shop"
     user = "capture"
     password_env = "PGPASSWORD"    # the variable that holds the password (never the file)
+    password_secret_scope = ""     # Databricks: the secret scope holding the password...
+    password_secret_key = ""       # ...and its key there (both set, or neither is used)
     publication = "pgmedallion"
     slot = "pgmedallion_shop"
     tables = ["public.customers", "public.orders"]   # empty: every table in the publication
@@ -32,6 +34,11 @@ Precedence, lowest first: built-in defaults, the file, ``PGMEDALLION_*`` variabl
 unset are filled by libpq from ``PGHOST``, ``PGPORT``, ``PGUSER``, ``PGDATABASE``, ``PGPASSWORD``...
 A malformed file or value is a ``ConfigError`` that names the key; the password is never part of
 any message or ``repr``.
+
+The password, first found wins: the ``password`` field (set only by code), then the Databricks
+secret ``password_secret_scope``/``password_secret_key`` (read when a connection is made, so the
+value never sits in the config; off Databricks that is a ``ConfigError``), then the variable
+named by ``password_env``, then whatever libpq finds (``~/.pgpass``...).
 """
 
 from __future__ import annotations
@@ -69,6 +76,8 @@ class SourceConfig:
     dbname: str = ""
     user: str = ""
     password_env: str = "PGPASSWORD"
+    password_secret_scope: str = ""
+    password_secret_key: str = ""
     publication: str = "pgmedallion"
     slot: str = "pgmedallion"
     tables: tuple[str, ...] = ()
@@ -88,10 +97,56 @@ class SourceConfig:
                 info[key] = getattr(self, key)
         if self.port:
             info["port"] = str(self.port)
-        password = self.password or os.environ.get(self.password_env, "")
+        password = self.password
+        if not password and self.password_secret_scope and self.password_secret_key:
+            password = read_databricks_secret(self.password_secret_scope, self.password_secret_key)
+        if not password:
+            password = os.environ.get(self.password_env, "")
         if password:
             info["password"] = password
         return info
+
+
+def read_databricks_secret(scope: str, key: str) -> str:
+    """The value of secret ``key`` in ``scope``, through Databricks' ``dbutils``.
+
+    ``pyspark.dbutils`` exists only in the Databricks runtime (PyPI's pyspark has no such module);
+    a notebook's ``dbutils`` global is the fallback. Messages name the scope and key, never a
+    value.
+    """
+    where = f"secret scope {scope!r}, key {key!r}"
+    dbutils = _databricks_dbutils()
+    if dbutils is None:
+        raise ConfigError(
+            f"[source] password_secret_scope/password_secret_key ({where}): secret scopes are "
+            "only available on Databricks; off Databricks leave them empty and set the variable "
+            "named by password_env instead"
+        )
+    try:
+        value = dbutils.secrets.get(scope=scope, key=key)
+    except Exception as e:  # the runtime raises its own (Py4J/IllegalArgument) errors
+        raise ConfigError(
+            f"could not read the PostgreSQL password from Databricks {where}: "
+            f"{type(e).__name__}: {e} (does the scope exist, and may this job's identity read it?)"
+        ) from None
+    if not value:
+        raise ConfigError(f"Databricks {where} holds an empty password")
+    return value
+
+
+def _databricks_dbutils() -> Any:
+    """Databricks' ``dbutils``, or ``None`` anywhere else."""
+    if "DATABRICKS_RUNTIME_VERSION" not in os.environ:
+        return None
+    try:
+        from pyspark.dbutils import DBUtils  # only in the Databricks runtime
+        from pyspark.sql import SparkSession
+    except ImportError:
+        import __main__
+
+        return getattr(__main__, "dbutils", None)
+    spark = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+    return DBUtils(spark)
 
 
 @dataclass(frozen=True)
