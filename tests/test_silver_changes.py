@@ -1,0 +1,89 @@
+"""pgoutput changes to differential updates: layouts, replica identity, TOAST (pure, no Spark)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pgmedallion.pgoutput import UNCHANGED_TOAST, Delete, Insert, Relation, RelationColumn, Update
+from silver.changes import ChangeError, Layout, LayoutIndex, TableColumn, change_diffs, plan_columns
+
+BASE = [TableColumn("id", 23, -1), TableColumn("body", 25, -1)]
+
+
+def rel(*cols: tuple[str, int]) -> Relation:
+    return Relation(
+        16384, "public", "t", "f", tuple(RelationColumn(0, n, oid, -1) for n, oid in cols)
+    )
+
+
+def test_insert_update_delete_become_signed_rows():
+    layout = Layout((0, 1))
+    assert change_diffs(Insert(1, (b"1", b"a")), layout, 2) == [(1, ["1", "a"])]
+    assert change_diffs(Update(1, (b"1", b"a"), "O", (b"1", b"b")), layout, 2) == [
+        (-1, ["1", "a"]),
+        (1, ["1", "b"]),
+    ]
+    assert change_diffs(Delete(1, (b"1", None), "O"), layout, 2) == [(-1, ["1", None])]
+
+
+def test_unchanged_toast_takes_the_old_value():
+    layout = Layout((0, 1))
+    big = b"x" * 10_000
+    out = change_diffs(Update(1, (b"1", big), "O", (b"2", UNCHANGED_TOAST)), layout, 2)
+    assert out == [(-1, ["1", big.decode()]), (1, ["2", big.decode()])]
+
+
+@pytest.mark.parametrize(
+    "message, code",
+    [
+        (Update(1, None, None, (b"1", b"b")), "DefaultReplicaIdentity"),
+        (Update(1, (b"1", None), "K", (b"2", b"b")), "DefaultReplicaIdentity"),
+        (Delete(1, (b"1", None), "K"), "DefaultReplicaIdentity"),
+        (Update(1, (b"1", UNCHANGED_TOAST), "O", (b"1", UNCHANGED_TOAST)), "MissingToast"),
+        (Insert(1, (b"1",)), "SchemaIncompatible"),
+    ],
+)
+def test_definite_errors(message, code):
+    with pytest.raises(ChangeError) as err:
+        change_diffs(message, Layout((0, 1)), 2)
+    assert err.value.code == code
+
+
+def test_added_column_widens_the_table_and_earlier_rows_get_null():
+    columns, layouts = plan_columns(
+        BASE, [(10, rel(("id", 23), ("body", 25))), (20, rel(("id", 23), ("body", 25), ("n", 20)))]
+    )
+    assert [c.name for c in columns] == ["id", "body", "n"]
+    assert change_diffs(Insert(1, (b"1", b"a")), layouts[0], 3) == [(1, ["1", "a", None])]
+    assert change_diffs(Insert(1, (b"1", b"a", b"7")), layouts[1], 3) == [(1, ["1", "a", "7"])]
+
+
+@pytest.mark.parametrize(
+    "relation, problem",
+    [
+        (rel(("id", 23)), "dropped or renamed: body"),
+        (rel(("id", 23), ("text", 25)), "dropped or renamed: body"),
+        (rel(("id", 20), ("body", 25)), "changed type: id"),
+    ],
+)
+def test_incompatible_relations(relation, problem):
+    _, layouts = plan_columns(BASE, [(30, relation)], snapshot_lsn=20)
+    assert layouts[0].positions is None and problem in layouts[0].problem
+    with pytest.raises(ChangeError) as err:
+        change_diffs(Insert(1, (b"1",)), layouts[0], 2)
+    assert err.value.code == "SchemaIncompatible"
+
+
+def test_relation_from_before_the_snapshot_may_lack_columns_added_since():
+    _, layouts = plan_columns(BASE, [(10, rel(("id", 23)))], snapshot_lsn=20)
+    assert layouts[0].positions == (0,)
+
+
+def test_layout_in_effect_is_the_latest_before_the_change():
+    a, b = Layout((0, 1)), Layout((1, 0))
+    index = LayoutIndex([((20, 3), b), ((10, 1), a)])
+    assert index.at(5, 0) is None
+    assert index.at(10, 2) is a
+    assert index.at(20, 2) is a
+    assert index.at(20, 4) is b
+    assert index.at(99, 0) is b
