@@ -223,6 +223,11 @@ def tasks(config: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
             yield job_name, task
 
 
+def wheel_tasks(config: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The tasks that run ``pgmedallion`` from the wheel."""
+    return ((j, t) for j, t in tasks(config) if "python_wheel_task" in t)
+
+
 def task_env(job: dict[str, Any], task: dict[str, Any]) -> dict[str, str]:
     """The environment variables of the cluster a task runs on."""
     if "new_cluster" in task:
@@ -419,30 +424,56 @@ def test_job_parser_catches_a_wrong_field(bundle):
             Job.from_dict(job)
 
 
-def test_capture_silver_gold_run_in_order_and_verify_is_its_own_job(bundle):
+def test_capture_silver_gold_run_in_order_then_verify_on_request(bundle):
     config, _ = resolved(bundle, "dev")
     jobs = config["resources"]["jobs"]
-    main = jobs["pgmedallion"]["tasks"]
-    assert [t["task_key"] for t in main] == ["capture", "silver", "gold"]
-    assert [t.get("depends_on", []) for t in main] == [
+    main = {t["task_key"]: t for t in jobs["pgmedallion"]["tasks"]}
+    assert list(main) == ["capture", "silver", "gold", "verify_requested", "verify"]
+    assert [t.get("depends_on", []) for t in main.values()] == [
         [],
         [{"task_key": "capture"}],
         [{"task_key": "silver"}],
+        [{"task_key": "gold"}],
+        [{"task_key": "verify_requested", "outcome": "true"}],
     ]
-    for task in main:
-        params = task["python_wheel_task"]["parameters"]
-        assert params[0] == "run" and params[params.index("--stage") + 1] == task["task_key"]
-    (verify,) = jobs["pgmedallion_verify"]["tasks"]
-    assert verify["python_wheel_task"]["parameters"][0] == "verify"
+    for stage in ("capture", "silver", "gold"):
+        params = main[stage]["python_wheel_task"]["parameters"]
+        assert params[0] == "run" and params[params.index("--stage") + 1] == stage
+    assert main["verify"]["python_wheel_task"]["parameters"][0] == "verify"
+    # verify runs only when the run was asked for it, and by default it is not
+    assert main["verify_requested"]["condition_task"] == {
+        "op": "EQUAL_TO",
+        "left": "{{job.parameters.verify}}",
+        "right": "true",
+    }
+    assert jobs["pgmedallion"]["parameters"] == [{"name": "verify", "default": "false"}]
+
+
+def test_verify_job_runs_inside_the_pipeline_job(bundle):
+    """Only the pipeline job may touch the slot: the daily job asks it for a verifying run."""
+    (task,) = bundle["resources"]["jobs"]["pgmedallion_verify"]["tasks"]
+    assert task["run_job_task"] == {
+        "job_id": "${resources.jobs.pgmedallion.id}",
+        "job_parameters": {"verify": "true"},
+    }
+    readers = {
+        job
+        for job, t in wheel_tasks(bundle)
+        if "capture" in t["python_wheel_task"]["parameters"]
+        or t["python_wheel_task"]["parameters"][0] == "verify"
+    }
+    assert readers == {"pgmedallion"}
 
 
 def test_wheel_tasks_name_this_package_and_its_console_script(bundle):
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     config, _ = resolved(bundle, "dev")
-    for _, task in tasks(config):
+    for _, task in wheel_tasks(config):
         wheel_task = task["python_wheel_task"]
         assert wheel_task["package_name"] == project["name"]
         assert project["scripts"][wheel_task["entry_point"]] == "pgmedallion.cli:main"
+        # positional parameters: job parameters (verify=...) are pushed only to keyword ones
+        assert not wheel_task.get("named_parameters")
         assert [lib for lib in task["libraries"] if "whl" in lib], task["task_key"]
 
 
@@ -486,7 +517,7 @@ def test_job_environment_configures_pgmedallion(bundle, target):
     config, _ = resolved(bundle, target)
     values = target_variables(bundle, target)
     file_path = Resolver(bundle, target).value_of("workspace.file_path")
-    for job_name, task in tasks(config):
+    for job_name, task in wheel_tasks(config):
         env = task_env(config["resources"]["jobs"][job_name], task)
         assert unknown_config_variables(env) == []
         assert not [k for k in env if k in ("PGPASSWORD", "PGMEDALLION_SOURCE_PASSWORD")]
@@ -514,15 +545,23 @@ def test_misspelt_config_variable_is_caught():
 def _cli_problems(config: dict[str, Any]) -> list[str]:
     parser = build_parser()
     problems = []
-    for job_name, task in tasks(config):
+    for job_name, task in wheel_tasks(config):
         params = task["python_wheel_task"]["parameters"]
         try:
             args = parser.parse_args(params)
         except SystemExit:
             problems.append(f"{job_name}.{task['task_key']}: pgmedallion {' '.join(params)}")
             continue
+        where = f"{job_name}.{task['task_key']}"
+        if args.command != params[0]:
+            problems.append(f"{where}: parsed as {args.command!r}, not {params[0]!r}")
         if "--stage" in params and getattr(args, "stage", None) != task["task_key"]:
-            problems.append(f"{job_name}.{task['task_key']}: --stage not understood")
+            problems.append(f"{where}: --stage not understood")
+        if (
+            "--config" in params
+            and getattr(args, "config", None) != params[params.index("--config") + 1]
+        ):
+            problems.append(f"{where}: --config after the command is lost")
     return problems
 
 
