@@ -487,6 +487,30 @@ def test_artifact_builds_this_repositorys_wheel(bundle):
     assert artifact["build"] in ("python -m build --wheel", "uv build --wheel")
 
 
+RUNTIME_PROVIDED = ("pyspark", "delta-spark")
+
+
+def runtime_conflicts(dependencies: list[str]) -> list[str]:
+    """Requirements the Databricks runtime provides itself (its own Spark and Delta)."""
+    names = [re.split(r"[\s\[<>=!~;]", d, maxsplit=1)[0].lower() for d in dependencies]
+    return [d for d, n in zip(dependencies, names, strict=True) if n in RUNTIME_PROVIDED]
+
+
+def test_runtime_conflict_checker():
+    deps = ["pyspark[pipelines]==4.2.0", "delta-spark>=4", "psycopg[binary]>=3.3", "pyyaml"]
+    assert runtime_conflicts(deps) == ["pyspark[pipelines]==4.2.0", "delta-spark>=4"]
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="pyproject requires pyspark and delta-spark; on a cluster pip would install PyPI's "
+    "Spark over the runtime's own (they belong in an optional extra for local runs)",
+)
+def test_wheel_does_not_replace_the_runtimes_spark():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert runtime_conflicts(project["dependencies"]) == []
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_wheel_paths_are_the_artifacts_output(bundle, job_files, target):
     config, _ = resolved(bundle, target)
