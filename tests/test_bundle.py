@@ -153,7 +153,11 @@ class Resolver:
             "workspace.state_path": root + "/state",
             "workspace.resource_path": root + "/resources",
         }
-        self.problems: list[str] = []
+        self.problems: list[str] = [
+            f"targets.{target}.variables.{name}: no such variable is declared"
+            for name in bundle["targets"][target].get("variables") or {}
+            if name not in self.declared
+        ]
 
     def problem_for(self, ref: str) -> str | None:
         kind, _, rest = ref.partition(".")
@@ -373,6 +377,7 @@ def test_reference_checker_catches_broken_references(bundle):
     job["tags"]["other"] = "${resources.jobs.no_such_job.id}"
     job["tags"]["typo"] = "${resources.pipelines.no_such_pipeline.name} ${foo.bar}"
     del broken["targets"]["prod"]["variables"]["slot"]  # slot has no default
+    broken["targets"]["prod"]["variables"]["catalgo"] = "typo"
     _, problems = resolved(broken, "prod")
     text = "\n".join(problems)
     for needle in (
@@ -383,6 +388,7 @@ def test_reference_checker_catches_broken_references(bundle):
         "no pipelines resource named 'no_such_pipeline'",
         "foo.bar",
         "variable 'slot' has no default",
+        "targets.prod.variables.catalgo: no such variable",
     ):
         assert needle in text
     job["tags"]["ok"] = "${resources.jobs.pgmedallion_verify.id}"
