@@ -1,0 +1,35 @@
+"""Gold: each source table's current state at a known frontier, with quality expectations.
+
+Entry point: ``gold.build.run_gold(spark, cfg) -> GoldResult``. It reads only silver's
+contract (``silver/__init__.py``) and writes, in the configured gold schema (all Delta):
+
+``<silver_table>``   the table's state at its frontier F: the multiset sum of its silver diffs
+    of every silver run up to R (silver's latest completed run, whose frontier is F). The
+    source's columns with their names and Spark types (column mapping mode ``name``, deletion
+    vectors on), all nullable, then
+    _lsn BIGINT   the commit LSN of the row's last change (0 = snapshot)
+    A row whose multiplicity is m > 1 appears m times (tables without a primary key).
+
+``<silver_table>__quarantine``   rows kept out of gold (created when first needed):
+    the source's columns, _lsn, _multiplicity BIGINT (signed), _rules ARRAY<STRING> (the
+    rules the row fails), _run BIGINT (the silver run that put it there). It is part of the
+    table's state: a row with a negative multiplicity waits here (under every policy, since it
+    cannot be rows) until a later change cancels it, and a quarantined row leaves once its key
+    is valid again.
+
+``_frontier``   one row per gold table of the source, replaced by every run:
+    source, table_oid, table_schema, table_name, gold_table, frontier (the table's F: the
+    state includes exactly the transactions committing below it), silver_run (the silver run
+    applied), rows, updated_at. A table held back (``fail`` policy, or ``quarantine`` of a
+    definite error) shows the frontier it really has.
+
+``_quality``   one row per rule, table and run (appended):
+    run (the silver run), source, table (``schema.name``), rule, policy, failed, passed,
+    sample (JSON list of up to five failing rows), checked_at. Row rules count the distinct
+    rows of the state the run recomputed (the touched keys; the whole table on a full build).
+
+Modules: ``build`` (the run, I/O, exactly-once), ``state`` (pure DataFrame transformations),
+``quality`` (rules, policies, ``GoldQualityError``), ``ge_suite`` (great_expectations suites
+for ``pgmedallion verify``), ``craft`` (silver-contract tables written by hand, for tests and
+benchmarks).
+"""

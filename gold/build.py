@@ -1,0 +1,757 @@
+"""The gold run: silver's diffs applied to each table's current state, exactly once.
+
+``run_gold(spark, cfg)`` takes silver's latest completed run R (the largest ``run`` in
+``_progress`` for the source) and its frontier F, and brings every snapshotted table of
+``_tables`` to its state at F (see ``gold/__init__.py`` for the tables it writes).
+
+Per table, the plan depends on what gold already holds, read from the gold table's own Delta
+history (the newest commit whose ``userMetadata`` carries gold's JSON tag):
+
+``full``         nothing applied yet, the columns changed, silver was rebuilt, or the table's
+                 frontier moves in a way an increment cannot express (a definite error found
+                 below what was applied, or a held table released): the state is recomputed
+                 from every silver row with ``_run <= R`` and written with one overwrite.
+``incremental``  only silver rows with ``_run`` in (applied run, R] are read (silver is
+                 append-only, so file statistics on ``_run`` skip the older files); the keys
+                 they touch get their old state from gold (and quarantine), the new state is
+                 old + changes, and one keyed MERGE writes it (see ``gold.state``). The reads of
+                 gold for old rows and the MERGE carry a range predicate on the touched keys, so
+                 Delta's min/max statistics skip the files that cannot hold them; deletion
+                 vectors keep the rewrite proportional to the changed rows.
+``unchanged``    gold already holds run R at this frontier: nothing is written.
+
+Exactly once. The gold commit is what makes a run applied: its ``userMetadata`` records the
+silver run, the frontier and the quarantine table's version, and it is made with Delta's
+idempotent-write settings (``txnAppId = pgmedallion-gold-<source>-<table>``, ``txnVersion =
+R``), which Delta 4.4 honours for MERGE as for writes. The quarantine table is written first
+and read back *as of the version the gold commit names*, so a crash between the two commits
+re-reads the old quarantine. ``_frontier`` and ``_quality`` are reports written after every
+table; a crash before them loses a report, never state, and the next run rediscovers from the
+gold commits what was applied.
+
+Key-less tables take the same incremental path with the whole row as the key (a "key" is a
+distinct row value; its copies are its multiplicity); only a table whose columns cannot be
+compared (a map) is recomputed in full every run, at the cost of reading all its silver rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from gold.craft import COLUMN_MAPPING
+from gold.quality import (
+    NO_DEFINITE_ERRORS,
+    GoldQualityError,
+    QualityRecord,
+    Rule,
+    row_rules,
+)
+from gold.state import (
+    DIFF,
+    LSN,
+    METADATA,
+    MULT,
+    OLD_GOLD,
+    OP,
+    RULES,
+    RUN,
+    TO_GOLD,
+    c,
+    check,
+    consolidate,
+    expand,
+    merge_operations,
+    null_safe_join,
+    q,
+)
+from pgmedallion.config import Config
+
+TAG = "pgmedallion_gold"
+GOLD_PROPERTIES = {**COLUMN_MAPPING, "delta.enableDeletionVectors": "true"}
+SAMPLE_ROWS = 5
+_RANGE_TYPES = (
+    T.NumericType,
+    T.StringType,
+    T.DateType,
+    T.TimestampType,
+    T.TimestampNTZType,
+)
+
+FRONTIER_SCHEMA = T.StructType(
+    [
+        T.StructField("source", T.StringType()),
+        T.StructField("table_oid", T.LongType()),
+        T.StructField("table_schema", T.StringType()),
+        T.StructField("table_name", T.StringType()),
+        T.StructField("gold_table", T.StringType()),
+        T.StructField("frontier", T.LongType()),
+        T.StructField("silver_run", T.LongType()),
+        T.StructField("rows", T.LongType()),
+        T.StructField("updated_at", T.TimestampType()),
+    ]
+)
+QUALITY_SCHEMA = T.StructType(
+    [
+        T.StructField("run", T.LongType()),
+        T.StructField("source", T.StringType()),
+        T.StructField("table", T.StringType()),
+        T.StructField("rule", T.StringType()),
+        T.StructField("policy", T.StringType()),
+        T.StructField("failed", T.LongType()),
+        T.StructField("passed", T.LongType()),
+        T.StructField("sample", T.StringType()),
+        T.StructField("checked_at", T.TimestampType()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class SourceTable:
+    """One row of silver's ``_tables``."""
+
+    source: str
+    table_oid: int
+    table_schema: str
+    table_name: str
+    silver_table: str
+    primary_key: tuple[str, ...]
+    not_null: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.table_schema}.{self.table_name}"
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What a gold table holds, as its newest gold commit records it."""
+
+    silver_run: int
+    frontier: int
+    silver_frontier: int
+    quarantine_version: int | None
+    version: int
+
+    @property
+    def held(self) -> bool:
+        return self.frontier < self.silver_frontier
+
+
+@dataclass(frozen=True)
+class ErrorSummary:
+    count: int = 0
+    first_lsn: int | None = None
+    sample: str = "[]"
+
+
+@dataclass
+class TableOutcome:
+    table: SourceTable
+    gold_table: str
+    policy: str
+    mode: str  # full | incremental | unchanged | held
+    frontier: int
+    silver_run: int
+    rows: int
+    quality: list[QualityRecord] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[QualityRecord]:
+        return [r for r in self.quality if r.failed]
+
+
+@dataclass
+class GoldResult:
+    source: str
+    silver_run: int | None
+    frontier: int | None
+    tables: list[TableOutcome] = field(default_factory=list)
+
+    def table(self, name: str) -> TableOutcome:
+        """The outcome for a silver table name or a ``schema.table`` source name."""
+        for t in self.tables:
+            if name in (t.table.silver_table, t.table.name):
+                return t
+        raise KeyError(name)
+
+
+# --------------------------------------------------------------------------- reading silver
+
+
+def latest_progress(spark: SparkSession, cfg: Config) -> tuple[int, int] | None:
+    """Silver's latest completed run and its frontier for the source, or None."""
+    row = (
+        spark.table(cfg.qualified("silver", "_progress"))
+        .filter(F.col("source") == cfg.source.name)
+        .orderBy(F.col("run").desc())
+        .select("run", "frontier")
+        .limit(1)
+        .collect()
+    )
+    return (int(row[0]["run"]), int(row[0]["frontier"])) if row else None
+
+
+def read_tables(spark: SparkSession, cfg: Config) -> list[SourceTable]:
+    rows = (
+        spark.table(cfg.qualified("silver", "_tables"))
+        .filter((F.col("source") == cfg.source.name) & F.col("snapshot_lsn").isNotNull())
+        .orderBy("table_schema", "table_name")
+        .collect()
+    )
+    return [
+        SourceTable(
+            source=r["source"],
+            table_oid=int(r["table_oid"]),
+            table_schema=r["table_schema"],
+            table_name=r["table_name"],
+            silver_table=r["silver_table"],
+            primary_key=tuple(r["primary_key"] or ()),
+            not_null=tuple(r["not_null"] or ()),
+        )
+        for r in rows
+    ]
+
+
+def read_errors(spark: SparkSession, cfg: Config, frontier: int) -> dict[tuple, ErrorSummary]:
+    """Definite errors below the frontier, per ``(table_oid, table_schema, table_name)``."""
+    errors = spark.table(cfg.qualified("silver", "_errors")).filter(
+        (F.col("source") == cfg.source.name) & (F.col("lsn") < frontier)
+    )
+    sample = F.struct("lsn", "code", "column_name", "message", "run")
+    rows = (
+        errors.groupBy("table_oid", "table_schema", "table_name")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.min("lsn").alias("first_lsn"),
+            F.to_json(F.slice(F.sort_array(F.collect_list(sample)), 1, SAMPLE_ROWS)).alias("s"),
+        )
+        .collect()
+    )
+    return {
+        (r["table_oid"], r["table_schema"], r["table_name"]): ErrorSummary(
+            int(r["n"]), int(r["first_lsn"]), r["s"]
+        )
+        for r in rows
+    }
+
+
+def errors_of(table: SourceTable, errors: dict[tuple, ErrorSummary]) -> ErrorSummary:
+    """The table's errors: matched by OID, or by name where silver knew no OID."""
+    found = [
+        e
+        for (oid, schema, name), e in errors.items()
+        if oid == table.table_oid
+        or (oid is None and (schema, name) == (table.table_schema, table.table_name))
+    ]
+    if not found:
+        return ErrorSummary()
+    first = min(found, key=lambda e: e.first_lsn)
+    return ErrorSummary(sum(e.count for e in found), first.first_lsn, first.sample)
+
+
+# --------------------------------------------------------------------------- gold bookkeeping
+
+
+def table_exists(spark: SparkSession, name: str) -> bool:
+    return spark.catalog.tableExists(name)
+
+
+def applied_state(spark: SparkSession, gold: str) -> Applied | None:
+    """The newest gold commit of ``gold``, from its Delta history (None: nothing applied)."""
+    rows = (
+        spark.sql(f"DESCRIBE HISTORY {gold}")
+        .filter(F.col("userMetadata").contains(TAG))
+        .orderBy(F.col("version").desc())
+        .select("version", "userMetadata")
+        .limit(1)
+        .collect()
+    )
+    if not rows:
+        return None
+    meta = json.loads(rows[0]["userMetadata"])[TAG]
+    return Applied(
+        silver_run=int(meta["silver_run"]),
+        frontier=int(meta["frontier"]),
+        silver_frontier=int(meta["silver_frontier"]),
+        quarantine_version=meta.get("quarantine_version"),
+        version=int(rows[0]["version"]),
+    )
+
+
+def latest_version(spark: SparkSession, name: str) -> int:
+    return int(spark.sql(f"DESCRIBE HISTORY {name} LIMIT 1").collect()[0]["version"])
+
+
+@contextmanager
+def tagged_commit(
+    spark: SparkSession, metadata: dict, app_id: str | None, version: int | None
+) -> Iterator[None]:
+    """Delta commits made inside carry ``metadata`` and, given an app id, are idempotent."""
+    settings = {"spark.databricks.delta.commitInfo.userMetadata": json.dumps({TAG: metadata})}
+    if app_id is not None and version is not None:
+        settings["spark.databricks.delta.write.txnAppId"] = app_id
+        settings["spark.databricks.delta.write.txnVersion"] = str(version)
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key in settings:
+            spark.conf.unset(key)
+
+
+def plan(applied: Applied | None, run: int, frontier: int) -> str:
+    """``full``, ``incremental`` or ``unchanged`` for a table whose target frontier is given."""
+    if applied is None or run < applied.silver_run or frontier < applied.frontier:
+        return "full"
+    if applied.held and frontier != applied.frontier:
+        return "full"  # rows held back below the old frontier live in runs already applied
+    if run == applied.silver_run and frontier == applied.frontier:
+        return "unchanged"
+    return "incremental"
+
+
+def create_table(spark: SparkSession, name: str, schema: T.StructType) -> None:
+    from delta.tables import DeltaTable
+
+    builder = DeltaTable.createIfNotExists(spark).tableName(name).addColumns(schema)
+    for key, value in GOLD_PROPERTIES.items():
+        builder = builder.property(key, value)
+    builder.execute()
+
+
+def _nullable(fields: Sequence[T.StructField]) -> list[T.StructField]:
+    return [T.StructField(f.name, f.dataType, True) for f in fields]
+
+
+def gold_schema(columns: Sequence[T.StructField]) -> T.StructType:
+    return T.StructType([*_nullable(columns), T.StructField(LSN, T.LongType())])
+
+
+def quarantine_schema(columns: Sequence[T.StructField]) -> T.StructType:
+    return T.StructType(
+        [
+            *_nullable(columns),
+            T.StructField(LSN, T.LongType()),
+            T.StructField(MULT, T.LongType()),
+            T.StructField(RULES, T.ArrayType(T.StringType())),
+            T.StructField(RUN, T.LongType()),
+        ]
+    )
+
+
+def _same_columns(spark: SparkSession, name: str, schema: T.StructType) -> bool:
+    have = [(f.name, f.dataType) for f in spark.table(name).schema.fields]
+    return have == [(f.name, f.dataType) for f in schema.fields]
+
+
+def plain_name(cfg: Config, layer: str, name: str) -> str:
+    schema = getattr(cfg.lakehouse, f"{layer}_schema")
+    return ".".join(p for p in (cfg.lakehouse.catalog, schema, name) if p)
+
+
+# --------------------------------------------------------------------------- one table
+
+
+@dataclass
+class _Table:
+    """Everything one table's run needs, resolved once."""
+
+    spark: SparkSession
+    cfg: Config
+    info: SourceTable
+    run: int
+    silver_frontier: int
+    errors: ErrorSummary
+    policy: str = ""
+    columns: list[T.StructField] = field(default_factory=list)
+    range_pred: Column | None = None  # touched keys' ranges, on gold's columns
+    range_pred_target: Column | None = None  # the same on the MERGE target alias ``t``
+
+    def __post_init__(self) -> None:
+        self.policy = self.cfg.policy(self.info.name).on_error
+        self.gold = self.cfg.qualified("gold", self.info.silver_table)
+        self.quarantine = self.cfg.qualified("gold", self.info.silver_table + "__quarantine")
+        self.silver = self.spark.table(self.cfg.qualified("silver", self.info.silver_table))
+        self.columns = [f for f in self.silver.schema.fields if f.name not in METADATA]
+        self.names = [f.name for f in self.columns]
+        self.keyed = bool(self.info.primary_key)
+        self.key = list(self.info.primary_key) if self.keyed else self.names
+        self.rules = row_rules(self.info.primary_key, self.info.not_null, self.policy)
+        held = self.policy == "quarantine" and self.errors.count
+        self.frontier = (
+            min(self.silver_frontier, self.errors.first_lsn) if held else self.silver_frontier
+        )
+        self.app_id = f"pgmedallion-gold-{self.info.source}-{self.info.silver_table}"
+
+    @property
+    def held(self) -> bool:
+        return self.frontier < self.silver_frontier
+
+    def updates(self, after_run: int | None) -> DataFrame:
+        cond = F.col(RUN) <= self.run
+        if after_run is not None:
+            cond = cond & (F.col(RUN) > after_run)
+        if self.held:
+            cond = cond & (F.col(LSN) < self.frontier)
+        return self.silver.filter(cond).select(*[c(n) for n in self.names], LSN, DIFF)
+
+
+def build_table(
+    spark: SparkSession,
+    cfg: Config,
+    info: SourceTable,
+    run: int,
+    frontier: int,
+    errors: ErrorSummary,
+    *,
+    applied_override: Applied | None | str = "discover",
+) -> TableOutcome:
+    """Bring one gold table to silver run ``run`` at ``frontier`` (or hold it; see module doc).
+
+    ``applied_override`` replaces what the gold history says was applied (tests use it to act
+    as a run whose bookkeeping was lost); Delta's idempotent writes must then skip the commit.
+    """
+    t = _Table(spark, cfg, info, run, frontier, errors)
+    errors_record = QualityRecord(
+        info.name,
+        NO_DEFINITE_ERRORS,
+        t.policy,
+        failed=errors.count,
+        passed=0 if errors.count else 1,
+        sample=errors.sample,
+    )
+    schema = gold_schema(t.columns)
+    exists = table_exists(spark, t.gold)
+    if exists and not _same_columns(spark, t.gold, schema):
+        spark.sql(f"DROP TABLE {t.gold}")
+        spark.sql(f"DROP TABLE IF EXISTS {t.quarantine}")
+        exists = False
+    if not exists:
+        create_table(spark, t.gold, schema)
+    applied = applied_state(spark, t.gold) if applied_override == "discover" else applied_override
+    mode = plan(applied, run, t.frontier)
+    if mode == "unchanged":
+        untouched = [QualityRecord(info.name, r.name, t.policy, 0, 0) for r in t.rules]
+        records = [errors_record, *untouched]
+        return _outcome(spark, t, applied, mode, records)
+
+    if mode == "full" or not _comparable(t.columns, t.key):
+        mode = "full"
+        state, affected, quarantine_old = consolidate(t.updates(None), t.names), None, 0
+    else:
+        state, affected, quarantine_old = _incremental_state(t, applied)
+    checked = check(state, t.rules, info.primary_key, t.policy)
+    checked = (
+        checked.localCheckpoint()
+        if affected is not None
+        else checked.persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    try:
+        counted, quarantined = count_rules(checked, t.rules, info.name, t.policy)
+        records = [errors_record] + counted
+        if t.policy == "fail" and any(r.failed for r in records):
+            return _outcome(spark, t, applied, "held", records)
+        idempotent = applied is None or run > applied.silver_run
+        version = run if idempotent else None
+        q_version = _write_quarantine(
+            t, checked, affected, applied, quarantined, quarantine_old, version
+        )
+        meta = {
+            "source": info.source,
+            "silver_run": run,
+            "frontier": t.frontier,
+            "silver_frontier": frontier,
+            "quarantine_version": q_version,
+            "mode": mode,
+        }
+        with tagged_commit(spark, meta, t.app_id, version):
+            if affected is None:
+                rows = expand(checked.filter(F.col(TO_GOLD) & (F.col(MULT) > 0)))
+                rows.select(*[c(n) for n in t.names], LSN).writeTo(t.gold).overwrite(F.lit(True))
+            else:
+                _merge_gold(t, merge_operations(checked, affected, t.key, t.names), affected)
+    finally:
+        checked.unpersist()
+    return _outcome(spark, t, applied_state(spark, t.gold), mode, records)
+
+
+def _comparable(columns: Sequence[T.StructField], key: Sequence[str]) -> bool:
+    """Whether rows can be grouped and joined on ``key`` (maps cannot)."""
+    types = {f.name: f.dataType for f in columns}
+    return not any("map<" in types[k].simpleString() for k in key)
+
+
+def _outcome(
+    spark: SparkSession, t: _Table, applied: Applied | None, mode: str, records: list
+) -> TableOutcome:
+    return TableOutcome(
+        table=t.info,
+        gold_table=plain_name(t.cfg, "gold", t.info.silver_table),
+        policy=t.policy,
+        mode=mode,
+        frontier=applied.frontier if applied else 0,
+        silver_run=applied.silver_run if applied else 0,
+        rows=spark.table(t.gold).count(),
+        quality=records,
+    )
+
+
+def key_ranges(t: _Table, keys: DataFrame) -> tuple[Column, Column]:
+    """A predicate on target columns only, true for every row whose key is in ``keys``: on
+    the bare column names, and on the MERGE target alias ``t``.
+
+    Built from the touched keys' min and max (and whether NULL is among them), it lets Delta
+    skip the files whose statistics rule those keys out. Key-less tables use their first
+    columns the same way.
+    """
+    types = {f.name: f.dataType for f in t.columns}
+    cols = [k for k in t.key if isinstance(types[k], _RANGE_TYPES)][:3]
+    if not cols:
+        return F.lit(True), F.lit(True)
+    aggs = []
+    for i, k in enumerate(cols):
+        aggs += [
+            F.min(c(k)).alias(f"lo{i}"),
+            F.max(c(k)).alias(f"hi{i}"),
+            F.max(c(k).isNull().cast("int")).alias(f"null{i}"),
+        ]
+    row = keys.agg(*aggs).collect()[0]
+    preds = []
+    for alias in (None, "t"):
+        pred = F.lit(True)
+        for i, k in enumerate(cols):
+            lo, hi, nulls = row[f"lo{i}"], row[f"hi{i}"], row[f"null{i}"]
+            col = c(k, alias)
+            term = col.between(F.lit(lo), F.lit(hi)) if lo is not None else F.lit(False)
+            if nulls:
+                term = term | col.isNull()
+            pred = pred & term
+        preds.append(pred)
+    return preds[0], preds[1]
+
+
+def _incremental_state(t: _Table, applied: Applied) -> tuple[DataFrame, DataFrame, int]:
+    """New state of the touched keys, the touched keys with gold's row count, and how many
+    quarantined rows they had."""
+    spark = t.spark
+    updates = t.updates(applied.silver_run).localCheckpoint()
+    keys = updates.select(*[c(k) for k in t.key]).distinct().localCheckpoint()
+    t.range_pred, t.range_pred_target = key_ranges(t, keys)
+    old_gold = null_safe_join(spark.table(t.gold).filter(t.range_pred), keys, t.key, "left_semi")
+    old_gold = old_gold.select(*[c(n) for n in t.names], LSN, F.lit(1).cast("bigint").alias(DIFF))
+    old_gold = old_gold.localCheckpoint()
+    counts = old_gold.groupBy(*[c(k) for k in t.key]).agg(F.count(F.lit(1)).alias(OLD_GOLD))
+    affected = null_safe_join(keys, counts, t.key, "left").fillna(0, [OLD_GOLD])
+    parts = [updates, old_gold]
+    quarantine_old = 0
+    if applied.quarantine_version is not None:
+        version = int(applied.quarantine_version)
+        old_q = spark.sql(f"SELECT * FROM {t.quarantine} VERSION AS OF {version}")
+        old_q = null_safe_join(old_q.filter(t.range_pred), keys, t.key, "left_semi")
+        old_q = old_q.select(*[c(n) for n in t.names], LSN, F.col(MULT).alias(DIFF))
+        old_q = old_q.localCheckpoint()
+        quarantine_old = old_q.count()
+        parts.append(old_q)
+    union = parts[0]
+    for p in parts[1:]:
+        union = union.unionByName(p)
+    return consolidate(union, t.names), affected, quarantine_old
+
+
+def _quarantine_rows(t: _Table, checked: DataFrame) -> DataFrame:
+    return checked.filter(~F.col(TO_GOLD)).select(
+        *[c(n) for n in t.names], LSN, MULT, RULES, F.lit(t.run).cast("bigint").alias(RUN)
+    )
+
+
+def _write_quarantine(
+    t: _Table,
+    checked: DataFrame,
+    affected: DataFrame | None,
+    applied: Applied | None,
+    new_rows: int,
+    old_rows: int,
+    version: int | None,
+) -> int | None:
+    """Write the quarantine table's new rows; its version after that (None: no table)."""
+    spark = t.spark
+    exists = table_exists(spark, t.quarantine)
+    if not exists and not new_rows:
+        return None
+    if not exists:
+        create_table(spark, t.quarantine, quarantine_schema(t.columns))
+    meta = {"source": t.info.source, "silver_run": t.run, "frontier": t.frontier}
+    app_id = t.app_id + "__quarantine"
+    rows = _quarantine_rows(t, checked)
+    if affected is None:
+        with tagged_commit(spark, meta, app_id, version):
+            rows.writeTo(t.quarantine).overwrite(F.lit(True))
+    elif new_rows or old_rows:
+        from delta.tables import DeltaTable
+
+        markers = affected.select(
+            *[c(n) if n in t.key else F.lit(None).alias(n) for n in t.names],
+            F.lit(None).cast("bigint").alias(LSN),
+            F.lit(None).cast("bigint").alias(MULT),
+            F.lit(None).cast("array<string>").alias(RULES),
+            F.lit(None).cast("bigint").alias(RUN),
+            F.lit("delete").alias(OP),
+        )
+        markers = markers.select(
+            *[F.col(q(f.name)).cast(f.dataType).alias(f.name) for f in rows.schema.fields],
+            OP,
+        )
+        source = markers.unionByName(rows.withColumn(OP, F.lit("insert")))
+        cond = (F.col(f"s.{OP}") == "delete") & _key_match(t.key) & _ranges_target(t)
+        target = DeltaTable.forName(spark, t.quarantine).alias("t")
+        with tagged_commit(spark, meta, app_id, version):
+            (
+                target.merge(source.alias("s"), cond)
+                .whenMatchedDelete()
+                .whenNotMatchedInsert(
+                    condition=F.col(f"s.{OP}") == "insert",
+                    values={q(f.name): c(f.name, "s") for f in rows.schema.fields},
+                )
+                .execute()
+            )
+    elif applied is not None and applied.quarantine_version is not None:
+        return applied.quarantine_version
+    return latest_version(spark, t.quarantine)
+
+
+def _key_match(key: Sequence[str]) -> Column:
+    cond = F.lit(True)
+    for k in key:
+        cond = cond & c(k, "t").eqNullSafe(c(k, "s"))
+    return cond
+
+
+def _ranges_target(t: _Table) -> Column:
+    return t.range_pred_target if t.range_pred_target is not None else F.lit(True)
+
+
+def _merge_gold(t: _Table, ops: DataFrame, affected: DataFrame) -> None:
+    from delta.tables import DeltaTable
+
+    values = {q(n): c(n, "s") for n in [*t.names, LSN]}
+    same = F.lit(True)
+    for n in [*t.names, LSN]:
+        same = same & c(n, "t").eqNullSafe(c(n, "s"))
+    cond = (F.col(f"s.{OP}") != "insert") & _key_match(t.key) & _ranges_target(t)
+    target = DeltaTable.forName(t.spark, t.gold).alias("t")
+    (
+        target.merge(ops.alias("s"), cond)
+        .whenMatchedDelete(condition=F.col(f"s.{OP}") == "delete")
+        .whenMatchedUpdate(condition=(F.col(f"s.{OP}") == "upsert") & ~same, set=values)
+        .whenNotMatchedInsert(condition=F.col(f"s.{OP}").isin("upsert", "insert"), values=values)
+        .execute()
+    )
+
+
+def count_rules(
+    checked: DataFrame, rules: Sequence[Rule], table: str, policy: str
+) -> tuple[list[QualityRecord], int]:
+    """Failed and passed row counts per rule, with up to five failing rows as JSON; and how
+    many rows stay out of gold."""
+    aggs = [F.count(F.lit(1)).alias("n"), F.count_if(~F.col(TO_GOLD)).alias("held")]
+    for i, rule in enumerate(rules):
+        aggs.append(F.count_if(F.array_contains(F.col(RULES), rule.name)).alias(f"f{i}"))
+    counts = checked.agg(*aggs).collect()[0]
+    records = []
+    payload = [c(n) for n in checked.columns if n not in (RULES, TO_GOLD)]
+    for i, rule in enumerate(rules):
+        failed = int(counts[f"f{i}"])
+        sample = "[]"
+        if failed:
+            rows = (
+                checked.filter(F.array_contains(F.col(RULES), rule.name))
+                .select(F.to_json(F.struct(*payload)).alias("j"))
+                .limit(SAMPLE_ROWS)
+                .collect()
+            )
+            sample = "[" + ",".join(r["j"] for r in rows) + "]"
+        records.append(
+            QualityRecord(table, rule.name, policy, failed, int(counts["n"]) - failed, sample)
+        )
+    return records, int(counts["held"])
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def ensure_gold_tables(spark: SparkSession, cfg: Config) -> None:
+    spark.sql(f"CREATE SCHEMA IF NOT EXISTS {cfg.qualified('gold', '')}")
+    from delta.tables import DeltaTable
+
+    for name, schema in (("_frontier", FRONTIER_SCHEMA), ("_quality", QUALITY_SCHEMA)):
+        DeltaTable.createIfNotExists(spark).tableName(cfg.qualified("gold", name)).addColumns(
+            schema
+        ).execute()
+
+
+def write_reports(
+    spark: SparkSession, cfg: Config, run: int, outcomes: Sequence[TableOutcome]
+) -> None:
+    """Replace the source's rows of ``_frontier``; append this run's rows to ``_quality``."""
+    now = datetime.now(UTC).replace(tzinfo=None)
+    frontier = [
+        (
+            o.table.source,
+            o.table.table_oid,
+            o.table.table_schema,
+            o.table.table_name,
+            o.gold_table,
+            o.frontier,
+            o.silver_run,
+            o.rows,
+            now,
+        )
+        for o in outcomes
+    ]
+    source = cfg.source.name.replace("'", "''")
+    spark.createDataFrame(frontier, FRONTIER_SCHEMA).write.format("delta").mode("overwrite").option(
+        "replaceWhere", f"source = '{source}'"
+    ).saveAsTable(cfg.qualified("gold", "_frontier"))
+    quality = [
+        (run, o.table.source, r.table, r.rule, r.policy, r.failed, r.passed, r.sample, now)
+        for o in outcomes
+        for r in o.quality
+    ]
+    if quality:
+        spark.createDataFrame(quality, QUALITY_SCHEMA).write.format("delta").mode(
+            "append"
+        ).saveAsTable(cfg.qualified("gold", "_quality"))
+
+
+def run_gold(spark: SparkSession, cfg: Config) -> GoldResult:
+    """One gold run over every snapshotted table of the configured source.
+
+    Raises ``GoldQualityError`` after processing every table when a table under the ``fail``
+    policy broke a rule; the result is on the exception (``.result``).
+    """
+    progress = latest_progress(spark, cfg)
+    if progress is None:
+        return GoldResult(cfg.source.name, None, None)
+    run, frontier = progress
+    ensure_gold_tables(spark, cfg)
+    errors = read_errors(spark, cfg, frontier)
+    outcomes = [
+        build_table(spark, cfg, info, run, frontier, errors_of(info, errors))
+        for info in read_tables(spark, cfg)
+    ]
+    write_reports(spark, cfg, run, outcomes)
+    result = GoldResult(cfg.source.name, run, frontier, outcomes)
+    failures = {o.table.name: o.failures for o in outcomes if o.policy == "fail" and o.failures}
+    if failures:
+        raise GoldQualityError(failures, result)
+    return result
