@@ -1,0 +1,299 @@
+"""What every benchmark shares: the environment, timing, the result line and the record.
+
+Fairness rules the benchmarks keep
+    Both sides do the same work on the same data in the same run, one after the other, so the
+    noise of a shared machine hits both alike; the ratio compares wall times of that same work
+    (``ratio = peer seconds / our seconds``, so above 1 means we are faster). A rate is the
+    work (bytes of the table, messages of the backlog) divided by each side's wall time.
+    Megabytes are 10^6 bytes.
+
+Environment
+    :class:`BenchEnv` holds the PostgreSQL server, the database the benchmarks use, and a Spark
+    session created on first use. The command line builds one over ``.pgmedallion/bench``
+    (its own embedded PostgreSQL and Spark warehouse); the tests build one over their fixtures.
+    Spark is started with extra Maven packages when a benchmark needs them (the PostgreSQL
+    JDBC driver for ``--peer jdbc``); :func:`jdbc_driver_loaded` tells whether the session at
+    hand has it, since a running session cannot gain ``spark.jars.packages``.
+
+Client programs (``psql``, ``pg_recvlogical``) come from the server's ``bin`` directory, or
+Debian's PostgreSQL 15; they get the password through ``PGPASSWORD`` in their environment,
+never on a command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgmedallion.localpg import LocalPostgres
+
+DEFAULT_STATE_DIR = Path(".pgmedallion/bench")
+DEFAULT_DBNAME = "bench"
+BRONZE_SCHEMA = "bench_bronze"
+PG15_BIN = Path("/usr/lib/postgresql/15/bin")
+MB = 1_000_000
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One side's wall time for the benchmark's work."""
+
+    label: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a benchmark measured: the same ``work`` done by us and by the peer."""
+
+    name: str
+    work: dict[str, float]
+    """Amount per rate unit, first one primary: ``{"MB/s": 1073.7}`` means 1073.7 MB."""
+    ours: Timing
+    peer: Timing
+    goal: float | None
+    """The ratio we aim for (``ratio >= goal``), or None where none is set."""
+    params: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        """Our throughput over the peer's (same work, so peer seconds over ours)."""
+        return self.peer.seconds / self.ours.seconds
+
+    def rates(self, timing: Timing) -> dict[str, float]:
+        return {unit: amount / timing.seconds for unit, amount in self.work.items()}
+
+    def summary_line(self) -> str:
+        """``NAME: pgmedallion <rates>, <peer> <rates>, ratio R (goal >= G)``."""
+        goal = f"goal >= {self.goal:g}" if self.goal is not None else "no goal set"
+        return (
+            f"{self.name}: {self.ours.label} {format_rates(self.rates(self.ours))}, "
+            f"{self.peer.label} {format_rates(self.rates(self.peer))}, "
+            f"ratio {self.ratio:.2f} ({goal})"
+        )
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "ratio": self.ratio,
+            "goal": self.goal,
+            "ours": {**asdict(self.ours), "rates": self.rates(self.ours)},
+            "peer": {**asdict(self.peer), "rates": self.rates(self.peer)},
+            "work": self.work,
+            "params": self.params,
+            "details": self.details,
+        }
+
+
+def format_rates(rates: Mapping[str, float]) -> str:
+    return " ".join(
+        f"{value:.0f} {unit}" if value >= 10_000 else f"{value:.1f} {unit}"
+        for unit, value in rates.items()
+    )
+
+
+class BenchEnv:
+    """The server, database and (lazily) Spark session a benchmark run uses."""
+
+    def __init__(
+        self,
+        server: LocalPostgres,
+        dbname: str,
+        state_dir: Path,
+        *,
+        spark=None,
+        spark_packages: tuple[str, ...] = (),
+        results_path: Path | None = None,
+    ) -> None:
+        self.server = server
+        self.dbname = dbname
+        self.state_dir = Path(state_dir).absolute()
+        self.spark_packages = spark_packages
+        self.results_path = results_path
+        self._spark = spark
+
+    @property
+    def conninfo(self) -> dict[str, str]:
+        return self.server.conninfo(dbname=self.dbname)
+
+    @property
+    def spark(self):
+        if self._spark is None:
+            from pgmedallion.spark import get_spark
+
+            self._spark = get_spark(self.state_dir / "spark", packages=self.spark_packages)
+        return self._spark
+
+    def bronze_table(self, name: str) -> str:
+        """A fresh (dropped) bronze table ``bench_bronze.<name>`` for one measurement."""
+        spark = self.spark
+        spark.sql(f"CREATE SCHEMA IF NOT EXISTS {BRONZE_SCHEMA}")
+        spark.sql(f"DROP TABLE IF EXISTS {BRONZE_SCHEMA}.{name}")
+        return f"{BRONZE_SCHEMA}.{name}"
+
+    def client(self, program: str) -> Path:
+        """A PostgreSQL client program from the server's bin directory or Debian's 15."""
+        for bin_dir in (self.server.bin_dir, PG15_BIN):
+            path = Path(bin_dir) / program
+            if path.exists():
+                return path
+        raise FileNotFoundError(f"{program} not found in {self.server.bin_dir} or {PG15_BIN}")
+
+    def client_env(self) -> dict[str, str]:
+        """The environment for a libpq client: PG* variables pointing at the benchmark db."""
+        info = self.conninfo
+        return {
+            **os.environ,
+            "PGHOST": info["host"],
+            "PGPORT": info["port"],
+            "PGUSER": info["user"],
+            "PGDATABASE": info["dbname"],
+            "PGPASSWORD": info["password"],
+        }
+
+    def connect(self) -> psycopg.Connection:
+        return psycopg.connect(**self.conninfo, autocommit=True)
+
+
+def ensure_database(server: LocalPostgres, dbname: str) -> None:
+    with psycopg.connect(**server.conninfo(), autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (dbname,)).fetchone()
+        if exists is None:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+
+
+def cli_env(args: argparse.Namespace, spark_packages: tuple[str, ...] = ()) -> BenchEnv:
+    """The environment of a command-line run: everything under ``--state-dir``."""
+    state_dir = Path(args.state_dir).absolute()
+    server = LocalPostgres(state_dir).start()
+    ensure_database(server, DEFAULT_DBNAME)
+    return BenchEnv(
+        server,
+        DEFAULT_DBNAME,
+        state_dir,
+        spark_packages=spark_packages,
+        results_path=None if args.no_record else state_dir / "results.jsonl",
+    )
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--state-dir",
+        default=str(DEFAULT_STATE_DIR),
+        help="state directory of the benchmark's PostgreSQL and Spark (default %(default)s)",
+    )
+    parser.add_argument(
+        "--no-record", action="store_true", help="do not append the result to results.jsonl"
+    )
+
+
+def module_parser(module: ModuleType) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m benchmarks {module.NAME}", description=module.DESCRIPTION
+    )
+    add_common_arguments(parser)
+    module.add_arguments(parser)
+    return parser
+
+
+def execute(module: ModuleType, args: argparse.Namespace) -> Result:
+    """Run one benchmark: its details, then its summary as the last line; record it."""
+    print(f"== {module.NAME}: {module.DESCRIPTION}", flush=True)
+    load_before = os.getloadavg()
+    result = module.run(args)
+    record = result.to_record()
+    record["details"]["loadavg_before"] = [round(x, 2) for x in load_before]
+    record["details"]["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    if args.env.results_path is not None:
+        append_record(args.env.results_path, record)
+    print(result.summary_line(), flush=True)
+    return result
+
+
+def append_record(path: Path, record: dict[str, Any]) -> None:
+    record = {
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": shlex.join([Path(sys.executable).name, "-m", "benchmarks", *sys.argv[1:]]),
+        "git": git_commit(),
+        "machine": machine_info(),
+        **record,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def machine_info() -> dict[str, Any]:
+    mem_kb = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    mem_kb = int(line.split()[1])
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "mem_gib": round(mem_kb / 2**20, 1) if mem_kb else None,
+        "python": platform.python_version(),
+        "system": platform.platform(terse=True),
+    }
+
+
+def say(text: str) -> None:
+    print(f"  {text}", flush=True)
+
+
+class Stopwatch:
+    """``with Stopwatch() as w: ...`` then ``w.seconds``: wall time of the block."""
+
+    def __enter__(self) -> Stopwatch:
+        self.seconds = 0.0
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.seconds = time.perf_counter() - self._start
+
+
+def jdbc_driver_loaded(spark) -> bool:
+    """Whether the running Spark session can load the PostgreSQL JDBC driver."""
+    jvm = spark.sparkContext._jvm
+    try:
+        jvm.java.lang.Thread.currentThread().getContextClassLoader().loadClass(
+            "org.postgresql.Driver"
+        )
+    except Exception:  # py4j wraps the ClassNotFoundException
+        return False
+    return True
+
+
+def jdbc_url(conninfo: Mapping[str, str]) -> str:
+    """``jdbc:postgresql://host:port/db`` (credentials go in properties, not the URL)."""
+    return f"jdbc:postgresql://{conninfo['host']}:{conninfo['port']}/{conninfo['dbname']}"

@@ -1,0 +1,138 @@
+"""Smoke tests of the benchmark suite: each benchmark runs end to end on tiny data.
+
+They run in-process on the test run's PostgreSQL and Spark (``pg``, ``db``, ``spark``), check
+the result line's shape, what was recorded and that the data really landed. They never assert on
+timings: those only mean something at full size on a quiet machine (see benchmarks/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import psycopg
+import pytest
+
+from benchmarks import BENCHMARKS, load
+from benchmarks.__main__ import main
+from benchmarks.common import BenchEnv, Result, Timing, execute, module_parser
+
+RESULT_LINE = re.compile(
+    r"^(\w+): pgmedallion [\d.]+ \S+.*, (.+?) [\d.]+ \S+.*, "
+    r"ratio \d+\.\d+ \((goal >= [\d.]+|no goal set)\)$"
+)
+
+
+@pytest.fixture
+def bench_env(pg, db, spark, tmp_path) -> BenchEnv:
+    return BenchEnv(
+        pg, db["dbname"], tmp_path / "bench", spark=spark, results_path=tmp_path / "results.jsonl"
+    )
+
+
+def _run(env: BenchEnv, name: str, argv: list[str], capsys) -> tuple[Result, str, list[dict]]:
+    module = load(name)
+    args = module_parser(module).parse_args(argv)
+    args.env = env
+    result = execute(module, args)
+    out = capsys.readouterr().out.strip().splitlines()
+    records = [json.loads(line) for line in env.results_path.read_text().splitlines()]
+    return result, out[-1], records
+
+
+def test_summary_line_shape():
+    result = Result(
+        name="snapshot",
+        work={"MB/s": 1000.0},
+        ours=Timing("pgmedallion", 4.0),
+        peer=Timing("psql COPY", 2.0),
+        goal=0.6,
+    )
+    assert result.summary_line() == (
+        "snapshot: pgmedallion 250.0 MB/s, psql COPY 500.0 MB/s, ratio 0.50 (goal >= 0.6)"
+    )
+    stream = Result("stream", {"msg/s": 1_000_000, "MB/s": 50.0}, Timing("pgmedallion", 10.0),
+                    Timing("pg_recvlogical", 8.0), 0.8)  # fmt: skip
+    assert stream.summary_line() == (
+        "stream: pgmedallion 100000 msg/s 5.0 MB/s, pg_recvlogical 125000 msg/s 6.2 MB/s, "
+        "ratio 0.80 (goal >= 0.8)"
+    )
+
+
+def test_every_registered_benchmark_has_the_interface():
+    for name in BENCHMARKS:
+        module = load(name)
+        assert module.NAME == name
+        assert callable(module.run) and callable(module.add_arguments) and module.DESCRIPTION
+    with pytest.raises(ValueError, match="unknown benchmark"):
+        load("nope")
+    assert main(["nope"]) == 2
+
+
+def test_snapshot_runs_end_to_end(bench_env, capsys):
+    result, last, records = _run(bench_env, "snapshot", ["--size-mb", "2"], capsys)
+    match = RESULT_LINE.match(last)
+    assert match, last
+    assert match.group(1) == "snapshot" and match.group(2) == "psql COPY"
+    assert re.search(r"ratio \d+\.\d+", last)
+    assert match.group(3) == "goal >= 0.6"
+    with psycopg.connect(**bench_env.conninfo) as conn:
+        rows, size = conn.execute(
+            "SELECT count(*), pg_relation_size('bench_snapshot_2mb') FROM bench_snapshot_2mb"
+        ).fetchone()
+    assert size >= 2_000_000
+    landed = bench_env.spark.table("bench_bronze.snapshot").where("kind = 'copy'").count()
+    assert landed == rows == result.details["rows"]
+    [record] = records
+    assert record["name"] == "snapshot" and record["params"]["size_mb"] == 2
+    assert record["work"]["MB/s"] == pytest.approx(size / 1e6)
+    assert record["ratio"] == pytest.approx(result.ratio, rel=1e-3)
+
+
+def test_snapshot_reuses_a_complete_table(bench_env, capsys):
+    from benchmarks.snapshot import ensure_table
+
+    with psycopg.connect(**bench_env.conninfo, autocommit=True) as conn:
+        first = ensure_table(conn, "bench_snapshot_1mb", 1_000_000)
+        conn.execute("INSERT INTO bench_snapshot_1mb (id) VALUES (-1)")
+        again = ensure_table(conn, "bench_snapshot_1mb", 1_000_000)
+        assert again["rows"] == first["rows"] + 1  # reused, not rebuilt
+        conn.execute("COMMENT ON TABLE bench_snapshot_1mb IS NULL")  # as if a build was cut
+        rebuilt = ensure_table(conn, "bench_snapshot_1mb", 1_000_000)
+    assert rebuilt["rows"] == first["rows"] and rebuilt["min_id"] == 1
+    assert "building public.bench_snapshot_1mb" in capsys.readouterr().out
+
+
+def test_stream_runs_end_to_end(bench_env, capsys):
+    result, last, records = _run(bench_env, "stream", ["--rows", "3000", "--txns", "30"], capsys)
+    match = RESULT_LINE.match(last)
+    assert match, last
+    assert match.group(1) == "stream" and match.group(2) == "pg_recvlogical"
+    assert match.group(3) == "goal >= 0.8"
+    wal = bench_env.spark.table("bench_bronze.stream").where("kind = 'wal'")
+    assert wal.count() == result.details["messages"]
+    # 30 transactions of Begin + 100 changes + Commit, plus Relation messages ('R').
+    not_relation = wal.where("substring(payload, 1, 1) != X'52'").count()
+    assert not_relation == 30 * 102
+    [record] = records
+    assert record["name"] == "stream" and record["work"]["msg/s"] == result.details["messages"]
+    with psycopg.connect(**bench_env.conninfo) as conn:
+        slots = conn.execute(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'bench_stream%'"
+        ).fetchone()[0]
+    assert slots == 0  # no slot is left behind to retain WAL
+
+
+@pytest.mark.slow
+def test_snapshot_jdbc_peer_runs_in_a_child_session(bench_env, capsys):
+    """The tests' Spark session has no JDBC driver, so the peer gets a session of its own."""
+    result, last, _ = _run(bench_env, "snapshot", ["--size-mb", "1", "--peer", "jdbc"], capsys)
+    match = RESULT_LINE.match(last)
+    assert match, last
+    assert match.group(2) == "spark.read.jdbc" and match.group(3) == "no goal set"
+    landed = (
+        bench_env.spark.read.format("delta")
+        .load(str(bench_env.state_dir / "jdbc-delta" / "bench_snapshot_1mb"))
+        .count()
+    )
+    assert landed == result.details["rows"]
