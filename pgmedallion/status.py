@@ -1,0 +1,116 @@
+"""``pgmedallion status`` and ``pgmedallion sql``: what the pipeline holds, in plain text."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pgmedallion.config import Config
+from pgmedallion.pgoutput import format_lsn
+
+
+def _table(spark: SparkSession, name: str) -> DataFrame | None:
+    try:
+        df = spark.table(name)
+        df.schema  # noqa: B018 - resolves the table now
+        return df
+    except Exception:
+        return None
+
+
+def _slot_lines(cfg: Config) -> tuple[list[str], bool]:
+    import psycopg
+
+    from capture.connection import connect
+
+    try:
+        conn = connect(cfg.source.conninfo())
+    except Exception as e:  # the message is already redacted by capture.connection
+        return [f"source: cannot connect: {e}"], False
+    try:
+        row = conn.execute(
+            "SELECT plugin, active, confirmed_flush_lsn::text,"
+            " pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8,"
+            " pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8"
+            " FROM pg_replication_slots WHERE slot_name = %s",
+            (cfg.source.slot,),
+        ).fetchone()
+    except psycopg.Error as e:
+        return [f"source: {type(e).__name__}"], False
+    finally:
+        conn.close()
+    if row is None:
+        return [f"slot {cfg.source.slot}: missing (run `pgmedallion run` to create it)"], False
+    plugin, active, confirmed, lag, retained = row
+    return [
+        f"slot {cfg.source.slot} ({plugin}, {'active' if active else 'idle'}): "
+        f"confirmed {confirmed}, lag {lag or 0} bytes, WAL retained {retained or 0} bytes"
+    ], True
+
+
+def status_report(spark: SparkSession, cfg: Config) -> tuple[str, bool]:
+    """The report text, and whether everything is healthy (slot present, no errors)."""
+    source = cfg.source.name
+    lines, ok = _slot_lines(cfg)
+    bronze = _table(spark, cfg.qualified("bronze", "bronze"))
+    if bronze is not None:
+        f = bronze.where((F.col("source") == source) & (F.col("kind") == "progress"))
+        frontier = f.agg(F.max("lsn")).first()[0]
+        lines.append(f"bronze frontier: {format_lsn(frontier) if frontier else 'none yet'}")
+    progress = _table(spark, cfg.qualified("silver", "_progress"))
+    if progress is not None:
+        last = progress.where(F.col("source") == source).orderBy(F.col("run").desc()).first()
+        if last:
+            lines.append(f"silver frontier: {format_lsn(last['frontier'])} (run {last['run']})")
+    errors: dict[int, int] = {}
+    err = _table(spark, cfg.qualified("silver", "_errors"))
+    if err is not None:
+        errors = {
+            r["table_oid"]: r["count"]
+            for r in err.where(F.col("source") == source).groupBy("table_oid").count().collect()
+        }
+    gold: dict[int, tuple[int, int]] = {}
+    fr = _table(spark, cfg.qualified("gold", "_frontier"))
+    if fr is not None:
+        for r in (
+            fr.where(F.col("source") == source)
+            .groupBy("table_oid")
+            .agg(F.max_by(F.struct("frontier", "rows"), "updated_at").alias("s"))
+            .collect()
+        ):
+            gold[r["table_oid"]] = (r["s"]["frontier"], r["s"]["rows"])
+    tables = _table(spark, cfg.qualified("silver", "_tables"))
+    if tables is not None:
+        lines.append(f"{'table':<36} {'gold rows':>10} {'gold frontier':>15} {'errors':>7}")
+        for t in (
+            tables.where(F.col("source") == source).orderBy("table_schema", "table_name").collect()
+        ):
+            frontier, rows = gold.get(t["table_oid"], (None, None))
+            n_err = errors.get(t["table_oid"], 0)
+            ok = ok and n_err == 0
+            lines.append(
+                f"{t['table_schema'] + '.' + t['table_name']:<36} "
+                f"{'-' if rows is None else rows:>10} "
+                f"{format_lsn(frontier) if frontier else '-':>15} {n_err:>7}"
+            )
+    elif bronze is None:
+        lines.append("nothing captured yet: run `pgmedallion run`")
+    return "\n".join(lines), ok
+
+
+def format_rows(columns: list[str], rows: list[tuple]) -> str:
+    """A plain text table: header, rule, one line per row; NULL for None."""
+    cells = [[("NULL" if v is None else str(v)).replace("\n", "\\n") for v in r] for r in rows]
+    widths = [min(60, max([len(c)] + [len(r[i]) for r in cells])) for i, c in enumerate(columns)]
+    fmt = lambda vals: " | ".join(v[:w].ljust(w) for v, w in zip(vals, widths, strict=True))  # noqa: E731
+    out = [fmt(columns), "-+-".join("-" * w for w in widths)]
+    out += [fmt(r) for r in cells]
+    return "\n".join(out)
+
+
+def print_query(spark: SparkSession, cfg: Config, query: str, *, limit: int = 100) -> None:
+    df = spark.sql(query)
+    rows = df.limit(limit + 1).collect()
+    more = len(rows) > limit
+    print(format_rows(df.columns, [tuple(r) for r in rows[:limit]]))
+    print(f"({limit}+ rows, first {limit} shown)" if more else f"({len(rows)} rows)")

@@ -1,0 +1,682 @@
+"""The silver run: new bronze rows in, typed consolidated diffs per table and errors out.
+
+One run ``R`` reads a window of bronze and appends to the tables of the contract in
+``silver/__init__.py``::
+
+    plan R:  frontier window [F_prev, F)   F = bronze's committed frontier
+             batch window    (b_prev, b]   b = bronze's last batch
+    wal      lsn in [F_prev, F), batch <= b; per commit LSN the messages of one capture run
+             that reached the Commit (a re-read may renumber ordinals, so never mix reads)
+    copy / schema / rewind / error records     batch in (b_prev, b]
+             │
+             ├─ Relation messages ──> per-table column layouts (kept in ``_relations``)
+             ├─ Insert/Update/Delete ──> (values, lsn, ±1)       [Python workers, Arrow]
+             ├─ COPY rows ──> (values, 0, +1)                    [Python workers, Arrow]
+             ├─ casts (Spark SQL) ──> typed rows; values that do not cast ──> ``_errors``
+             ├─ rewinds: changes with lsn <= snapshot LSN again at 0 with the diff negated
+             ├─ TRUNCATE: an error, or (policy ``delete``) every row retracted at its LSN
+             └─ consolidate: sum diffs per (row, lsn), drop zeros ──> ``<silver_table>``
+
+Exactly once. The plan (both windows) is written to ``_plans`` before anything else, and a
+rerun after a crash redoes the planned run with the same windows, which read the same
+immutable bronze rows. Every append carries ``txnAppId = pgmedallion-silver-<source>`` and
+``txnVersion = R``, so Delta skips the tables the crashed attempt had already committed. The
+``_progress`` row is the run's last write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from bronze.table import bronze_frontier
+from pgmedallion.config import Config
+from pgmedallion.pgoutput import Relation, Truncate, decode, format_lsn
+from silver.casts import PgType, cast_values, pg_type_of, spark_type
+from silver.changes import ChangeError, LayoutIndex, TableColumn, change_diffs, plan_columns
+from silver.copy_text import CopyDecodeError, InvalidCopyInput, decode_copy_row
+
+log = logging.getLogger(__name__)
+
+META_COLUMNS = ("_lsn", "_diff", "_run")
+
+TABLES_DDL = (
+    "source STRING NOT NULL, table_oid BIGINT NOT NULL, table_schema STRING, table_name STRING, "
+    "silver_table STRING NOT NULL, snapshot_lsn BIGINT, primary_key ARRAY<STRING>, "
+    "not_null ARRAY<STRING>, columns STRING, updated_at TIMESTAMP"
+)
+ERRORS_DDL = (
+    "source STRING NOT NULL, table_oid BIGINT, table_schema STRING, table_name STRING, "
+    "lsn BIGINT, code STRING NOT NULL, column_name STRING, raw STRING, message STRING, "
+    "run BIGINT NOT NULL, detected_at TIMESTAMP NOT NULL"
+)
+PROGRESS_DDL = (
+    "source STRING NOT NULL, run BIGINT NOT NULL, frontier BIGINT NOT NULL, "
+    "bronze_batch BIGINT NOT NULL, completed_at TIMESTAMP NOT NULL"
+)
+PLANS_DDL = (
+    "source STRING NOT NULL, run BIGINT NOT NULL, frontier_from BIGINT NOT NULL, "
+    "frontier BIGINT NOT NULL, batch_from BIGINT NOT NULL, batch_to BIGINT NOT NULL, "
+    "planned_at TIMESTAMP NOT NULL"
+)
+RELATIONS_DDL = (
+    "source STRING NOT NULL, relid BIGINT NOT NULL, lsn BIGINT NOT NULL, ordinal BIGINT NOT NULL, "
+    "payload BINARY NOT NULL, run BIGINT NOT NULL"
+)
+
+DIFF_SCHEMA = T.StructType(
+    [
+        T.StructField("table_oid", T.LongType()),
+        T.StructField("lsn", T.LongType()),
+        T.StructField("ordinal", T.LongType()),
+        T.StructField("diff", T.LongType()),
+        T.StructField("values", T.ArrayType(T.StringType())),
+        T.StructField("code", T.StringType()),
+        T.StructField("message", T.StringType()),
+        T.StructField("raw", T.StringType()),
+    ]
+)
+_DIFF_ARROW = pa.schema(
+    [
+        ("table_oid", pa.int64()),
+        ("lsn", pa.int64()),
+        ("ordinal", pa.int64()),
+        ("diff", pa.int64()),
+        ("values", pa.list_(pa.string())),
+        ("code", pa.string()),
+        ("message", pa.string()),
+        ("raw", pa.string()),
+    ]
+)
+
+
+@dataclass
+class TableInfo:
+    """What silver knows about one source table (a row of ``_tables``)."""
+
+    oid: int
+    schema: str
+    name: str
+    silver_table: str
+    snapshot_lsn: int | None
+    primary_key: list[str]
+    not_null: list[str]
+    columns: list[dict]
+    """``{name, type_oid, typmod, type_name, base_type_oid, element_type_oid, category}``."""
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
+@dataclass(frozen=True)
+class SilverResult:
+    run: int | None
+    """The run this call completed; None when there was nothing new."""
+    frontier: int
+    rows: dict[str, int]
+    """``schema.table`` -> diff rows appended."""
+    errors: int
+
+
+class _Names:
+    def __init__(self, cfg: Config) -> None:
+        q = lambda name: cfg.qualified("silver", name)  # noqa: E731
+        self.tables, self.errors, self.progress = q("_tables"), q("_errors"), q("_progress")
+        self.plans, self.relations = q("_plans"), q("_relations")
+        self.bronze = cfg.qualified("bronze", "bronze")
+        self.table = q
+        parts = [p for p in (cfg.lakehouse.catalog, cfg.lakehouse.silver_schema) if p]
+        self.schema = ".".join("`" + p.replace("`", "``") + "`" for p in parts)
+
+
+def silver_table_name(schema: str, name: str, oid: int, taken: set[str]) -> str:
+    """A metastore-safe, stable name: ``public."OrderItems"`` -> ``public_orderitems``."""
+    base = re.sub(r"[^a-z0-9]+", "_", f"{schema}_{name}".lower()).strip("_")[:100] or "table"
+    if base[0].isdigit():
+        base = "t_" + base
+    candidate = base if base not in taken else f"{base}_{oid}"
+    taken.add(candidate)
+    return candidate
+
+
+def _append(df: DataFrame, table: str, source: str, run: int, merge_schema: bool = False) -> None:
+    writer = (
+        df.write.format("delta")
+        .mode("append")
+        .option("txnAppId", f"pgmedallion-silver-{source}")
+        .option("txnVersion", run)
+    )
+    if merge_schema:
+        writer = writer.option("mergeSchema", "true")
+    writer.saveAsTable(table)
+
+
+def ensure_silver_tables(spark: SparkSession, cfg: Config) -> None:
+    n = _Names(cfg)
+    spark.sql(f"CREATE SCHEMA IF NOT EXISTS {n.schema}")
+    for table, ddl in (
+        (n.tables, TABLES_DDL),
+        (n.errors, ERRORS_DDL),
+        (n.progress, PROGRESS_DDL),
+        (n.plans, PLANS_DDL),
+        (n.relations, RELATIONS_DDL),
+    ):
+        spark.sql(f"CREATE TABLE IF NOT EXISTS {table} ({ddl}) USING DELTA")
+
+
+def load_tables(spark: SparkSession, cfg: Config) -> dict[int, TableInfo]:
+    n = _Names(cfg)
+    out = {}
+    for r in spark.table(n.tables).where(F.col("source") == cfg.source.name).collect():
+        out[r["table_oid"]] = TableInfo(
+            oid=r["table_oid"],
+            schema=r["table_schema"],
+            name=r["table_name"],
+            silver_table=r["silver_table"],
+            snapshot_lsn=r["snapshot_lsn"],
+            primary_key=list(r["primary_key"] or []),
+            not_null=list(r["not_null"] or []),
+            columns=json.loads(r["columns"]),
+        )
+    return out
+
+
+def _plan(spark: SparkSession, cfg: Config) -> tuple[int, int, int, int, int] | None:
+    """(run, frontier_from, frontier, batch_from, batch_to), or None when nothing is new."""
+    n, source = _Names(cfg), cfg.source.name
+    done = (
+        spark.table(n.progress)
+        .where(F.col("source") == source)
+        .orderBy(F.col("run").desc())
+        .limit(1)
+        .collect()
+    )
+    last_run, f_prev, b_prev = (
+        (done[0]["run"], done[0]["frontier"], done[0]["bronze_batch"]) if done else (-1, 0, -1)
+    )
+    run = last_run + 1
+    planned = (
+        spark.table(n.plans).where((F.col("source") == source) & (F.col("run") == run)).collect()
+    )
+    if planned:
+        p = planned[0]
+        log.info("silver run %d: redoing the planned run", run)
+        return run, p["frontier_from"], p["frontier"], p["batch_from"], p["batch_to"]
+    frontier = bronze_frontier(spark, n.bronze, source)
+    frontier = f_prev if frontier is None else max(frontier, f_prev)
+    row = spark.table(n.bronze).where(F.col("source") == source).agg(F.max("batch_id")).first()
+    batch = b_prev if row is None or row[0] is None else row[0]
+    if frontier == f_prev and batch == b_prev:
+        return None
+    plan = spark.createDataFrame(
+        [(source, run, f_prev, frontier, b_prev, batch)],
+        "source string, run long, frontier_from long, frontier long, batch_from long, "
+        "batch_to long",
+    ).withColumn("planned_at", F.current_timestamp())
+    _append(plan, n.plans, source, run)
+    return run, f_prev, frontier, b_prev, batch
+
+
+def _complete_wal(bronze: DataFrame, f_from: int, f_to: int, b_to: int) -> DataFrame:
+    """The window's wal rows, one capture read per commit LSN (one that reached its Commit)."""
+    wal = bronze.where(
+        (F.col("kind") == "wal")
+        & (F.col("lsn") >= f_from)
+        & (F.col("lsn") < f_to)
+        & (F.col("batch_id") <= b_to)
+    ).withColumn("mtype", F.hex(F.substring("payload", 1, 1)))
+    chosen = (
+        wal.where(F.col("mtype") == "43")  # 'C' Commit
+        .groupBy("lsn")
+        .agg(F.min("run_id").alias("run_id"))
+    )
+    return wal.join(chosen, ["lsn", "run_id"]).withColumn(
+        "relid", F.conv(F.hex(F.substring("payload", 2, 4)), 16, 10).cast("bigint")
+    )
+
+
+def _decode_changes(
+    batches: Iterator[pa.RecordBatch], layouts: dict[int, tuple[LayoutIndex, int]]
+) -> Iterator[pa.RecordBatch]:
+    """Worker body: Insert/Update/Delete messages -> diff rows (or error rows)."""
+    for batch in batches:
+        out = {name: [] for name in _DIFF_ARROW.names}
+
+        def emit(oid, lsn, ordinal, diff, values, code=None, message=None, out=out):
+            out["table_oid"].append(oid)
+            out["lsn"].append(lsn)
+            out["ordinal"].append(ordinal)
+            out["diff"].append(diff)
+            out["values"].append(values)
+            out["code"].append(code)
+            out["message"].append(message)
+            out["raw"].append(None)
+
+        cols = batch.to_pydict()
+        for lsn, ordinal, payload in zip(
+            cols["lsn"], cols["ordinal"], cols["payload"], strict=False
+        ):
+            message = decode(payload)
+            relid = message.relid
+            entry = layouts.get(relid)
+            if entry is None:
+                continue  # a table silver does not follow
+            index, width = entry
+            try:
+                for diff, values in change_diffs(message, index.at(lsn, ordinal), width):
+                    emit(relid, lsn, ordinal, diff, values)
+            except ChangeError as e:
+                emit(relid, lsn, ordinal, 0, None, e.code, str(e))
+        yield pa.RecordBatch.from_pydict(out, schema=_DIFF_ARROW)
+
+
+def _decode_copy(
+    batches: Iterator[pa.RecordBatch], widths: dict[int, tuple[int, int]]
+) -> Iterator[pa.RecordBatch]:
+    """Worker body: COPY TEXT rows -> ``(values, +1)`` at LSN 0 (or error rows)."""
+    for batch in batches:
+        out = {name: [] for name in _DIFF_ARROW.names}
+        cols = batch.to_pydict()
+        for oid, lsn, payload in zip(cols["table_oid"], cols["lsn"], cols["payload"], strict=False):
+            copy_width, width = widths.get(oid, (None, None))
+            if width is None:
+                continue
+            code = message = raw = values = None
+            diff = 1
+            try:
+                values = decode_copy_row(payload, copy_width)
+                values += [None] * (width - copy_width)
+            except CopyDecodeError as e:
+                diff = 0
+                code = "InvalidCopyInput" if isinstance(e, InvalidCopyInput) else type(e).__name__
+                message = str(e)
+                raw = payload.decode("utf-8", "replace")
+            out["table_oid"].append(oid)
+            out["lsn"].append(0 if code is None else lsn)
+            out["ordinal"].append(None)
+            out["diff"].append(diff)
+            out["values"].append(values)
+            out["code"].append(code)
+            out["message"].append(message)
+            out["raw"].append(raw)
+        yield pa.RecordBatch.from_pydict(out, schema=_DIFF_ARROW)
+
+
+def _column_entry(c: dict) -> dict:
+    keys = (
+        "name",
+        "type_oid",
+        "typmod",
+        "type_name",
+        "base_type_oid",
+        "element_type_oid",
+        "category",
+    )
+    return {k: c.get(k, "" if k in ("type_name", "category") else 0) for k in keys}
+
+
+def _pg_type(c: dict) -> PgType:
+    return pg_type_of(c)
+
+
+def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
+    """One silver run over whatever bronze committed since the last one."""
+    n, source = _Names(cfg), cfg.source.name
+    ensure_silver_tables(spark, cfg)
+    planned = _plan(spark, cfg)
+    if planned is None:
+        last = (
+            spark.table(n.progress).where(F.col("source") == source).agg(F.max("frontier")).first()
+        )
+        return SilverResult(None, (last[0] if last else None) or 0, {}, 0)
+    run, f_from, f_to, b_from, b_to = planned
+    log.info(
+        "silver run %d: wal [%s, %s), bronze batches (%d, %d]",
+        run,
+        format_lsn(f_from),
+        format_lsn(f_to),
+        b_from,
+        b_to,
+    )
+    bronze = spark.table(n.bronze).where(F.col("source") == source)
+    in_batches = bronze.where((F.col("batch_id") > b_from) & (F.col("batch_id") <= b_to))
+    tables = load_tables(spark, cfg)
+    taken = {t.silver_table for t in tables.values()}
+    new_snapshots: dict[int, int] = {}
+    errors: list[tuple] = []  # (table_oid, lsn, code, column, raw, message)
+
+    # Control records of the batch window: schema, rewind, error.
+    control = (
+        in_batches.where(F.col("kind").isin("schema", "rewind", "error"))
+        .select("kind", "table_oid", "table_schema", "table_name", "lsn", "payload")
+        .orderBy("batch_id")
+        .collect()
+    )
+    for r in control:
+        if r["kind"] == "schema":
+            s = json.loads(r["payload"])
+            cols = [_column_entry(c) for c in s["columns"] if not c.get("generated")]
+            old = tables.get(r["table_oid"])
+            tables[r["table_oid"]] = TableInfo(
+                oid=r["table_oid"],
+                schema=s["schema"],
+                name=s["name"],
+                silver_table=old.silver_table
+                if old
+                else silver_table_name(s["schema"], s["name"], r["table_oid"], taken),
+                snapshot_lsn=old.snapshot_lsn if old else None,
+                primary_key=list(s["primary_key"]),
+                not_null=[c["name"] for c in s["columns"] if c["not_null"]],
+                columns=cols if not old else _merge_columns(old.columns, cols),
+            )
+    for r in control:
+        if r["kind"] == "rewind" and r["table_oid"] in tables:
+            tables[r["table_oid"]].snapshot_lsn = r["lsn"]
+            new_snapshots[r["table_oid"]] = r["lsn"]
+    for r in control:
+        if r["kind"] == "error":
+            e = json.loads(r["payload"]) if r["payload"] else {}
+            targets = [r["table_oid"]] if r["table_oid"] is not None else list(tables)
+            for oid in targets:
+                errors.append(
+                    (
+                        oid,
+                        e.get("lsn", r["lsn"]),
+                        e.get("code", "CaptureError"),
+                        None,
+                        None,
+                        e.get("message", ""),
+                    )
+                )
+
+    # The wal window: one read per transaction.
+    wal = _complete_wal(bronze, f_from, f_to, b_to).persist(StorageLevel.MEMORY_AND_DISK)
+    rel_rows = (
+        wal.where(F.col("mtype").isin("52", "54"))  # 'R' Relation, 'T' Truncate
+        .select("lsn", "ordinal", "payload", "mtype")
+        .collect()
+    )
+    window_relations = [
+        (r["lsn"], r["ordinal"], bytes(r["payload"])) for r in rel_rows if r["mtype"] == "52"
+    ]
+    truncates = [(r["lsn"], decode(bytes(r["payload"]))) for r in rel_rows if r["mtype"] == "54"]
+    earlier = (
+        spark.table(n.relations)
+        .where((F.col("source") == source) & (F.col("run") < run))
+        .select("lsn", "ordinal", "payload")
+        .collect()
+    )
+    relations: dict[int, list[tuple[int, int, Relation]]] = defaultdict(list)
+    seen = set()
+    for lsn, ordinal, payload in [(r[0], r[1], bytes(r[2])) for r in earlier] + window_relations:
+        if (lsn, ordinal, payload) in seen:
+            continue
+        seen.add((lsn, ordinal, payload))
+        rel = decode(payload)
+        relations[rel.relid].append((lsn, ordinal, rel))
+    # Tables seen only through the stream (added to the publication, not yet snapshotted).
+    for relid, rels in relations.items():
+        if relid not in tables:
+            rels.sort(key=lambda e: (e[0], e[1]))
+            first = rels[0][2]
+            tables[relid] = TableInfo(
+                oid=relid,
+                schema=first.namespace or "pg_catalog",
+                name=first.name,
+                silver_table=silver_table_name(first.namespace, first.name, relid, taken),
+                snapshot_lsn=None,
+                primary_key=[c.name for c in first.columns if c.is_key],
+                not_null=[],
+                columns=[
+                    _column_entry(
+                        {"name": c.name, "type_oid": c.type_oid, "typmod": c.type_modifier}
+                    )
+                    for c in first.columns
+                ],
+            )
+
+    layouts: dict[int, tuple[LayoutIndex, int]] = {}
+    copy_widths: dict[int, tuple[int, int]] = {}
+    for oid, info in tables.items():
+        base = [TableColumn(c["name"], c["type_oid"], c["typmod"]) for c in info.columns]
+        copy_width = len(base)
+        rels = sorted(relations.get(oid, []), key=lambda e: (e[0], e[1]))
+        final, rel_layouts = plan_columns(
+            base, [(lsn, rel) for lsn, _, rel in rels], info.snapshot_lsn
+        )
+        for (lsn, _, _rel), layout in zip(rels, rel_layouts, strict=False):
+            if layout.positions is None and lsn >= f_from:
+                errors.append((oid, lsn, "SchemaIncompatible", None, None, layout.problem))
+        known = {c["name"] for c in info.columns}
+        for c in final:
+            if c.name not in known:
+                info.columns.append(
+                    _column_entry({"name": c.name, "type_oid": c.type_oid, "typmod": c.typmod})
+                )
+        layouts[oid] = (
+            LayoutIndex(
+                [
+                    ((lsn, ordinal), lay)
+                    for (lsn, ordinal, _), lay in zip(rels, rel_layouts, strict=False)
+                ]
+            ),
+            len(final),
+        )
+        copy_widths[oid] = (copy_width, len(final))
+
+    changes = wal.where(F.col("mtype").isin("49", "55", "44")).select("lsn", "ordinal", "payload")
+    wal_diffs = changes.mapInArrow(lambda it: _decode_changes(it, layouts), DIFF_SCHEMA)
+    copy_rows = in_batches.where(F.col("kind") == "copy").select("table_oid", "lsn", "payload")
+    copy_diffs = copy_rows.mapInArrow(lambda it: _decode_copy(it, copy_widths), DIFF_SCHEMA)
+    diffs = wal_diffs.unionByName(copy_diffs).persist(StorageLevel.MEMORY_AND_DISK)
+
+    for r in diffs.where(F.col("code").isNotNull()).collect():
+        errors.append((r["table_oid"], r["lsn"], r["code"], None, r["raw"], r["message"]))
+    good = diffs.where(F.col("code").isNull())
+
+    rows: dict[str, int] = {}
+    truncate_lsns: dict[int, list[int]] = defaultdict(list)
+    for lsn, msg in truncates:
+        assert isinstance(msg, Truncate)
+        for relid in msg.relids:
+            if relid in tables:
+                truncate_lsns[relid].append(lsn)
+    for oid, info in sorted(tables.items()):
+        policy = cfg.policy(info.qualified_name).truncate
+        for lsn in truncate_lsns.get(oid, []):
+            if policy == "error":
+                errors.append(
+                    (oid, lsn, "TableTruncated", None, None, f"{info.qualified_name} was truncated")
+                )
+        count, cast_errors = _table_run(
+            spark,
+            cfg,
+            n,
+            info,
+            good.where(F.col("table_oid") == oid),
+            run,
+            new_snapshot=oid in new_snapshots,
+            truncates=truncate_lsns.get(oid, []) if policy == "delete" else [],
+        )
+        rows[info.qualified_name] = count
+        errors.extend(cast_errors)
+
+    if errors:
+        err_df = spark.createDataFrame(
+            [
+                (
+                    source,
+                    oid,
+                    tables[oid].schema if oid in tables else None,
+                    tables[oid].name if oid in tables else None,
+                    lsn,
+                    code,
+                    col,
+                    raw,
+                    msg,
+                    run,
+                )
+                for oid, lsn, code, col, raw, msg in errors
+            ],
+            "source string, table_oid long, table_schema string, table_name string, lsn long, "
+            "code string, column_name string, raw string, message string, run long",
+        ).withColumn("detected_at", F.current_timestamp())
+        _append(err_df, n.errors, source, run)
+    if window_relations:
+        rel_df = spark.createDataFrame(
+            [(source, decode(p).relid, lsn, o, p, run) for lsn, o, p in window_relations],
+            "source string, relid long, lsn long, ordinal long, payload binary, run long",
+        )
+        _append(rel_df, n.relations, source, run)
+    _write_tables(spark, n, source, tables)
+    done = spark.createDataFrame(
+        [(source, run, f_to, b_to)], "source string, run long, frontier long, bronze_batch long"
+    ).withColumn("completed_at", F.current_timestamp())
+    _append(done, n.progress, source, run)
+    wal.unpersist()
+    diffs.unpersist()
+    log.info("silver run %d done: frontier %s, %d errors", run, format_lsn(f_to), len(errors))
+    return SilverResult(run, f_to, rows, len(errors))
+
+
+def _merge_columns(old: list[dict], new: list[dict]) -> list[dict]:
+    names = {c["name"] for c in new}
+    return new + [c for c in old if c["name"] not in names]
+
+
+def _typed_columns(info: TableInfo) -> list[tuple[str, PgType]]:
+    return [(c["name"], _pg_type(c)) for c in info.columns]
+
+
+def _table_run(
+    spark: SparkSession,
+    cfg: Config,
+    n: _Names,
+    info: TableInfo,
+    diffs: DataFrame,
+    run: int,
+    *,
+    new_snapshot: bool,
+    truncates: list[int],
+) -> tuple[int, list[tuple]]:
+    """Cast, rewind, truncate, consolidate and append one table's diffs of this run."""
+    columns = _typed_columns(info)
+    names = [name for name, _ in columns]
+    typed = cast_values(diffs.select("values", "lsn", "diff"), "values", columns)
+    typed = typed.persist(StorageLevel.MEMORY_AND_DISK)
+    errors = [
+        (info.oid, r["lsn"], "CastError", r["e"]["column_name"], r["e"]["raw"], r["e"]["message"])
+        for r in typed.where(F.size("_cast_errors") > 0)
+        .select("lsn", F.explode("_cast_errors").alias("e"))
+        .collect()
+    ]
+    ok = typed.where(F.size("_cast_errors") == 0).drop("_cast_errors")
+    data = [F.col(f"`{c.replace('`', '``')}`") for c in names]
+    parts = [ok.select(*data, F.col("lsn").alias("_lsn"), F.col("diff").alias("_diff"))]
+    target = n.table(info.silver_table)
+    exists = _table_exists(spark, target)
+    s = info.snapshot_lsn
+    if s is not None:
+        rewound = ok.where((F.col("lsn") > 0) & (F.col("lsn") <= s))
+        parts.append(
+            rewound.select(
+                *data, F.lit(0).cast("bigint").alias("_lsn"), (-F.col("diff")).alias("_diff")
+            )
+        )
+        if new_snapshot and exists:
+            earlier = spark.table(target).where((F.col("_lsn") > 0) & (F.col("_lsn") <= s))
+            parts.append(
+                earlier.select(
+                    *data, F.lit(0).cast("bigint").alias("_lsn"), (-F.col("_diff")).alias("_diff")
+                )
+            )
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    for lsn in sorted(truncates):
+        before = out.where(F.col("_lsn") < lsn)
+        if exists:
+            before = before.unionByName(
+                spark.table(target).select(*data, "_lsn", "_diff").where(F.col("_lsn") < lsn)
+            )
+        state = before.groupBy(*data).agg(F.sum("_diff").alias("_diff")).where(F.col("_diff") > 0)
+        out = out.unionByName(
+            state.select(
+                *data, F.lit(lsn).cast("bigint").alias("_lsn"), (-F.col("_diff")).alias("_diff")
+            )
+        )
+    consolidated = (
+        out.groupBy(*data, "_lsn")
+        .agg(F.sum("_diff").alias("_diff"))
+        .where(F.col("_diff") != 0)
+        .withColumn("_run", F.lit(run).cast("bigint"))
+    )
+    if not exists:
+        _create_diff_table(spark, target, consolidated.schema)
+    _append(consolidated, target, cfg.source.name, run, merge_schema=True)
+    count = spark.table(target).where(F.col("_run") == run).count()
+    typed.unpersist()
+    return count, errors
+
+
+def _table_exists(spark: SparkSession, qualified: str) -> bool:
+    try:
+        return spark.table(qualified).schema is not None
+    except Exception:
+        return False
+
+
+def _create_diff_table(spark: SparkSession, table: str, schema: T.StructType) -> None:
+    from delta.tables import DeltaTable
+
+    (
+        DeltaTable.createIfNotExists(spark)
+        .tableName(table)
+        .addColumns(schema)
+        .property("delta.columnMapping.mode", "name")
+        .property("delta.minReaderVersion", "2")
+        .property("delta.minWriterVersion", "5")
+        .execute()
+    )
+
+
+def _write_tables(
+    spark: SparkSession, n: _Names, source: str, tables: dict[int, TableInfo]
+) -> None:
+    rows = []
+    for info in tables.values():
+        cols = [dict(c, spark_type=spark_type(_pg_type(c)).simpleString()) for c in info.columns]
+        rows.append(
+            (
+                source,
+                info.oid,
+                info.schema,
+                info.name,
+                info.silver_table,
+                info.snapshot_lsn,
+                info.primary_key,
+                info.not_null,
+                json.dumps(cols, sort_keys=True),
+            )
+        )
+    df = spark.createDataFrame(
+        rows,
+        "source string, table_oid long, table_schema string, table_name string, "
+        "silver_table string, snapshot_lsn long, primary_key array<string>, "
+        "not_null array<string>, columns string",
+    ).withColumn("updated_at", F.current_timestamp())
+    others = spark.table(n.tables).where(F.col("source") != source)
+    others.unionByName(df).localCheckpoint().write.format("delta").mode("overwrite").saveAsTable(
+        n.tables
+    )

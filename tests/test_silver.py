@@ -1,0 +1,183 @@
+"""Silver end to end: a real PostgreSQL through capture and bronze to typed, consolidated diffs."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from pyspark.sql import functions as F
+
+from capture.connection import connect_replication
+from capture.slot import ensure_slot
+from pgmedallion.config import Config, LakehouseConfig, SourceConfig, TablePolicy
+from pgmedallion.pipeline import run_stages, silver_state
+from pgmedallion.verify import verify
+from silver.build import load_tables, run_silver
+
+SHOP = """
+CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
+CREATE TABLE items (
+    id int PRIMARY KEY, name text NOT NULL, price numeric(10,2), tags text[],
+    seen timestamptz, doc jsonb, m mood, big text);
+ALTER TABLE items REPLICA IDENTITY FULL;
+CREATE TABLE events (k int, v text);
+ALTER TABLE events REPLICA IDENTITY FULL;
+CREATE TABLE logs (id int PRIMARY KEY, line text);
+ALTER TABLE logs REPLICA IDENTITY FULL;
+CREATE TABLE "Mixed Case" ("Key" int PRIMARY KEY, "va""lue" text);
+ALTER TABLE "Mixed Case" REPLICA IDENTITY FULL;
+INSERT INTO items SELECT g, 'item ' || g, g * 1.25, ARRAY['a', NULL, 'b"c'],
+    '2024-01-02 03:04:05+02', jsonb_build_object('g', g), 'ok', NULL
+    FROM generate_series(1, 200) g;
+INSERT INTO events SELECT g % 3, 'dup' FROM generate_series(1, 9) g;
+INSERT INTO logs SELECT g, E'tab\\there' FROM generate_series(1, 20) g;
+INSERT INTO "Mixed Case" VALUES (1, E'line\\nbreak');
+CREATE PUBLICATION pub FOR ALL TABLES;
+"""
+
+
+def make_config(db: dict, name: str, **policies: TablePolicy) -> Config:
+    return Config(
+        source=SourceConfig(
+            name=name,
+            host=db["host"],
+            port=int(db["port"]),
+            dbname=db["dbname"],
+            user=db["user"],
+            password=db["password"],
+            publication="pub",
+            slot=f"slot_{name}",
+        ),
+        lakehouse=LakehouseConfig(
+            bronze_schema=f"{name}_bronze",
+            silver_schema=f"{name}_silver",
+            gold_schema=f"{name}_gold",
+        ),
+        tables=policies,
+    )
+
+
+def drop_schemas(spark, cfg: Config) -> None:
+    for layer in ("bronze", "silver", "gold"):
+        spark.sql(f"DROP SCHEMA IF EXISTS `{getattr(cfg.lakehouse, layer + '_schema')}` CASCADE")
+
+
+@pytest.fixture
+def shop(db):
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute(SHOP)
+    return db
+
+
+def silver_now(spark, cfg: Config, table: str):
+    """The table as silver holds it at its frontier."""
+    return silver_state(spark, cfg, _silver_name(spark, cfg, table), None)
+
+
+def _silver_name(spark, cfg, table):
+    return next(t.silver_table for t in load_tables(spark, cfg).values() if t.name == table)
+
+
+def test_snapshot_and_changes_consolidate_to_the_source(spark, shop):
+    cfg = make_config(shop, "sv1", **{"public.logs": TablePolicy(truncate="delete")})
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg, ("capture", "silver"))
+    with psycopg.connect(**shop, autocommit=True) as conn:
+        conn.execute("UPDATE items SET big = repeat('toast', 20000) WHERE id <= 3")
+        conn.execute("UPDATE items SET price = price + 1 WHERE id <= 5")  # TOAST unchanged
+        conn.execute("DELETE FROM items WHERE id BETWEEN 10 AND 19")
+        conn.execute("INSERT INTO items (id, name, tags) VALUES (1000, 'new', '{}')")
+        conn.execute("UPDATE items SET id = 2000 WHERE id = 20")  # key change
+        with conn.transaction():
+            conn.execute("INSERT INTO items (id, name) VALUES (3000, 'gone')")
+            conn.execute("DELETE FROM items WHERE id = 3000")
+        conn.execute("DELETE FROM events WHERE ctid IN (SELECT ctid FROM events LIMIT 2)")
+        conn.execute("INSERT INTO events VALUES (1, 'dup'), (1, 'dup')")
+        conn.execute("TRUNCATE logs")
+        conn.execute("INSERT INTO logs VALUES (1, 'after truncate')")
+        conn.execute("""UPDATE "Mixed Case" SET "va""lue" = 'x' WHERE "Key" = 1""")
+    run_stages(spark, cfg, ("capture", "silver"))
+
+    result = verify(spark, cfg, check_gold=False)
+    assert result.ok, result.report()
+    assert {t.table: t.source_rows for t in result.tables} == {
+        "public.items": 191,
+        "public.events": 9,
+        "public.logs": 1,
+        "public.Mixed Case": 1,
+    }
+    items = silver_now(spark, cfg, "items")
+    toasted = items.where("id <= 3").select("id", F.length("big").alias("n")).orderBy("id")
+    assert [r["n"] for r in toasted.collect()] == [100_000] * 3
+    assert items.where("id = 2000").count() == 1 and items.where("id = 20").count() == 0
+    errors = spark.table(cfg.qualified("silver", "_errors")).collect()
+    assert errors == []  # truncate of logs is applied as deletes by its policy
+
+    # Consolidation: the insert+delete of 3000 in one transaction left nothing behind.
+    diffs = spark.table(cfg.qualified("silver", _silver_name(spark, cfg, "items")))
+    assert diffs.where("id = 3000").count() == 0
+    assert diffs.where("_diff = 0").count() == 0
+
+
+def test_truncate_is_a_definite_error_by_default(spark, shop):
+    cfg = make_config(shop, "sv2")
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg, ("capture", "silver"))
+    with psycopg.connect(**shop, autocommit=True) as conn:
+        conn.execute("TRUNCATE events")
+        conn.execute("ALTER TABLE logs REPLICA IDENTITY DEFAULT")
+        conn.execute("UPDATE logs SET line = 'changed' WHERE id = 1")
+    run_stages(spark, cfg, ("capture", "silver"))
+    errors = {
+        (r["table_name"], r["code"])
+        for r in spark.table(cfg.qualified("silver", "_errors")).collect()
+    }
+    assert errors == {("events", "TableTruncated"), ("logs", "DefaultReplicaIdentity")}
+    # The other tables are unaffected and exact.
+    result = verify(spark, cfg, check_gold=False)
+    exact = {t.table: t.exact for t in result.tables}
+    assert exact["public.items"] and exact["public.Mixed Case"]
+
+
+def test_rewind_makes_time_zero_the_state_at_the_slot(spark, shop):
+    """Slot created at T, writes, snapshot at S > T: silver at 0 is the table at T, at S the
+    table at S, and every later frontier exact."""
+    cfg = make_config(shop, "sv3")
+    drop_schemas(spark, cfg)
+    repl = connect_replication(cfg.source.conninfo())
+    try:
+        ensure_slot(repl, cfg.source.slot)
+    finally:
+        repl.close()
+    with psycopg.connect(**shop) as conn:
+        at_t = sorted(conn.execute("SELECT id, name FROM items").fetchall())
+    with psycopg.connect(**shop, autocommit=True) as conn:
+        conn.execute("UPDATE items SET name = 'changed before snapshot' WHERE id <= 50")
+        conn.execute("DELETE FROM items WHERE id > 150")
+        conn.execute("INSERT INTO items (id, name) VALUES (500, 'before snapshot')")
+    with psycopg.connect(**shop) as conn:
+        at_s = sorted(conn.execute("SELECT id, name FROM items").fetchall())
+    run_stages(spark, cfg, ("capture", "silver"))
+    name = _silver_name(spark, cfg, "items")
+
+    def state(before):
+        rows = silver_state(spark, cfg, name, before).select("id", "name").collect()
+        return sorted((r["id"], r["name"]) for r in rows)
+
+    (snapshot_lsn,) = [
+        t.snapshot_lsn for t in load_tables(spark, cfg).values() if t.name == "items"
+    ]
+    assert state(1) == at_t
+    assert state(snapshot_lsn + 1) == at_s
+    with psycopg.connect(**shop, autocommit=True) as conn:
+        conn.execute("UPDATE items SET name = 'after' WHERE id = 500")
+    run_stages(spark, cfg, ("capture", "silver"))
+    assert verify(spark, cfg, check_gold=False).ok
+
+
+def test_a_run_with_nothing_new_writes_nothing(spark, shop):
+    cfg = make_config(shop, "sv4")
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg, ("capture", "silver"))
+    again = run_silver(spark, cfg)
+    assert again.run is None
+    assert spark.table(cfg.qualified("silver", "_progress")).count() == 1
