@@ -477,7 +477,7 @@ def test_wheel_tasks_name_this_package_and_its_console_script(bundle):
     for _, task in wheel_tasks(config):
         wheel_task = task["python_wheel_task"]
         assert wheel_task["package_name"] == project["name"]
-        assert project["scripts"][wheel_task["entry_point"]] == "pgmedallion.cli:main"
+        assert project["scripts"][wheel_task["entry_point"]] == "pgmedallion.cli:entry"
         # positional parameters: job parameters (verify=...) are pushed only to keyword ones
         assert not wheel_task.get("named_parameters")
         assert [lib for lib in task["libraries"] if "whl" in lib], task["task_key"]
