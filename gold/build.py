@@ -140,6 +140,7 @@ class Applied:
     silver_frontier: int
     quarantine_version: int | None
     version: int
+    rows: int | None = None  # gold's own row accounting after the commit
 
     @property
     def held(self) -> bool:
@@ -192,12 +193,10 @@ def latest_progress(spark: SparkSession, cfg: Config) -> tuple[int, int] | None:
     row = (
         spark.table(cfg.qualified("silver", "_progress"))
         .filter(F.col("source") == cfg.source.name)
-        .orderBy(F.col("run").desc())
-        .select("run", "frontier")
-        .limit(1)
-        .collect()
+        .agg(F.max("run").alias("run"), F.max_by("frontier", "run").alias("frontier"))
+        .collect()[0]
     )
-    return (int(row[0]["run"]), int(row[0]["frontier"])) if row else None
+    return (int(row["run"]), int(row["frontier"])) if row["run"] is not None else None
 
 
 def read_tables(spark: SparkSession, cfg: Config) -> list[SourceTable]:
@@ -284,6 +283,7 @@ def applied_state(spark: SparkSession, gold: str) -> Applied | None:
         silver_frontier=int(meta["silver_frontier"]),
         quarantine_version=meta.get("quarantine_version"),
         version=int(rows[0]["version"]),
+        rows=meta.get("rows"),
     )
 
 
@@ -445,11 +445,16 @@ def build_table(
         records = [errors_record, *untouched]
         return _outcome(spark, t, applied, mode, records)
 
-    if mode == "full" or not _comparable(t.columns, t.key):
+    if mode == "full" or not _comparable(t.columns, t.key) or applied.rows is None:
         mode = "full"
-        state, affected, quarantine_old = consolidate(t.updates(None), t.names), None, 0
+        state, affected, quarantine_old, old_rows = (
+            consolidate(t.updates(None), t.names),
+            None,
+            0,
+            0,
+        )
     else:
-        state, affected, quarantine_old = _incremental_state(t, applied)
+        state, affected, quarantine_old, old_rows = _incremental_state(t, applied)
     checked = check(state, t.rules, info.primary_key, t.policy)
     checked = (
         checked.localCheckpoint()
@@ -457,7 +462,7 @@ def build_table(
         else checked.persist(StorageLevel.MEMORY_AND_DISK)
     )
     try:
-        counted, quarantined = count_rules(checked, t.rules, info.name, t.policy)
+        counted, quarantined, gold_rows = count_rules(checked, t.rules, info.name, t.policy)
         records = [errors_record] + counted
         if t.policy == "fail" and any(r.failed for r in records):
             return _outcome(spark, t, applied, "held", records)
@@ -473,6 +478,7 @@ def build_table(
             "silver_frontier": frontier,
             "quarantine_version": q_version,
             "mode": mode,
+            "rows": gold_rows + (applied.rows - old_rows if affected is not None else 0),
         }
         with tagged_commit(spark, meta, t.app_id, version):
             if affected is None:
@@ -501,9 +507,16 @@ def _outcome(
         mode=mode,
         frontier=applied.frontier if applied else 0,
         silver_run=applied.silver_run if applied else 0,
-        rows=spark.table(t.gold).count(),
+        rows=_rows(spark, t.gold, applied),
         quality=records,
     )
+
+
+def _rows(spark: SparkSession, gold: str, applied: Applied | None) -> int:
+    """Gold's row count as its commits account for it (no scan); counted only without one."""
+    if applied is not None and applied.rows is not None:
+        return int(applied.rows)
+    return spark.table(gold).count()
 
 
 def key_ranges(t: _Table, keys: DataFrame) -> tuple[Column, Column]:
@@ -540,16 +553,17 @@ def key_ranges(t: _Table, keys: DataFrame) -> tuple[Column, Column]:
     return preds[0], preds[1]
 
 
-def _incremental_state(t: _Table, applied: Applied) -> tuple[DataFrame, DataFrame, int]:
-    """New state of the touched keys, the touched keys with gold's row count, and how many
-    quarantined rows they had."""
+def _incremental_state(t: _Table, applied: Applied) -> tuple[DataFrame, DataFrame, int, int]:
+    """New state of the touched keys, the touched keys with gold's row count for each, how
+    many quarantined rows they had, and how many gold rows."""
     spark = t.spark
-    updates = t.updates(applied.silver_run).localCheckpoint()
-    keys = updates.select(*[c(k) for k in t.key]).distinct().localCheckpoint()
+    updates = t.updates(applied.silver_run)
+    keys = updates.select(*[c(k) for k in t.key]).distinct()
     t.range_pred, t.range_pred_target = key_ranges(t, keys)
     old_gold = null_safe_join(spark.table(t.gold).filter(t.range_pred), keys, t.key, "left_semi")
     old_gold = old_gold.select(*[c(n) for n in t.names], LSN, F.lit(1).cast("bigint").alias(DIFF))
     old_gold = old_gold.localCheckpoint()
+    old_rows = old_gold.count()
     counts = old_gold.groupBy(*[c(k) for k in t.key]).agg(F.count(F.lit(1)).alias(OLD_GOLD))
     affected = null_safe_join(keys, counts, t.key, "left").fillna(0, [OLD_GOLD])
     parts = [updates, old_gold]
@@ -565,7 +579,7 @@ def _incremental_state(t: _Table, applied: Applied) -> tuple[DataFrame, DataFram
     union = parts[0]
     for p in parts[1:]:
         union = union.unionByName(p)
-    return consolidate(union, t.names), affected, quarantine_old
+    return consolidate(union, t.names), affected, quarantine_old, old_rows
 
 
 def _quarantine_rows(t: _Table, checked: DataFrame) -> DataFrame:
@@ -660,10 +674,15 @@ def _merge_gold(t: _Table, ops: DataFrame, affected: DataFrame) -> None:
 
 def count_rules(
     checked: DataFrame, rules: Sequence[Rule], table: str, policy: str
-) -> tuple[list[QualityRecord], int]:
-    """Failed and passed row counts per rule, with up to five failing rows as JSON; and how
-    many rows stay out of gold."""
-    aggs = [F.count(F.lit(1)).alias("n"), F.count_if(~F.col(TO_GOLD)).alias("held")]
+) -> tuple[list[QualityRecord], int, int]:
+    """Failed and passed row counts per rule, with up to five failing rows as JSON; how many
+    rows stay out of gold, and how many rows gold gets."""
+    to_gold = F.when(F.col(TO_GOLD) & (F.col(MULT) > 0), F.col(MULT)).otherwise(0)
+    aggs = [
+        F.count(F.lit(1)).alias("n"),
+        F.count_if(~F.col(TO_GOLD)).alias("held"),
+        F.sum(to_gold).alias("gold"),
+    ]
     for i, rule in enumerate(rules):
         aggs.append(F.count_if(F.array_contains(F.col(RULES), rule.name)).alias(f"f{i}"))
     counts = checked.agg(*aggs).collect()[0]
@@ -683,7 +702,7 @@ def count_rules(
         records.append(
             QualityRecord(table, rule.name, policy, failed, int(counts["n"]) - failed, sample)
         )
-    return records, int(counts["held"])
+    return records, int(counts["held"]), int(counts["gold"] or 0)
 
 
 # --------------------------------------------------------------------------- the run
