@@ -82,6 +82,13 @@ class Column:
     type_name: str
     generated: bool
     """A stored generated column: PostgreSQL < 18 never sends it in replication tuples."""
+    base_type_oid: int = 0
+    """For a domain (or a domain over a domain): the underlying base type's oid; else 0."""
+    element_type_oid: int = 0
+    """For an array (or a domain over one): the element type's oid, itself resolved through
+    domains; else 0."""
+    category: str = ""
+    """``pg_type.typcategory`` of the base type: ``A`` array, ``E`` enum, ``N`` numeric, ..."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +172,14 @@ def publication_tables(conn: psycopg.Connection, publication: str) -> list[Publi
     return [PublishedTable(int(oid), schema, name) for oid, schema, name in rows]
 
 
+_BASE_TYPE = (
+    "WITH RECURSIVE chain(oid, depth) AS (SELECT {start}, 0 UNION ALL"
+    " SELECT d.typbasetype, chain.depth + 1 FROM chain JOIN pg_type d ON d.oid = chain.oid"
+    " WHERE d.typtype = 'd') SELECT oid FROM chain ORDER BY depth DESC LIMIT 1"
+)
+"""A subquery for the type ``{start}`` after following its chain of domains to the end."""
+
+
 def table_schema_at_snapshot(conn: psycopg.Connection, oid: int) -> TableSchema:
     """The table's columns (in order), primary key and replica identity, as ``conn`` sees them.
 
@@ -183,10 +198,17 @@ def table_schema_at_snapshot(conn: psycopg.Connection, oid: int) -> TableSchema:
             raise TableDropped(f"table with oid {oid} does not exist")
         columns = conn.execute(
             sql.SQL(
-                "SELECT attname, atttypid::int8, atttypmod, attnotnull,"
-                " format_type(atttypid, atttypmod), attgenerated <> ''"
-                " FROM pg_attribute WHERE attrelid = {}::oid AND attnum > 0"
-                " AND NOT attisdropped ORDER BY attnum"
+                "SELECT a.attname, a.atttypid::int8, a.atttypmod, a.attnotnull,"
+                " format_type(a.atttypid, a.atttypmod), a.attgenerated <> '',"
+                " CASE WHEN t.typtype = 'd' THEN b.oid::int8 ELSE 0 END,"
+                " CASE WHEN b.typcategory = 'A' THEN e.oid::int8 ELSE 0 END,"
+                " b.typcategory::text"
+                " FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
+                " CROSS JOIN LATERAL (" + _BASE_TYPE.format(start="t.oid") + ") base"
+                " JOIN pg_type b ON b.oid = base.oid"
+                " CROSS JOIN LATERAL (" + _BASE_TYPE.format(start="b.typelem") + ") e"
+                " WHERE a.attrelid = {}::oid AND a.attnum > 0"
+                " AND NOT a.attisdropped ORDER BY a.attnum"
             ).format(oid_literal)
         ).fetchall()
         primary_key = conn.execute(

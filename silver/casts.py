@@ -1,0 +1,751 @@
+r"""Cast PostgreSQL text values to Spark types, as Spark SQL expressions, with an error per value.
+
+Silver decodes bronze's COPY TEXT rows and pgoutput tuples into one ``array<string>`` per row:
+each column's value as PostgreSQL's type output function wrote it (``NULL`` element = SQL NULL),
+in the table's column order. This module turns that text into typed columns. Capture sessions
+pin ``DateStyle=ISO``, ``IntervalStyle=postgres``, ``TimeZone=UTC``, ``extra_float_digits=3``
+and ``bytea_output=hex`` (see :mod:`capture.connection`), so each type has exactly one text
+form, and every cast here is a strict parse of that form.
+
+Everything runs as Spark SQL expressions (regular expressions, ``try_cast``, ``transform``), so
+it runs in the JVM, in parallel, under ANSI mode or not, and never row by row in Python. Even
+PostgreSQL array literals are split in SQL: ``array_out`` escapes only ``"`` and ``\`` inside
+double-quoted elements and text never contains NUL, so the two escapes are first replaced by
+NUL-led placeholders, after which every element is either ``"[^"]*"`` or ``[^,"{}]+``; a
+literal is valid exactly when its elements joined by commas give it back. No regular
+expression here repeats a group, so nothing recurses per character in Java's regex engine
+(a 20 kB value or a 100k-element array must not overflow the stack).
+
+Plan size matters as much as speed: a cast needs its parsed value both for the result and for
+its error check, and repeating that subtree doubles the plan at every level (a 13-type table
+measured 210 kB of plan text with repeated subtrees, 47 kB without). So intermediate results
+are bound once with a one-element ``transform`` (:func:`_let`), and :func:`cast_values` casts
+all columns of one type together through ``transform(array(texts...), <cast>)``: the plan
+holds each distinct type's cast once, and that expression is built once per process (building
+one costs hundreds of calls into the JVM).
+
+Errors
+    A non-NULL text that does not give a value gives a short message (NULL text is NULL, never
+    an error), e.g. ``numeric NaN does not fit DecimalType(12,2)``. Nothing is rounded, clamped
+    or turned into NULL silently: a value that Spark's type cannot hold exactly is an error. As a
+    last line of defence, a non-NULL text whose typed value came out NULL is an error too.
+    :func:`cast_values` collects the messages of a row in ``_cast_errors``; silver writes them
+    to ``_errors`` as ``CastError`` (they are definite: the same text fails every time).
+
+The mapping (``oid`` from ``pg_type``; domains cast as their base type)::
+
+    PostgreSQL                        Spark                  notes
+    --------------------------------  ---------------------  ----------------------------------
+    bool (16)                         BooleanType            ``t`` / ``f``
+    int2 (21), int4 (23), int8 (20)   Short/Integer/Long     range-checked
+    oid (26)                          LongType               unsigned 32-bit
+    float4 (700), float8 (701)        Float/DoubleType       ``NaN``, ``Infinity``,
+                                                             ``-Infinity`` and ``-0`` kept
+    numeric(p,s) (1700), p <= 38      DecimalType(p,s)       NaN/Infinity: error
+    numeric(p,s), s < 0 or s > p      DecimalType(p-s,0) /   PostgreSQL 15+ scales, exact
+                                      DecimalType(s,s)
+    numeric(p,s), p > 38              DecimalType(38,s')     s' = min(s, 38); error if the
+                                                             value does not fit
+    numeric (unconstrained)           DecimalType(38,18)     error when the value has more than
+                                                             20 integer digits or a non-zero
+                                                             digit after the 18th decimal
+    text (25), varchar (1043),        StringType             bpchar keeps its padding
+    bpchar (1042), "char" (18),
+    name (19)
+    bytea (17)                        BinaryType             ``\x`` hex
+    date (1082)                       DateType               infinity, BC and years after 9999:
+                                                             error
+    timestamp (1114)                  TimestampNTZType       infinity, BC, year > 9999: error
+    timestamptz (1184)                TimestampType          (UTC instant) same errors
+    time (1083), timetz (1266)        StringType             ``HH:MM:SS[.ffffff][+hh]``; sorts
+                                                             right for time; Delta has no TIME
+    interval (1186)                   struct<months: int,    PostgreSQL's own three fields;
+                                      days: int,             ``infinity`` (PostgreSQL 17+):
+                                      microseconds: bigint>  error
+    uuid (2950)                       StringType             lower-case canonical form
+    json (114), jsonb (3802)          StringType             see below
+    enums (typcategory E)             StringType             the label
+    1-D arrays of the above           ArrayType(element)     NULL elements kept; element errors
+                                                             name the element's position
+    multi-dimensional arrays,         (error)                ``{{1,2},{3,4}}``, ``[0:1]={1,2}``
+    explicit lower bounds
+    box[] (element delimiter ``;``)   StringType             the literal as PostgreSQL wrote it
+    inet, cidr, macaddr, macaddr8,    StringType             the text PostgreSQL wrote
+    money, bit, varbit, xml,
+    tsvector, tsquery, ranges,
+    multiranges, hstore, geometric
+    types, pg_lsn, xid, composite,
+    anything unknown
+
+Why not Spark's VARIANT for json/jsonb: silver consolidates diffs by grouping on whole rows and
+gold compares rows with the source, and VARIANT values are neither groupable nor comparable in
+Spark; jsonb's text form is already normalised (key order, whitespace), so equal jsonb values
+are equal strings. Parse with ``parse_json``/``from_json`` downstream where needed.
+
+Why a struct for interval: Spark's own interval types split year-month from day-time and
+cannot hold ``1 mon 1 day`` (and Delta cannot store ``CalendarIntervalType``). The struct is
+exactly PostgreSQL's representation, so no value is lost and ``'1 mon'`` stays distinct from
+``'30 days'`` (PostgreSQL's ``=`` calls them equal; this mapping keeps what was written).
+
+What is decided here and may need revisiting: ``infinity`` dates and timestamps are errors, not
+sentinels (a sentinel like 9999-12-31 would collide with a real value); unconstrained numeric
+is ``DecimalType(38,18)`` rather than a string; a domain over ``numeric(p,s)`` arrives with
+typmod -1 and is therefore treated as unconstrained numeric.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+# --- PostgreSQL type oids (pg_type, stable since they are built in) -----------------------------
+
+BOOL, BYTEA, CHAR, NAME, INT8, INT2, INT4, TEXT, OID = 16, 17, 18, 19, 20, 21, 23, 25, 26
+JSON, FLOAT4, FLOAT8, BPCHAR, VARCHAR = 114, 700, 701, 1042, 1043
+DATE, TIME, TIMESTAMP, TIMESTAMPTZ, INTERVAL, TIMETZ = 1082, 1083, 1114, 1184, 1186, 1266
+NUMERIC, UUID, JSONB, BOX = 1700, 2950, 3802, 603
+
+ARRAY_ELEMENT: Mapping[int, int] = {
+    1000: BOOL,
+    1001: BYTEA,
+    1002: CHAR,
+    1003: NAME,
+    1005: INT2,
+    1007: INT4,
+    1009: TEXT,
+    1014: BPCHAR,
+    1015: VARCHAR,
+    1016: INT8,
+    1017: 600,  # point
+    1020: BOX,
+    1021: FLOAT4,
+    1022: FLOAT8,
+    1028: OID,
+    1040: 829,  # macaddr
+    1041: 869,  # inet
+    651: 650,  # cidr
+    775: 774,  # macaddr8
+    791: 790,  # money
+    1115: TIMESTAMP,
+    1182: DATE,
+    1183: TIME,
+    1185: TIMESTAMPTZ,
+    1187: INTERVAL,
+    1231: NUMERIC,
+    1270: TIMETZ,
+    1561: 1560,  # bit
+    1563: 1562,  # varbit
+    143: 142,  # xml
+    199: JSON,
+    2951: UUID,
+    3643: 3614,  # tsvector
+    3645: 3615,  # tsquery
+    3807: JSONB,
+    3905: 3904,  # int4range
+    3907: 3906,  # numrange
+    3909: 3908,  # tsrange
+    3911: 3910,  # tstzrange
+    3913: 3912,  # daterange
+    3927: 3926,  # int8range
+}
+"""Built-in array type -> element type, so arrays work even without ``element_type_oid``."""
+
+NON_COMMA_DELIMITED = frozenset({BOX})
+"""Element types whose array literals separate elements with ``;`` (``pg_type.typdelim``)."""
+
+UNCONSTRAINED_NUMERIC = DecimalType(38, 18)
+"""Where ``numeric`` without a usable precision goes (values that do not fit are errors)."""
+
+INTERVAL_TYPE = StructType(
+    [
+        StructField("months", IntegerType()),
+        StructField("days", IntegerType()),
+        StructField("microseconds", LongType()),
+    ]
+)
+
+CAST_ERRORS_COLUMN = "_cast_errors"
+CAST_ERROR_TYPE = ArrayType(
+    StructType(
+        [
+            StructField("column_name", StringType()),
+            StructField("raw", StringType()),
+            StructField("message", StringType()),
+        ]
+    ),
+    containsNull=False,
+)
+
+_SCALAR_TYPES: Mapping[int, DataType] = {
+    BOOL: BooleanType(),
+    INT2: ShortType(),
+    INT4: IntegerType(),
+    INT8: LongType(),
+    OID: LongType(),
+    FLOAT4: FloatType(),
+    FLOAT8: DoubleType(),
+    BYTEA: BinaryType(),
+    DATE: DateType(),
+    TIMESTAMP: TimestampNTZType(),
+    TIMESTAMPTZ: TimestampType(),
+    INTERVAL: INTERVAL_TYPE,
+}
+"""Types with a Spark type of their own (numeric aside); every other scalar is a string."""
+
+_MAX_DECIMAL_PRECISION = 38
+
+
+@dataclass(frozen=True)
+class PgType:
+    """What silver knows about a column's type."""
+
+    type_oid: int
+    typmod: int = -1
+    type_name: str = ""
+    """``format_type()``, e.g. ``numeric(12,2)``, ``order_status``, ``text[]``."""
+    base_type_oid: int = 0
+    """For domains: the base type's oid (0 = not a domain)."""
+    element_type_oid: int = 0
+    """For arrays: the element type's oid (0 = not an array)."""
+    category: str = ""
+    """``pg_type.typcategory`` of the (base) type: ``E`` enum, ``A`` array, ..."""
+
+
+def pg_type_of(column: Any) -> PgType:
+    """The :class:`PgType` of a :class:`capture.snapshot.Column` or a dict with its keys."""
+
+    def get(key: str, default: Any) -> Any:
+        if isinstance(column, Mapping):
+            value = column.get(key, default)
+        else:
+            value = getattr(column, key, default)
+        return default if value is None else value
+
+    return PgType(
+        type_oid=int(get("type_oid", 0)),
+        typmod=int(get("typmod", -1)),
+        type_name=str(get("type_name", "")),
+        base_type_oid=int(get("base_type_oid", 0)),
+        element_type_oid=int(get("element_type_oid", 0)),
+        category=str(get("category", "")),
+    )
+
+
+# --- the mapping --------------------------------------------------------------------------------
+
+
+def _base_oid(t: PgType) -> int:
+    return t.base_type_oid or t.type_oid
+
+
+def _element(t: PgType) -> PgType | None:
+    """The element type if ``t`` is an array (its typmod is the element's), else None.
+
+    ``pg_type.typelem`` is also set for a few fixed-size types that are not arrays (``name``,
+    ``point``), so an element type counts only with category ``A`` (or no category known).
+    """
+    oid = _base_oid(t)
+    if oid in _SCALAR_TYPES or oid in (NUMERIC, TEXT, VARCHAR, BPCHAR, CHAR, NAME):
+        return None
+    element_oid = ARRAY_ELEMENT.get(oid)
+    if not element_oid and t.category in ("A", ""):
+        element_oid = t.element_type_oid
+    if element_oid:
+        return PgType(element_oid, t.typmod)
+    if t.category == "A":
+        return PgType(0, -1)  # an array of a type we know nothing about: its text
+    return None
+
+
+def decimal_type(typmod: int) -> DecimalType:
+    """The Spark decimal for ``numeric`` with this typmod (see the mapping in the docstring).
+
+    The typmod is ``((precision << 16) | (scale & 0x7ff)) + 4``; PostgreSQL 15+ allows a scale
+    from -1000 to 1000 (11-bit two's complement), older servers 0..precision.
+    """
+    if typmod < 4:
+        return UNCONSTRAINED_NUMERIC
+    packed = typmod - 4
+    precision = (packed >> 16) & 0xFFFF
+    scale = ((packed & 0x7FF) ^ 0x400) - 0x400
+    if scale < 0:
+        precision, scale = precision - scale, 0
+    elif scale > precision:
+        precision = scale
+    if precision > _MAX_DECIMAL_PRECISION:
+        return DecimalType(_MAX_DECIMAL_PRECISION, min(scale, _MAX_DECIMAL_PRECISION))
+    return DecimalType(precision, scale)
+
+
+def spark_type(t: PgType) -> DataType:
+    """The Spark type a column of PostgreSQL type ``t`` becomes."""
+    element = _element(t)
+    if element is not None:
+        if _base_oid(element) in NON_COMMA_DELIMITED:
+            return StringType()
+        return ArrayType(spark_type(element), containsNull=True)
+    oid = _base_oid(t)
+    if oid == NUMERIC:
+        return decimal_type(t.typmod)
+    return _SCALAR_TYPES.get(oid, StringType())
+
+
+# --- casting ------------------------------------------------------------------------------------
+#
+# A caster takes the text as a *cheap* column (a lambda variable or a column reference) and
+# returns a pair ``struct<value, error>``. Where a caster needs an intermediate result more than
+# once it binds it with :func:`_let` instead of repeating the expression, so plans stay linear
+# in size (a repeated subtree is re-planned and re-evaluated for every copy).
+
+Caster = Callable[[Column], Column]
+
+_END = r"\z"  # Java's `$` also matches before a final newline; `\z` is the very end
+_INT = r"^-?[0-9]+" + _END
+_FLOAT = r"^(-?([0-9]+(\.[0-9]*)?|\.[0-9]+)(e[+-]?[0-9]+)?|NaN|-?Infinity)" + _END
+_NUMERIC = r"^-?[0-9]+(\.[0-9]+)?" + _END
+_HEX = r"^\\x[0-9a-fA-F]*" + _END
+_DATE = r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
+_TIME = r" [0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?"
+_OFFSET = r"[+-][0-9]{2}(:[0-9]{2}){0,2}"
+_INTERVAL = (
+    r"^(?:[+-]?[0-9]{1,10} years? ?)?(?:[+-]?[0-9]{1,10} mons? ?)?(?:[+-]?[0-9]{1,10} days? ?)?"
+    r"(?:[+-]?[0-9]{1,10}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?)?" + _END
+)
+_INTERVAL_CLOCK = r"([+-]?)([0-9]+):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?" + _END
+_ESCAPED_BACKSLASH = "\u0000b"
+_ESCAPED_QUOTE = "\u0000q"
+_ARRAY_TOKEN = r'"[^"]*"|[^,"{}]+'
+
+
+def _label(target: DataType) -> str:
+    """``DecimalType(12,2)``, ``DateType``: the type as error messages name it."""
+    if isinstance(target, DecimalType):
+        return f"DecimalType({target.precision},{target.scale})"
+    return type(target).__name__
+
+
+def _lit(value: Any) -> Column:
+    return F.lit(value)
+
+
+def _no_error() -> Column:
+    return F.lit(None).cast(StringType())
+
+
+def _let(value: Column, body: Callable[[Column], Column]) -> Column:
+    """``body(v)`` with ``v`` bound to ``value``, which is computed once."""
+    return F.get(F.transform(F.array(value), body), 0)
+
+
+def _pair(text: Column, value: Column, error_of: Callable[[Column], Column], target: DataType):
+    """``struct<value, error>`` from a value expression and its error given the bound value.
+
+    The error is NULL for NULL text; a non-NULL text whose value is NULL without a more specific
+    message gets ``cannot cast to <type>``.
+    """
+    fallback = F.when(text.isNotNull(), _lit(f"cannot cast to {_label(target)}"))
+
+    def finish(v: Column) -> Column:
+        error = F.when(text.isNotNull(), error_of(v))
+        return F.struct(
+            v.alias("value"),
+            F.coalesce(error, F.when(v.isNull(), fallback)).alias("error"),
+        )
+
+    return _let(value.cast(target), finish)
+
+
+def _cast_string(text: Column) -> Column:
+    return F.struct(text.alias("value"), _no_error().alias("error"))
+
+
+def _cast_bool(text: Column) -> Column:
+    value = F.when(text == "t", _lit(True)).when(text == "f", _lit(False))
+    return _pair(
+        text,
+        value,
+        lambda v: F.when(v.isNull(), _lit("invalid boolean text")),
+        BooleanType(),
+    )
+
+
+def _integer_caster(target: DataType) -> Caster:
+    def cast(text: Column) -> Column:
+        valid = text.rlike(_INT)
+        return _pair(
+            text,
+            F.when(valid, text.try_cast(target)),
+            lambda v: F.when(~text.rlike(_INT), _lit("invalid integer text")).when(
+                v.isNull(), _lit(f"integer out of range for {_label(target)}")
+            ),
+            target,
+        )
+
+    return cast
+
+
+def _float_caster(target: DataType) -> Caster:
+    def cast(text: Column) -> Column:
+        def checked(parsed: Column) -> Column:
+            # a finite text that parses to an infinity overflowed the target type
+            overflow = (F.abs(parsed) == float("inf")) & ~text.endswith("Infinity")
+            return F.when(text.rlike(_FLOAT) & ~overflow, parsed)
+
+        return _pair(
+            text,
+            _let(text.try_cast(target), checked),
+            lambda v: F.when(~text.rlike(_FLOAT), _lit("invalid floating-point text")).when(
+                v.isNull(), _lit(f"floating-point value out of range for {_label(target)}")
+            ),
+            target,
+        )
+
+    return cast
+
+
+def _numeric_caster(target: DecimalType) -> Caster:
+    """Exact only: the digits must fit, trailing zeros after the scale aside; never rounded."""
+    integer_digits = target.precision - target.scale
+
+    def cast(text: Column) -> Column:
+        valid = text.rlike(_NUMERIC)
+        whole = F.regexp_extract(text, r"^-?0*([0-9]*)", 1)
+        fraction = F.regexp_replace(F.regexp_extract(text, r"\.([0-9]*)\z", 1), r"0+\z", "")
+        fits = (F.length(whole) <= integer_digits) & (F.length(fraction) <= target.scale)
+        return _pair(
+            text,
+            F.when(valid & fits, text.try_cast(target)),
+            lambda v: (
+                F.when(
+                    text.isin("NaN", "Infinity", "-Infinity"),
+                    F.concat(_lit("numeric "), text, _lit(f" does not fit {_label(target)}")),
+                )
+                .when(~text.rlike(_NUMERIC), _lit("invalid numeric text"))
+                .when(v.isNull(), _lit(f"numeric value does not fit {_label(target)}"))
+            ),
+            target,
+        )
+
+    return cast
+
+
+def _cast_bytea(text: Column) -> Column:
+    valid = text.rlike(_HEX) & (F.length(text) % 2 == 0)
+    return _pair(
+        text,
+        F.when(valid, F.unhex(F.substring(text, F.lit(3), F.length(text)))),
+        lambda v: F.when(v.isNull(), _lit("invalid bytea text (expected \\x hex)")),
+        BinaryType(),
+    )
+
+
+def _datetime_caster(pattern: str, target: DataType, label: str) -> Caster:
+    """Dates and timestamps: the ISO form with a four-digit year, or a definite error."""
+    spark_range = f"outside {_label(target)}'s range (years 1 to 9999)"
+    full_pattern = "^" + pattern + _END
+
+    def cast(text: Column) -> Column:
+        return _pair(
+            text,
+            F.when(text.rlike(full_pattern), text.try_cast(target)),
+            lambda v: (
+                F.when(
+                    text.isin("infinity", "-infinity"),
+                    F.concat(_lit(f"{label} "), text, _lit(f" is {spark_range}")),
+                )
+                .when(text.endswith(" BC"), _lit(f"{label} BC is {spark_range}"))
+                .when(text.rlike(r"^[0-9]{5,}-"), _lit(f"{label} after year 9999 is {spark_range}"))
+                .when(~text.rlike(full_pattern), _lit(f"invalid {label} text"))
+                .when(v.isNull(), _lit(f"invalid {label}"))
+            ),
+            target,
+        )
+
+    return cast
+
+
+def _cast_interval(text: Column) -> Column:
+    """``[N year[s]] [N mon[s]] [N day[s]] [[+-]H:MM:SS[.ffffff]]`` into PostgreSQL's fields.
+
+    Each part carries its own sign (``-1 days +02:00:00``); the whole text is validated once,
+    so each part can be found with a short pattern of its own.
+    """
+
+    def number(pattern: str, index: int, target: str) -> Column:
+        digits = F.regexp_extract(text, pattern, index)
+        return F.when(digits == "", _lit(0).cast(target)).otherwise(digits.try_cast(target))
+
+    def unit(name: str) -> Column:
+        return number(r"([+-]?[0-9]+) " + name, 1, "int")
+
+    def clock(index: int, factor: int) -> Column:
+        return F.try_multiply(number(_INTERVAL_CLOCK, index, "bigint"), _lit(factor).cast("bigint"))
+
+    fraction = F.rpad(F.regexp_extract(text, _INTERVAL_CLOCK, 5), 6, "0").try_cast("bigint")
+    magnitude = F.try_add(
+        F.try_add(clock(2, 3_600_000_000), clock(3, 60_000_000)),
+        F.try_add(clock(4, 1_000_000), fraction),
+    )
+    sign = F.when(F.regexp_extract(text, _INTERVAL_CLOCK, 1) == "-", _lit(-1)).otherwise(_lit(1))
+    fields = F.struct(
+        F.try_add(F.try_multiply(unit("year"), _lit(12)), unit("mon")).alias("months"),
+        unit("day").alias("days"),
+        F.try_multiply(magnitude, sign.cast("bigint")).alias("microseconds"),
+    )
+
+    def checked(s: Column) -> Column:
+        complete = s["months"].isNotNull() & s["days"].isNotNull()
+        complete = complete & s["microseconds"].isNotNull()
+        return F.when(text.rlike(_INTERVAL) & (text != "") & complete, s)
+
+    return _pair(
+        text,
+        _let(fields, checked),
+        lambda v: (
+            F.when(
+                text.isin("infinity", "-infinity"),
+                F.concat(_lit("interval "), text, _lit(" has no Spark representation")),
+            )
+            .when(~text.rlike(_INTERVAL) | (text == ""), _lit("invalid interval text"))
+            .when(v.isNull(), _lit("interval out of range"))
+        ),
+        INTERVAL_TYPE,
+    )
+
+
+def _array_caster(element: PgType) -> Caster:
+    """A 1-D array literal, split in SQL (see the module docstring), each element cast."""
+    cast_element = _caster(element)
+    target = ArrayType(spark_type(element), containsNull=True)
+
+    def cast(text: Column) -> Column:
+        inner = F.substring(text, F.lit(2), F.length(text) - 2)
+        escaped = F.replace(
+            F.replace(inner, _lit("\\\\"), _lit(_ESCAPED_BACKSLASH)),
+            _lit('\\"'),
+            _lit(_ESCAPED_QUOTE),
+        )
+        return _let(
+            escaped,
+            lambda e: _let(
+                F.regexp_extract_all(e, _lit(_ARRAY_TOKEN), 0),
+                lambda tokens: split(text, e, tokens),
+            ),
+        )
+
+    def split(text: Column, escaped: Column, tokens: Column) -> Column:
+        well_formed = (
+            text.startswith("{")
+            & text.endswith("}")
+            & ~text.contains("\u0000")
+            & ~escaped.contains("\\")
+            & (F.array_join(tokens, ",") == escaped)
+        )
+        pairs = F.transform(F.transform(tokens, _array_element), cast_element)
+        return _let(pairs, lambda p: finish(text, well_formed, p))
+
+    def finish(text: Column, well_formed: Column, pairs: Column) -> Column:
+        failures = F.filter(
+            F.transform(
+                pairs,
+                lambda pair, index: F.concat(
+                    _lit("element "), (index + 1).cast("string"), _lit(": "), pair["error"]
+                ),
+            ),
+            lambda message: message.isNotNull(),
+        )
+        return _let(failures, lambda f: report(text, well_formed, pairs, f))
+
+    def report(text: Column, well_formed: Column, pairs: Column, failures: Column) -> Column:
+        failed = F.size(failures)
+        more = F.when(
+            failed > 1, F.concat(_lit(" (and "), (failed - 1).cast("string"), _lit(" more)"))
+        ).otherwise(_lit(""))
+        return _pair(
+            text,
+            F.when(well_formed & (failed == 0), F.transform(pairs, lambda pair: pair["value"])),
+            lambda v: (
+                F.when(text.startswith("{{"), _lit("multi-dimensional arrays are not supported"))
+                .when(
+                    text.startswith("["),
+                    _lit("arrays with a lower bound other than 1 are not supported"),
+                )
+                .when(~well_formed, _lit("invalid array literal"))
+                .when(failed > 0, F.concat(F.get(failures, 0), more))
+            ),
+            target,
+        )
+
+    return cast
+
+
+def _array_element(token: Column) -> Column:
+    """One token of an escaped array literal as the element's text (NULL for unquoted NULL)."""
+    quoted = F.substring(token, F.lit(2), F.length(token) - 2)
+    unescaped = F.replace(
+        F.replace(quoted, _lit(_ESCAPED_QUOTE), _lit('"')),
+        _lit(_ESCAPED_BACKSLASH),
+        _lit("\\"),
+    )
+    return (
+        F.when(token.startswith('"'), unescaped)
+        .when(F.upper(token) == "NULL", _no_error())
+        .otherwise(token)
+    )
+
+
+def _caster(t: PgType) -> Caster:
+    element = _element(t)
+    if element is not None:
+        if _base_oid(element) in NON_COMMA_DELIMITED:
+            return _cast_string
+        return _array_caster(element)
+    oid = _base_oid(t)
+    target = spark_type(t)
+    if oid == NUMERIC:
+        assert isinstance(target, DecimalType)
+        return _numeric_caster(target)
+    if oid == BOOL:
+        return _cast_bool
+    if oid in (INT2, INT4, INT8, OID):
+        return _integer_caster(target)
+    if oid in (FLOAT4, FLOAT8):
+        return _float_caster(target)
+    if oid == BYTEA:
+        return _cast_bytea
+    if oid == DATE:
+        return _datetime_caster(_DATE, target, "date")
+    if oid == TIMESTAMP:
+        return _datetime_caster(_DATE + _TIME, target, "timestamp")
+    if oid == TIMESTAMPTZ:
+        return _datetime_caster(_DATE + _TIME + _OFFSET, target, "timestamptz")
+    if oid == INTERVAL:
+        return _cast_interval
+    return _cast_string
+
+
+def cast_pair(text: Column, t: PgType) -> Column:
+    """``struct<value, error>`` for one text value (see :func:`cast_expr`)."""
+    return _let(text, _caster(t))
+
+
+def cast_expr(text: Column, t: PgType) -> tuple[Column, Column]:
+    """``(typed value, error)`` for one PostgreSQL text value of type ``t``.
+
+    The error is NULL when the text is NULL or cast fine, and a short message otherwise; the
+    value is NULL whenever the error is not. Both columns carry the whole cast: to cast many
+    columns, use :func:`cast_values`, which builds each type's cast once.
+    """
+    pair = cast_pair(text, t)
+    return pair["value"], pair["error"]
+
+
+def cast_values(df: DataFrame, values_col: str, columns: Sequence[tuple[str, PgType]]) -> DataFrame:
+    """Replace ``values_col`` (``array<string>``) by one typed column per ``(name, type)``.
+
+    Column ``i`` comes from ``values_col[i]``. The typed columns take ``values_col``'s place,
+    the other columns of ``df`` stay, and ``_cast_errors`` (``array<struct<column_name, raw,
+    message>>``, empty when the row cast cleanly) comes last. A row with fewer values than
+    ``columns`` has an error for each missing one.
+
+    The columns of one type are cast together, ``transform(array(texts...), <cast>)``, so the
+    plan holds each distinct type's cast once however wide the table is, and the cast of a type
+    is built once per process.
+    """
+    if values_col not in df.columns:
+        raise ValueError(f"no column {values_col!r} in the DataFrame")
+    names = [name for name, _ in columns]
+    outputs = [name for name in df.columns if name != values_col] + names + [CAST_ERRORS_COLUMN]
+    clashes = sorted({name for name in outputs if outputs.count(name) > 1})
+    if clashes:
+        raise ValueError(f"cast_values would produce duplicate columns: {clashes}")
+
+    positions: dict[PgType, list[int]] = {}
+    for position, (_, t) in enumerate(columns):
+        positions.setdefault(t, []).append(position)
+    prefix = _unused_prefix(df.columns)
+    group_names = {t: f"{prefix}{_type_key(t)}" for t in positions}
+    values = column(values_col)
+    everything = [column(name) for name in df.columns]
+    texts = df.select(
+        *everything,
+        *(
+            F.array(*(F.get(values, p) for p in group)).alias(group_names[t])
+            for t, group in positions.items()
+        ),
+    )
+    staged = texts.select(
+        *everything, *(_group_cast(t, group_names[t]).alias(group_names[t]) for t in positions)
+    )
+
+    pair_at: dict[int, Column] = {}
+    for t, group in positions.items():
+        for k, position in enumerate(group):
+            pair_at[position] = F.get(column(group_names[t]), k)
+    count = F.size(values)
+    typed = [pair_at[p]["value"].alias(name) for p, name in enumerate(names)]
+    errors = [
+        F.struct(
+            _lit(name).alias("column_name"),
+            F.get(values, p).alias("raw"),
+            F.coalesce(
+                F.when(values.isNull() | (count <= p), _lit(f"no value at position {p}")),
+                pair_at[p]["error"],
+            ).alias("message"),
+        )
+        for p, name in enumerate(names)
+    ]
+    cast_errors = F.filter(F.array(*errors), lambda e: e["message"].isNotNull())
+    output: list[Column] = []
+    for name in df.columns:
+        output.extend(typed if name == values_col else [column(name)])
+    output.append(cast_errors.cast(CAST_ERROR_TYPE).alias(CAST_ERRORS_COLUMN))
+    return staged.select(*output)
+
+
+@functools.lru_cache(maxsize=1024)
+def _group_cast(t: PgType, texts: str) -> Column:
+    """``transform(texts, <cast to t>)``; cached, because building a cast costs hundreds of
+    calls into the JVM and a silver run casts the same types table after table, run after run.
+    """
+    return F.transform(column(texts), _caster(t))
+
+
+def _type_key(t: PgType) -> str:
+    return hashlib.sha1(repr(t).encode()).hexdigest()[:16]
+
+
+def _unused_prefix(taken: Sequence[str]) -> str:
+    prefix = "__pgm_cast_"
+    while any(name.startswith(prefix) for name in taken):
+        prefix = "_" + prefix
+    return prefix
+
+
+def column(name: str) -> Column:
+    """A reference to the column called ``name``, whatever characters the name has."""
+    return F.col("`" + name.replace("`", "``") + "`")
