@@ -2,55 +2,146 @@
 
 ::
 
-    ensure slot ──> tables without a complete snapshot? ──> land_snapshot (one commit)
-                                                                  │
-    resume = bronze frontier (or the slot's confirmed_flush) ─────┴──> land_stream
-        read_until(pg_current_wal_lsn() at start) ─> buffer ─> commit batch ─> ack(frontier)
+    capture_once ── retry transient errors with backoff ── record definite errors, raise
+       │
+       ├─ slot: must exist once bronze holds anything (else SlotMissing), created otherwise
+       ├─ tables captured before that no longer exist ──> TableDropped error records
+       ├─ published tables without a complete snapshot ──> land_snapshot (one commit)
+       └─ land_stream from bronze's frontier (or the slot's confirmed_flush_lsn)
+            read ─> buffer ─> commit batch (with its progress record) ─> ack(frontier)
+            triggered: until pg_current_wal_lsn() seen at the start; continuous: until stopped
 
 Snapshot. The driver holds the exported snapshot's transaction open while a Spark job runs one
 task per ctid range; every task imports the snapshot and streams its COPY rows straight into
 Arrow batches, so the COPY work runs in parallel Python worker processes, not threads. The copy
 rows, one ``schema`` record and one ``rewind`` record per table are a single Delta commit: a
 table's snapshot is in bronze whole or not at all, and a crash before the commit simply means
-the next run snapshots again at a new LSN (rewinds make any snapshot LSN correct).
+the next run snapshots again at a new LSN (rewinds make any snapshot LSN correct). The leader
+holds ``ACCESS SHARE`` on every table until the commit, as ``pg_dump`` does, so a table
+present at the snapshot is copied whole; one already dropped is skipped with an ``error``
+record, and the other tables go on. While the job runs, a thread of the driver polls
+``pg_stat_progress_copy`` for rows copied so far (``capture.progress``).
 
 Stream. The main slot exists before any snapshot is taken, so the stream always starts at or
 before every snapshot LSN, which is what rewinds need. A batch is committed when it holds
-enough messages or bytes, or when the target is reached; its ``progress`` record carries the
-frontier F (every transaction committing below F is in bronze), and only after the commit is F
-acknowledged to the slot. Partial transactions may be committed to bound memory; silver only
-reads transactions below the frontier and deduplicates re-sent messages by (lsn, ordinal).
+enough messages or bytes, when the target is reached, on a stop request, and in continuous mode
+every ``commit_interval_s`` while messages arrive (every ``idle_commit_interval_s`` when only
+keepalives moved the frontier). Its ``progress`` record carries the frontier F (every
+transaction committing below F is in bronze), and only after the commit is F acknowledged to
+the slot. A batch may end inside a transaction (bounded memory for any transaction size): its
+frontier is then the end of the last complete transaction, and silver reads only transactions
+below the frontier, taking each commit LSN's messages from one run that reached its Commit.
+
+Stopping and retrying. ``stop`` (a ``threading.Event``), ``max_seconds`` and, in the main
+thread, SIGINT/SIGTERM end a run cleanly: the batch in hand is committed and acknowledged
+first (a second signal aborts). Transient errors (connection refused or lost, walsender
+terminated, server restart, slot in use) are retried with exponential backoff and one log line
+each; every attempt resumes from bronze's frontier with a new ``run_id``. Definite errors are
+written as ``error`` records (see ``bronze.table``) and raised.
+
+Why a capture job and not a Python streaming source
+----------------------------------------------------
+The preferred shape was a ``pyspark.sql.datasource`` streaming source feeding a streaming table
+in the declarative pipeline, with Spark's checkpoint holding the offsets and ``commit(end)``
+advancing the slot. What we measured with pyspark 4.2 and open-source Spark Declarative
+Pipelines (see ``../shared/DESIGN.md``) rules it out for now:
+
+- Python sources do not support ``Trigger.AvailableNow``: a triggered pipeline update is one
+  micro-batch up to ``latestOffset``, and Spark calls ``commit(end)`` for it only at the start of
+  the *next* update. The slot would be acknowledged one run late, so it would retain every
+  change since the previous run for a whole schedule interval, and "writes only to an
+  unpublished table" would reach the slot by the end of the next run, not this one.
+- ``latestOffset`` must name the batch's end before anything is read. For the replication
+  stream that means either reading ahead in the driver and holding the messages (unbounded
+  memory for a large transaction) or handing a walsender connection to one partition, where a
+  retried task re-reads from a slot that only one session may hold.
+- ``spark-pipelines`` 4.2 exits 1 after "Run is COMPLETED" when Python source workers send
+  observed metrics (``UNKNOWN_RESPONSE``, SPARK-59135, fixed upstream in no release Delta
+  supports); our runner works around it, the Databricks CLI cannot.
+
+A job with idempotent Delta commits keeps exactly-once without any of that: every batch is one
+commit with ``txnAppId``/``txnVersion``, the slot is acknowledged right after the commit that
+covers it, and the resume point is bronze's own frontier. Observed here: at the end of a
+triggered run ``confirmed_flush_lsn`` equals bronze's frontier and is at or past the WAL
+position seen at the run's start, even when only unpublished tables were written (the WAL this
+retains is what the server wrote since: ``tests/test_capture_stream.py`` reports it). The
+snapshot ranges still run as parallel Spark tasks, and bronze stays a plain Delta table that
+the declarative pipeline reads as a streaming source.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import signal
+import threading
+import time
 import uuid
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 import pyarrow as pa
+from psycopg import sql
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
+import capture.errors as capture_errors
 from bronze.table import (
     ARROW_SCHEMA,
     RecordBuffer,
     bronze_frontier,
     ensure_bronze_table,
+    error_payload,
     json_payload,
+    last_system_identity,
     next_batch_id,
+    recorded_errors,
+    snapshotted_table_names,
     snapshotted_tables,
     write_batch,
 )
 from capture.connection import connect, connect_replication
+from capture.errors import (
+    CaptureError,
+    DefiniteError,
+    PublicationDropped,
+    SlotCompacted,
+    SlotInvalidated,
+    SlotMissing,
+    TableDropped,
+    TimelineChanged,
+    TransientError,
+    server_errors,
+)
+from capture.progress import (
+    CopyProgressMonitor,
+    ProgressCallback,
+    TableProgress,
+    copy_application_name,
+    estimate_rows,
+    table_sizes,
+)
 from capture.replication import Keepalive, ReplicationStream, start_replication
-from capture.slot import check_resume_point, current_wal_lsn, ensure_slot, release_slot
+from capture.slot import (
+    SystemIdentity,
+    check_resume_point,
+    check_system,
+    current_wal_lsn,
+    ensure_slot,
+    identify_system,
+    release_slot,
+    slot_state,
+)
 from capture.snapshot import (
+    PublishedTable,
     TableSchema,
     copy_range,
     estimate_table_block_counts,
     exported_snapshot,
+    lock_for_snapshot,
     publication_tables,
     table_schema_at_snapshot,
     use_snapshot,
@@ -64,6 +155,17 @@ ROWS_PER_ARROW_BATCH = 50_000
 STREAM_BATCH_MESSAGES = 200_000
 STREAM_BATCH_BYTES = 128 << 20
 
+RECORDED_ERRORS = (
+    PublicationDropped,
+    SlotMissing,
+    SlotInvalidated,
+    SlotCompacted,
+    TimelineChanged,
+    TableDropped,
+)
+"""Definite errors that are facts about the source's data, kept in bronze as error records.
+(A slot with another plugin is a configuration problem: raised, never recorded.)"""
+
 
 @dataclass(frozen=True)
 class CaptureTarget:
@@ -76,6 +178,33 @@ class CaptureTarget:
 
 
 @dataclass(frozen=True)
+class StreamLimits:
+    """When the stream commits a batch."""
+
+    batch_messages: int = STREAM_BATCH_MESSAGES
+    batch_bytes: int = STREAM_BATCH_BYTES
+    commit_interval_s: float = 10.0
+    """Continuous mode: commit what arrived at least this often."""
+    idle_commit_interval_s: float = 60.0
+    """Continuous mode: commit a frontier moved only by keepalives at least this often."""
+    publication_check_interval_s: float = 10.0
+    """Continuous mode: look for a dropped publication or newly published tables."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Transient errors: ``attempts`` tries in a row without progress, exponential backoff."""
+
+    attempts: int = 5
+    initial_delay_s: float = 1.0
+    max_delay_s: float = 60.0
+
+    def delay_s(self, failures: int) -> float:
+        """The wait after the ``failures``-th failure in a row (1, 2, 4, ... seconds, capped)."""
+        return min(self.max_delay_s, self.initial_delay_s * 2 ** max(0, failures - 1))
+
+
+@dataclass(frozen=True)
 class CaptureResult:
     snapshotted: dict[str, int]
     """``schema.table`` -> rows landed, for the tables snapshotted by this run."""
@@ -83,6 +212,44 @@ class CaptureResult:
     messages: int
     frontier: int
     batches: int
+    table_errors: dict[str, str] = field(default_factory=dict)
+    """``schema.table`` -> the definite error recorded for it by this run (e.g. dropped)."""
+    retries: int = 0
+
+
+@dataclass(frozen=True)
+class SnapshotLanded:
+    """What :func:`land_snapshot` landed; unpacks as ``snapshot_lsn, counts``."""
+
+    snapshot_lsn: int
+    counts: dict[str, int]
+    dropped: dict[str, str] = field(default_factory=dict)
+    """``schema.table`` -> message, for the tables skipped because they were dropped."""
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.snapshot_lsn, self.counts))
+
+
+@dataclass
+class StreamResult:
+    messages: int = 0
+    frontier: int | None = None
+    batches: int = 0
+    new_tables: bool = False
+    """Continuous mode ended the stream because new tables were published."""
+
+
+@dataclass
+class _Totals:
+    snapshotted: dict[str, int] = field(default_factory=dict)
+    snapshot_lsn: int | None = None
+    stream: StreamResult = field(default_factory=StreamResult)
+    table_errors: dict[str, str] = field(default_factory=dict)
+    retries: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Snapshot
 
 
 def _copy_task_rows(
@@ -98,8 +265,10 @@ def _copy_task_rows(
     for task_batch in tasks:
         for task in task_batch.to_pylist():
             buffer = RecordBuffer(source, run_id)
+            session = dict(conninfo)
+            session["application_name"] = copy_application_name(run_id, task["oid"], task["part"])
             rows = copy_range(
-                conninfo,
+                session,
                 snapshot_name,
                 (task["schema"], task["name"]),
                 task["columns"],
@@ -124,68 +293,156 @@ def _copy_task_rows(
 
 
 def land_snapshot(
-    spark: SparkSession, target: CaptureTarget, oids: list[int], *, workers: int, run_id: str
-) -> tuple[int, dict[str, int]]:
-    """Snapshot ``oids`` at one exported snapshot into bronze as one commit.
+    spark: SparkSession,
+    target: CaptureTarget,
+    tables: Sequence[int | PublishedTable],
+    *,
+    workers: int,
+    run_id: str,
+    progress: ProgressCallback | None = None,
+) -> SnapshotLanded:
+    """Snapshot ``tables`` (OIDs or published tables) at one exported snapshot, as one commit.
 
-    Returns the snapshot LSN and the rows landed per table.
+    A table dropped before the snapshot is skipped and gets an ``error`` record.
     """
+    wanted = [
+        t if isinstance(t, PublishedTable) else PublishedTable(int(t), "", "") for t in tables
+    ]
     temp_slot = f"pgm_snap_{uuid.uuid4().hex[:16]}"
+    dropped: dict[PublishedTable, TableDropped] = {}
     with exported_snapshot(target.conninfo, temp_slot) as point:
         conn = connect(target.conninfo)
         try:
             use_snapshot(conn, point.snapshot_name)
-            schemas = [table_schema_at_snapshot(conn, oid) for oid in oids]
+            schemas = []
+            for table in wanted:
+                try:
+                    schema = table_schema_at_snapshot(conn, table.oid)
+                    lock_for_snapshot(conn, table.oid, (schema.schema, schema.name))
+                except TableDropped as exc:
+                    dropped[table] = exc
+                    continue
+                schemas.append(schema)
+            oids = [schema.oid for schema in schemas]
             blocks = estimate_table_block_counts(conn, oids)
+            estimates = {oid: estimate_rows(size) for oid, size in table_sizes(conn, oids).items()}
             version = conn.info.server_version
-            conn.execute("COMMIT")
+            names = {schema.oid: f"{schema.schema}.{schema.name}" for schema in schemas}
+            if schemas:
+                batch_id = next_batch_id(spark, target.bronze, target.source)
+                monitor = (
+                    CopyProgressMonitor(
+                        target.conninfo,
+                        run_id,
+                        names,
+                        estimates,
+                        progress,
+                        server_version=version,
+                    )
+                    if progress is not None
+                    else nullcontext()
+                )
+                with monitor:
+                    _write_snapshot(
+                        spark, target, schemas, blocks, version, point, workers, run_id, batch_id
+                    )
+            with server_errors():
+                conn.execute("COMMIT")  # the table locks go only now that the commit is in
         finally:
             conn.close()
-        tasks = []
-        for schema in schemas:
-            for part, (start, end) in enumerate(
-                worker_ctid_ranges(blocks[schema.oid], workers, version)
-            ):
-                tasks.append(
-                    {
-                        "oid": schema.oid,
-                        "schema": schema.schema,
-                        "name": schema.name,
-                        "columns": [c.name for c in schema.columns if not c.generated],
-                        "part": part,
-                        "start": start,
-                        "end": end,
-                    }
-                )
-        batch_id = next_batch_id(spark, target.bronze, target.source)
-        meta = RecordBuffer(target.source, run_id)
-        for schema in schemas:
-            _add_snapshot_records(meta, schema, point.snapshot_lsn)
-        conninfo, name, source = dict(target.conninfo), point.snapshot_name, target.source
-        lsn = point.snapshot_lsn
-        task_df = spark.createDataFrame(
-            tasks,
-            "oid long, schema string, name string, columns array<string>, part int, "
-            "start long, end long",
-        ).repartition(max(1, len(tasks)))
-        copy_df = task_df.mapInArrow(
-            lambda it: _copy_task_rows(it, conninfo, name, source, run_id, lsn, batch_id),
-            spark.createDataFrame([], _spark_schema(spark)).schema,
+    table_errors = {}
+    for table, exc in dropped.items():
+        if record_error(spark, target, exc, lsn=point.snapshot_lsn, run_id=run_id, table=table):
+            table_errors[_table_name(table)] = str(exc)
+    counts = _landed_counts(spark, target, batch_id) if schemas else {}
+    for name in names.values():
+        counts.setdefault(name, 0)
+    if progress is not None and names:
+        progress(
+            [
+                TableProgress(names[oid], counts[names[oid]], estimates.get(oid), done=True)
+                for oid in names
+            ]
         )
-        meta_df = spark.createDataFrame(meta.to_arrow(batch_id))
+    return SnapshotLanded(point.snapshot_lsn, counts, table_errors)
+
+
+def _write_snapshot(
+    spark: SparkSession,
+    target: CaptureTarget,
+    schemas: list[TableSchema],
+    blocks: dict[int, int],
+    version: int,
+    point,
+    workers: int,
+    run_id: str,
+    batch_id: int,
+) -> None:
+    tasks = []
+    for schema in schemas:
+        for part, (start, end) in enumerate(
+            worker_ctid_ranges(blocks[schema.oid], workers, version)
+        ):
+            tasks.append(
+                {
+                    "oid": schema.oid,
+                    "schema": schema.schema,
+                    "name": schema.name,
+                    "columns": [c.name for c in schema.columns if not c.generated],
+                    "part": part,
+                    "start": start,
+                    "end": end,
+                }
+            )
+    meta = RecordBuffer(target.source, run_id)
+    for schema in schemas:
+        _add_snapshot_records(meta, schema, point.snapshot_lsn)
+    conninfo, name, source = dict(target.conninfo), point.snapshot_name, target.source
+    lsn = point.snapshot_lsn
+    task_df = spark.createDataFrame(
+        tasks,
+        "oid long, schema string, name string, columns array<string>, part int, "
+        "start long, end long",
+    ).repartition(max(1, len(tasks)))
+    copy_df = task_df.mapInArrow(
+        lambda it: _copy_task_rows(it, conninfo, name, source, run_id, lsn, batch_id),
+        _spark_schema(spark),
+    )
+    meta_df = spark.createDataFrame(meta.to_arrow(batch_id))
+    try:
         write_batch(copy_df.unionByName(meta_df), target.bronze, target.source, batch_id)
-    counts = {
-        f"{r['table_schema']}.{r['table_name']}": r["n"]
-        for r in spark.table(target.bronze)
-        .where(f"batch_id = {batch_id} AND kind = 'copy' AND source = '{source}'")
+    except Exception as exc:
+        error = capture_error_from_spark(exc)
+        if error is None:
+            raise
+        raise error from exc
+
+
+def _landed_counts(spark: SparkSession, target: CaptureTarget, batch_id: int) -> dict[str, int]:
+    rows = (
+        spark.table(target.bronze)
+        .where((F.col("batch_id") == batch_id) & (F.col("kind") == "copy"))
+        .where(F.col("source") == target.source)
         .groupBy("table_schema", "table_name")
         .count()
-        .withColumnRenamed("count", "n")
         .collect()
-    }
-    for schema in schemas:
-        counts.setdefault(f"{schema.schema}.{schema.name}", 0)
-    return point.snapshot_lsn, counts
+    )
+    return {f"{r['table_schema']}.{r['table_name']}": r["count"] for r in rows}
+
+
+_CAPTURE_ERROR_IN_TRACE = re.compile(r"capture\.errors\.(\w+): ([^\n]*)")
+
+
+def capture_error_from_spark(exc: BaseException) -> CaptureError | None:
+    """The capture error a Spark task died of, from the Python traceback Spark relays."""
+    matches = _CAPTURE_ERROR_IN_TRACE.findall(str(exc))
+    if not matches:
+        return None
+    name, message = matches[-1]
+    cls = getattr(capture_errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, CaptureError)):
+        return None
+    return cls(message.strip())
 
 
 def _spark_schema(spark: SparkSession):
@@ -198,72 +455,278 @@ def _add_snapshot_records(buffer: RecordBuffer, schema: TableSchema, snapshot_ls
     buffer.add("rewind", snapshot_lsn, **ident)
 
 
+# ---------------------------------------------------------------------------------------------
+# Stream
+
+
 def land_stream(
-    spark: SparkSession, target: CaptureTarget, *, run_id: str, continuous: bool = False
-) -> tuple[int, int, int]:
-    """Stream the slot into bronze until caught up with the WAL position seen at the start.
+    spark: SparkSession,
+    target: CaptureTarget,
+    *,
+    run_id: str,
+    continuous: bool = False,
+    stop: threading.Event | None = None,
+    max_seconds: float | None = None,
+    limits: StreamLimits = StreamLimits(),
+    new_tables: Callable[[list[PublishedTable]], bool] | None = None,
+    result: StreamResult | None = None,
+) -> StreamResult:
+    """Stream the slot into bronze from bronze's frontier.
 
-    Returns (messages landed, the final frontier, batches committed).
+    Triggered (default): until caught up with the WAL position seen at the start. Continuous:
+    until ``stop`` is set, ``max_seconds`` pass, or (checked every
+    ``limits.publication_check_interval_s``) ``new_tables`` says the publication gained tables
+    that need a snapshot first. ``result`` is updated as batches commit, so a caller still
+    knows what landed when an error ends the stream.
     """
-    repl = connect_replication(target.conninfo)
+    stop = stop or threading.Event()
+    result = result if result is not None else StreamResult()
+    end_at = None if max_seconds is None else time.monotonic() + max_seconds
+    conn = connect(target.conninfo)
     try:
-        state = release_slot(repl, target.slot)
-        frontier = bronze_frontier(spark, target.bronze, target.source)
-        resume = frontier if frontier is not None else state.confirmed_flush_lsn or 0
-        check_resume_point(state, resume)
-        stop_at = current_wal_lsn(repl)
-        log.info(
-            "streaming slot %s from %s to %s", target.slot, format_lsn(resume), format_lsn(stop_at)
-        )
-        stream: ReplicationStream = start_replication(repl, target.slot, target.publication, resume)
-        buffer = RecordBuffer(target.source, run_id)
-        batch_id = next_batch_id(spark, target.bronze, target.source)
-        messages = batches = 0
-        committed = resume
-
-        def commit(frontier_lsn: int) -> None:
-            nonlocal batch_id, batches, committed
-            buffer.add("progress", frontier_lsn)
-            write_batch(
-                spark.createDataFrame(buffer.to_arrow(batch_id)),
-                target.bronze,
-                target.source,
-                batch_id,
+        repl = connect_replication(target.conninfo)
+        try:
+            system = identify_system(repl)
+            _check_recorded_system(spark, target, system)
+            state = release_slot(repl, target.slot)
+            frontier = bronze_frontier(spark, target.bronze, target.source)
+            resume = frontier if frontier is not None else state.confirmed_flush_lsn or 0
+            check_resume_point(state, resume)
+            # PostgreSQL 18 skips a dropped publication silently: check it by name first.
+            publication_tables(conn, target.publication)
+            stop_at = None if continuous else current_wal_lsn(conn)
+            log.info(
+                "streaming slot %s from %s %s",
+                target.slot,
+                format_lsn(resume),
+                "continuously" if continuous else f"to {format_lsn(stop_at)}",
             )
-            stream.ack(frontier_lsn)
-            committed = frontier_lsn
-            batch_id += 1
-            batches += 1
-            buffer.clear()
+            stream = start_replication(repl, target.slot, target.publication, resume)
+            writer = _BatchWriter(spark, target, stream, run_id, system, resume, result)
+            try:
+                _stream_loop(
+                    stream, writer, conn, target, stop_at, stop, end_at, limits, new_tables
+                )
+            except CaptureError:
+                writer.salvage()
+                raise
+            stream.close()
+            return result
+        finally:
+            repl.close()
+    finally:
+        conn.close()
 
-        while True:
-            for event in stream.read_until(stop_at):
-                if isinstance(event, Keepalive):
-                    continue
+
+def _stream_loop(
+    stream: ReplicationStream,
+    writer: _BatchWriter,
+    conn: psycopg.Connection,
+    target: CaptureTarget,
+    stop_at: int | None,
+    stop: threading.Event,
+    end_at: float | None,
+    limits: StreamLimits,
+    new_tables: Callable[[list[PublishedTable]], bool] | None,
+) -> None:
+    buffer = writer.buffer
+    continuous = stop_at is None
+    next_check = time.monotonic() + limits.publication_check_interval_s
+    while True:
+        deadline = time.monotonic() + limits.commit_interval_s if continuous else None
+        if end_at is not None:
+            deadline = end_at if deadline is None else min(deadline, end_at)
+        for event in stream.read_until(stop_at, deadline=deadline):
+            if not isinstance(event, Keepalive):
                 buffer.add(
                     "wal",
                     event.commit_lsn,
-                    table_oid=None,
                     end_lsn=event.end_lsn,
                     xid=event.xid,
                     ordinal=event.ordinal,
                     payload=event.payload,
                 )
-                messages += 1
-                if (
-                    len(buffer) >= STREAM_BATCH_MESSAGES
-                    or buffer.payload_bytes >= STREAM_BATCH_BYTES
+                writer.result.messages += 1
+                if len(buffer) >= limits.batch_messages or buffer.payload_bytes >= (
+                    limits.batch_bytes
                 ):
-                    commit(committed if stream.in_transaction else stream.position)
-            if stream.position > committed or len(buffer):
-                commit(max(committed, stream.position))
-            if not continuous:
+                    writer.commit()
+            if stop.is_set():
                 break
-            stop_at = current_wal_lsn(connect(target.conninfo))
-        stream.close()
-        return messages, committed, batches
+        now = time.monotonic()
+        caught_up = stop_at is not None and stream.position >= stop_at and not stream.in_transaction
+        stopping = stop.is_set() or caught_up or (end_at is not None and now >= end_at)
+        if continuous and not stopping and now >= next_check:
+            next_check = now + limits.publication_check_interval_s
+            published = publication_tables(conn, target.publication)
+            if new_tables is not None and new_tables(published):
+                log.info("new tables in publication %s: snapshotting them", target.publication)
+                writer.result.new_tables = stopping = True
+        idle_due = now - writer.last_commit >= limits.idle_commit_interval_s
+        if len(buffer) or (stream.position > writer.committed and (stopping or idle_due)):
+            writer.commit()
+        if stopping:
+            return
+
+
+class _BatchWriter:
+    """Commits the buffered stream as numbered bronze batches, then acknowledges the slot."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        target: CaptureTarget,
+        stream: ReplicationStream,
+        run_id: str,
+        system: SystemIdentity,
+        resume: int,
+        result: StreamResult,
+    ) -> None:
+        self.spark = spark
+        self.target = target
+        self.stream = stream
+        self.buffer = RecordBuffer(target.source, run_id)
+        self.batch_id = next_batch_id(spark, target.bronze, target.source)
+        self.identity = json_payload({"system_id": system.system_id, "timeline": system.timeline})
+        self.committed = resume
+        self.last_commit = time.monotonic()
+        self.result = result
+        result.frontier = resume if result.frontier is None else max(result.frontier, resume)
+
+    def commit(self, ack: bool = True) -> None:
+        frontier = max(self.committed, self.stream.position)
+        self.buffer.add("progress", frontier, payload=self.identity)
+        write_batch(
+            self.spark.createDataFrame(self.buffer.to_arrow(self.batch_id)),
+            self.target.bronze,
+            self.target.source,
+            self.batch_id,
+        )
+        self.committed = frontier
+        self.result.frontier = max(self.result.frontier or 0, frontier)
+        self.result.batches += 1
+        self.batch_id += 1
+        self.buffer.clear()
+        self.last_commit = time.monotonic()
+        if ack:
+            self.stream.ack(frontier)
+
+    def salvage(self) -> None:
+        """After a capture error: keep what was read (no ack; the next run acknowledges it)."""
+        if not len(self.buffer) and self.stream.position <= self.committed:
+            return
+        try:
+            self.commit(ack=False)
+        except Exception as exc:  # the error being raised says more than this one
+            log.warning("could not commit the last %d records: %s", len(self.buffer), exc)
+
+
+def _check_recorded_system(
+    spark: SparkSession, target: CaptureTarget, system: SystemIdentity
+) -> None:
+    recorded = last_system_identity(spark, target.bronze, target.source)
+    if recorded is None:
+        return
+    check_system(
+        system,
+        SystemIdentity(str(recorded["system_id"]), int(recorded["timeline"]), 0, system.database),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+def record_error(
+    spark: SparkSession,
+    target: CaptureTarget,
+    error: CaptureError,
+    *,
+    lsn: int,
+    run_id: str,
+    table: PublishedTable | None = None,
+) -> bool:
+    """Write ``error`` as one ``error`` record in a batch of its own, unless already recorded.
+
+    A table's error is recorded once per table; a source-wide one once per LSN. Returns
+    whether a record was written.
+    """
+    code = type(error).__name__
+    oid = None if table is None else table.oid
+    for known_code, known_oid, known_lsn in recorded_errors(spark, target.bronze, target.source):
+        if known_code == code and known_oid == oid and (oid is not None or known_lsn == lsn):
+            return False
+    buffer = RecordBuffer(target.source, run_id)
+    buffer.add(
+        "error",
+        lsn,
+        table_oid=oid,
+        table_schema=None if table is None else table.schema or None,
+        table_name=None if table is None else table.name or None,
+        payload=error_payload(code, str(error), format_lsn(lsn)),
+    )
+    batch_id = next_batch_id(spark, target.bronze, target.source)
+    write_batch(
+        spark.createDataFrame(buffer.to_arrow(batch_id)), target.bronze, target.source, batch_id
+    )
+    where = "" if table is None else f" for {_table_name(table)}"
+    log.error("recorded %s%s at %s: %s", code, where, format_lsn(lsn), error)
+    return True
+
+
+def _table_name(table: PublishedTable) -> str:
+    return f"{table.schema}.{table.name}" if table.name else f"oid {table.oid}"
+
+
+def _error_lsn(spark: SparkSession, target: CaptureTarget) -> int:
+    """Where a source-wide error stops capture: bronze's frontier, else its last snapshot."""
+    frontier = bronze_frontier(spark, target.bronze, target.source)
+    if frontier is not None:
+        return frontier
+    return max(snapshotted_tables(spark, target.bronze, target.source).values(), default=0)
+
+
+def _dropped_tables(conn: psycopg.Connection, oids: Sequence[int]) -> list[int]:
+    """The OIDs among ``oids`` that no longer exist (pg_relation_size reads the catalog now)."""
+    if not oids:
+        return []
+    with server_errors():
+        rows = conn.execute(
+            sql.SQL(
+                "SELECT oid::int8 FROM unnest(ARRAY[{}]::oid[]) AS t(oid)"
+                " WHERE pg_relation_size(oid) IS NULL"
+            ).format(sql.SQL(", ").join(sql.Literal(int(oid)) for oid in oids))
+        ).fetchall()
+    return [oid for (oid,) in rows]
+
+
+# ---------------------------------------------------------------------------------------------
+# One run
+
+
+@contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """In the main thread, let SIGINT/SIGTERM set ``stop``; a second one acts as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[int, Any] = {}
+
+    def handler(signum: int, _frame: Any) -> None:
+        log.warning(
+            "%s: committing the current batch, then stopping (again to abort)",
+            signal.Signals(signum).name,
+        )
+        stop.set()
+        signal.signal(signum, previous[signum])
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.signal(signum, handler)
+    try:
+        yield
     finally:
-        repl.close()
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 def capture_once(
@@ -272,27 +735,172 @@ def capture_once(
     *,
     workers: int = 2,
     tables: list[str] | None = None,
+    continuous: bool = False,
+    progress: ProgressCallback | None = None,
+    stop: threading.Event | None = None,
+    max_seconds: float | None = None,
+    retry: RetryPolicy = RetryPolicy(),
+    limits: StreamLimits = StreamLimits(),
+    handle_signals: bool = True,
 ) -> CaptureResult:
-    """One triggered capture run: provision the slot, snapshot new tables, stream to caught up."""
-    run_id = uuid.uuid4().hex
+    """One capture run: provision the slot, snapshot new tables, stream.
+
+    Triggered by default (stream until caught up with the WAL position seen at the start);
+    ``continuous`` streams until ``stop`` is set, ``max_seconds`` pass or a signal arrives,
+    snapshotting tables published meanwhile. ``progress`` receives per-table snapshot
+    progress. Transient errors are retried per ``retry``; definite ones are recorded in bronze
+    and raised. A table dropped before its snapshot is recorded and reported in
+    ``table_errors`` without stopping the others.
+    """
     ensure_bronze_table(spark, target.bronze)
+    stop = stop or threading.Event()
+    end_at = None if max_seconds is None else time.monotonic() + max_seconds
+    totals = _Totals()
+    expected: dict[int, PublishedTable] = {}
+    failures = 0
+    with stop_on_signals(stop) if handle_signals else nullcontext():
+        while True:
+            run_id = uuid.uuid4().hex
+            landed_before = (totals.stream.frontier, totals.stream.batches, len(totals.snapshotted))
+            try:
+                again = _attempt(
+                    spark,
+                    target,
+                    run_id=run_id,
+                    workers=workers,
+                    tables=tables,
+                    continuous=continuous,
+                    progress=progress,
+                    stop=stop,
+                    end_at=end_at,
+                    limits=limits,
+                    totals=totals,
+                    expected=expected,
+                )
+            except DefiniteError as exc:
+                if isinstance(exc, RECORDED_ERRORS):
+                    lsn = _error_lsn(spark, target)
+                    record_error(spark, target, exc, lsn=lsn, run_id=run_id)
+                raise
+            except TransientError as exc:
+                landed = (totals.stream.frontier, totals.stream.batches, len(totals.snapshotted))
+                failures = 1 if landed != landed_before else failures + 1
+                delay = retry.delay_s(failures)
+                out_of_time = end_at is not None and time.monotonic() + delay > end_at
+                if failures >= retry.attempts or stop.is_set() or out_of_time:
+                    log.error("capture %s: giving up after %d attempt(s)", target.source, failures)
+                    raise
+                totals.retries += 1
+                log.warning(
+                    "capture %s: %s; retry %d of %d in %.1f s",
+                    target.source,
+                    exc,
+                    failures,
+                    retry.attempts - 1,
+                    delay,
+                )
+                if stop.wait(delay):
+                    raise
+                continue
+            failures = 0
+            if not again or stop.is_set():
+                break
+    stream = totals.stream
+    return CaptureResult(
+        snapshotted=totals.snapshotted,
+        snapshot_lsn=totals.snapshot_lsn,
+        messages=stream.messages,
+        frontier=stream.frontier or 0,
+        batches=stream.batches,
+        table_errors=totals.table_errors,
+        retries=totals.retries,
+    )
+
+
+def _attempt(
+    spark: SparkSession,
+    target: CaptureTarget,
+    *,
+    run_id: str,
+    workers: int,
+    tables: list[str] | None,
+    continuous: bool,
+    progress: ProgressCallback | None,
+    stop: threading.Event,
+    end_at: float | None,
+    limits: StreamLimits,
+    totals: _Totals,
+    expected: dict[int, PublishedTable],
+) -> bool:
+    """One attempt: slot, dropped tables, snapshot, stream. True: new tables, go again."""
+    frontier = bronze_frontier(spark, target.bronze, target.source)
+    captured = snapshotted_table_names(spark, target.bronze, target.source)
     repl = connect_replication(target.conninfo)
     try:
+        if frontier is not None or captured:
+            # Bronze relies on this slot: a new one would start after changes we never read.
+            try:
+                slot_state(repl, target.slot)
+            except SlotMissing as exc:
+                held = "snapshots" if frontier is None else f"changes up to {format_lsn(frontier)}"
+                raise SlotMissing(
+                    f"{exc}, but bronze holds {held} read through it: changes since are lost; "
+                    "start this source over (a new source name or bronze table)"
+                ) from None
         ensure_slot(repl, target.slot)
     finally:
         repl.close()
+    known = {oid: PublishedTable(oid, *name) for oid, name in captured.items()}
+    known.update(expected)
     conn = connect(target.conninfo)
     try:
         published = publication_tables(conn, target.publication)
+        gone = _dropped_tables(conn, sorted(known))
+        noticed_at = current_wal_lsn(conn) if gone else 0
     finally:
         conn.close()
-    if tables:
-        wanted = set(tables)
-        published = [t for t in published if f"{t.schema}.{t.name}" in wanted]
-    done = snapshotted_tables(spark, target.bronze, target.source)
-    pending = [t.oid for t in published if t.oid not in done]
-    snapshot_lsn, counts = None, {}
-    if pending:
-        snapshot_lsn, counts = land_snapshot(spark, target, pending, workers=workers, run_id=run_id)
-    messages, frontier, batches = land_stream(spark, target, run_id=run_id)
-    return CaptureResult(counts, snapshot_lsn, messages, frontier, batches)
+    for oid in gone:
+        table = known[oid]
+        error = TableDropped(f"table {_table_name(table)} (oid {oid}) was dropped")
+        if record_error(spark, target, error, lsn=noticed_at, run_id=run_id, table=table):
+            totals.table_errors[_table_name(table)] = str(error)
+        expected.pop(oid, None)
+    wanted = set(tables or ())
+
+    def is_wanted(table: PublishedTable) -> bool:
+        return not wanted or f"{table.schema}.{table.name}" in wanted
+
+    published = [t for t in published if is_wanted(t)]
+    pending = [t for t in published if t.oid not in captured]
+    if pending and not stop.is_set():
+        expected.update((t.oid, t) for t in pending)
+        landed = land_snapshot(
+            spark, target, pending, workers=workers, run_id=run_id, progress=progress
+        )
+        totals.snapshotted.update(landed.counts)
+        totals.snapshot_lsn = landed.snapshot_lsn
+        totals.table_errors.update(landed.dropped)
+        for table in pending:
+            expected.pop(table.oid, None)
+    if stop.is_set():
+        return False
+    watched = {t.oid for t in published}
+
+    def new_tables(current: list[PublishedTable]) -> bool:
+        return any(t.oid not in watched and is_wanted(t) for t in current)
+
+    remaining = None if end_at is None else max(0.0, end_at - time.monotonic())
+    stream = land_stream(
+        spark,
+        target,
+        run_id=run_id,
+        continuous=continuous,
+        stop=stop,
+        max_seconds=remaining,
+        limits=limits,
+        new_tables=new_tables,
+        result=totals.stream,
+    )
+    again = stream.new_tables
+    stream.new_tables = False
+    return again

@@ -13,9 +13,13 @@ Columns (documented in the README):
     ordinal      wal: the message's position in its transaction (Begin = 0);
                  copy: the row's position in its ctid range
     part         copy: the ctid range the row came from
-    payload      copy: one COPY TEXT row; wal: one pgoutput message; schema: JSON; error: JSON
+    payload      copy: one COPY TEXT row; wal: one pgoutput message; schema: JSON;
+                 error: JSON ``{"code", "message", "lsn"}``;
+                 progress: JSON ``{"system_id", "timeline"}`` of the server the LSNs belong to
     batch_id     the capture batch that committed the row (Delta txnVersion, per source)
-    run_id       the capture run that produced it
+    run_id       the capture attempt that produced it: one snapshot and one streaming session
+                 (a retry after a transient error is a new run_id, so "one read" of a
+                 transaction is the messages of one run_id)
     captured_at  when it was captured (UTC)
 
 Invariants: every batch is one Delta commit made with ``txnAppId = pgmedallion-<source>`` and
@@ -23,6 +27,12 @@ Invariants: every batch is one Delta commit made with ``txnAppId = pgmedallion-<
 batch ids only grow. A snapshot's copy rows, its rewind and schema records are one commit, so
 a table's snapshot is either wholly in bronze or not at all. The slot is acknowledged only up to
 the frontier of a committed progress record.
+
+Error records. A definite error (publication dropped, slot missing, invalidated or compacted,
+timeline changed: ``table_oid`` NULL; a table dropped: that table's identity) is one ``error``
+record in a batch of its own, at the LSN where capture stopped (the frontier) or, for a dropped
+table, where the drop was noticed. The same error is not recorded twice
+(:func:`recorded_errors`).
 """
 
 from __future__ import annotations
@@ -85,6 +95,43 @@ def bronze_frontier(spark: SparkSession, table: str, source: str) -> int | None:
         .first()
     )
     return None if row is None else row["f"]
+
+
+def last_system_identity(spark: SparkSession, table: str, source: str) -> dict | None:
+    """``{"system_id", "timeline"}`` from the newest progress record that carries one."""
+    row = (
+        bronze_rows(spark, table, source)
+        .where((F.col("kind") == "progress") & F.col("payload").isNotNull())
+        .orderBy(F.col("batch_id").desc())
+        .select("payload")
+        .first()
+    )
+    return None if row is None else json.loads(bytes(row["payload"]))
+
+
+def recorded_errors(
+    spark: SparkSession, table: str, source: str
+) -> set[tuple[str, int | None, int]]:
+    """``(code, table_oid, lsn)`` of every error record of ``source``."""
+    rows = (
+        bronze_rows(spark, table, source)
+        .where(F.col("kind") == "error")
+        .select("table_oid", "lsn", "payload")
+        .collect()
+    )
+    return {(json.loads(bytes(r["payload"]))["code"], r["table_oid"], r["lsn"]) for r in rows}
+
+
+def snapshotted_table_names(spark: SparkSession, table: str, source: str) -> dict[int, tuple]:
+    """OID -> (schema, name) of every table with a complete snapshot in bronze."""
+    rows = (
+        bronze_rows(spark, table, source)
+        .where(F.col("kind") == "rewind")
+        .select("table_oid", "table_schema", "table_name")
+        .distinct()
+        .collect()
+    )
+    return {r["table_oid"]: (r["table_schema"], r["table_name"]) for r in rows}
 
 
 def next_batch_id(spark: SparkSession, table: str, source: str) -> int:
@@ -166,6 +213,11 @@ class RecordBuffer:
         cols["run_id"] = [self.run_id] * n
         cols["captured_at"] = [datetime.now(UTC)] * n
         return pa.table(cols, schema=ARROW_SCHEMA)
+
+
+def error_payload(code: str, message: str, lsn: str) -> bytes:
+    """The JSON payload of an ``error`` record: the error's type, its one-line message, LSN."""
+    return json_payload({"code": code, "message": message, "lsn": lsn})
 
 
 def json_payload(obj) -> bytes:

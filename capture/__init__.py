@@ -1,7 +1,8 @@
 """The PostgreSQL side of pgmedallion: raw bytes and LSNs out, nothing decoded, no Spark.
 
 A run provisions the main slot, snapshots the tables that need it at one consistent LSN, and
-then reads the slot's pgoutput stream up to the WAL position seen at the start of the run.
+then reads the slot's pgoutput stream up to the WAL position seen at the start of the run (or,
+continuously, until stopped).
 Everything is yielded as it arrives, raw, for a sink (bronze) to store; the slot is only
 acknowledged by the caller, after the sink has committed.
 
@@ -19,6 +20,8 @@ acknowledged by the caller, after the sink has committed.
     replication.py  start_replication ─> read_until(pg_current_wal_lsn())
          │            ──> WalMessage(commit_lsn, ordinal, payload), Keepalive(wal_end)
          │          ack(lsn) <── caller, once bronze committed up to lsn
+         │
+    progress.py     pg_stat_progress_copy polled from a thread: rows copied / estimated
          │
     errors.py       TransientError (retry) | DefiniteError (record for the table)
 """

@@ -33,6 +33,14 @@ Acknowledging
     may recycle WAL before it. Status replies the server asks for, and the polls that solicit a
     keepalive when the stream is quiet, repeat the last acknowledged position and nothing more.
 
+Status timer
+    The walsender drops a client it has not heard from for ``wal_sender_timeout``. While the
+    caller iterates, the reader sends a status update (with the reply flag set, so the server
+    answers with a keepalive that can move the frontier) every :func:`status_interval` seconds:
+    once a second, and always under half of the server's timeout, whether the stream is busy
+    or idle. Between two iterations (a bronze commit) nothing is sent, so a commit must take
+    less than half of ``wal_sender_timeout`` (a minute by default).
+
 Dropped publications
     Before PostgreSQL 18 the walsender fails with "publication does not exist" at the first
     change decoded after the drop (:class:`~capture.errors.PublicationDropped`). PostgreSQL 18
@@ -43,6 +51,9 @@ Stopping
     :meth:`ReplicationStream.read_until` returns once the stream has caught up with a target,
     normally ``pg_current_wal_lsn()`` read at the start of a run: after a Commit whose
     ``end_lsn >= target``, or a keepalive outside a transaction whose ``wal_end >= target``.
+    With a ``deadline`` (a ``time.monotonic()`` value) it also returns when that passes, which
+    is how a continuous run wakes up to commit and to check for a stop request without
+    spinning: between messages it waits in ``select()``.
 
 ::
 
@@ -81,6 +92,9 @@ _STANDBY_STATUS = struct.Struct(">cQQQq?")
 
 _BEGIN_BYTE = MSG_BEGIN[0]
 _COMMIT_BYTE = MSG_COMMIT[0]
+
+STATUS_INTERVAL_S = 1.0
+"""The status timer's period when ``wal_sender_timeout`` allows it (at least 4 s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,13 +165,42 @@ def send_standby_status(conn: psycopg.Connection, flush_lsn: int, reply: bool = 
         raise TransientError(f"replication connection lost: {_one_line(exc)}") from exc
 
 
+def status_interval(wal_sender_timeout_s: float) -> float:
+    """Seconds between status updates: once a second, and under half of the server's timeout.
+
+    A timeout of 0 disables the walsender's timeout; the timer still runs once a second, since
+    its replies are what keep the frontier moving when nothing is published.
+    """
+    if wal_sender_timeout_s <= 0:
+        return STATUS_INTERVAL_S
+    return min(STATUS_INTERVAL_S, wal_sender_timeout_s / 4)
+
+
+def wal_sender_timeout(conn: psycopg.Connection) -> float:
+    """This session's ``wal_sender_timeout`` in seconds (0 when disabled)."""
+    try:
+        row = conn.execute(
+            "SELECT setting::int8 FROM pg_settings WHERE name = 'wal_sender_timeout'"
+        ).fetchone()
+    except psycopg.Error as exc:
+        raise TransientError(f"cannot read wal_sender_timeout: {_one_line(exc)}") from exc
+    return 0.0 if row is None else row[0] / 1000
+
+
 def start_replication(
     repl_conn: psycopg.Connection,
     slot: str,
     publication: str | Sequence[str],
     start_lsn: int,
+    status_interval_s: float | None = None,
 ) -> ReplicationStream:
-    """Start streaming ``slot`` from ``start_lsn`` for one or more publications."""
+    """Start streaming ``slot`` from ``start_lsn`` for one or more publications.
+
+    ``status_interval_s`` defaults to :func:`status_interval` of the session's
+    ``wal_sender_timeout``.
+    """
+    if status_interval_s is None:
+        status_interval_s = status_interval(wal_sender_timeout(repl_conn))
     publications = [publication] if isinstance(publication, str) else list(publication)
     # pgoutput splits publication_names like an identifier list, so each name is quoted.
     names = ",".join(sql.Identifier(name).as_string(repl_conn) for name in publications)
@@ -185,17 +228,21 @@ def start_replication(
         error = _result_error(result)
         _drain_results(pgconn)
         raise error
-    return ReplicationStream(repl_conn, start_lsn)
+    return ReplicationStream(repl_conn, start_lsn, status_interval_s)
 
 
 class ReplicationStream:
     """A started stream; iterate with :meth:`read_until`, acknowledge with :meth:`ack`."""
 
-    def __init__(self, conn: psycopg.Connection, start_lsn: int) -> None:
+    def __init__(
+        self, conn: psycopg.Connection, start_lsn: int, status_interval_s: float = STATUS_INTERVAL_S
+    ) -> None:
         self.conn = conn
         self.position = start_lsn
         """Everything committed below this LSN has been yielded."""
         self.acked = 0
+        self.status_interval_s = status_interval_s
+        self._next_status = time.monotonic() + status_interval_s
         self._begin: Begin | None = None
         self._ordinal = 0
         self._closed = False
@@ -205,34 +252,49 @@ class ReplicationStream:
         return self._begin is not None
 
     def read_until(
-        self, target_lsn: int, poll_interval_s: float = 1.0
+        self,
+        target_lsn: int | None,
+        poll_interval_s: float = 1.0,
+        *,
+        deadline: float | None = None,
     ) -> Iterator[WalMessage | Keepalive]:
         """Yield messages and keepalives until the stream has caught up with ``target_lsn``.
 
-        When nothing arrives for ``poll_interval_s`` the reader asks the server for a keepalive,
-        so an idle stream still reaches the target promptly.
+        ``target_lsn=None`` reads on with no target. ``deadline`` (``time.monotonic()``) ends
+        the iteration when it passes, even mid-transaction; the next call carries on where this
+        one stopped. When nothing arrives for ``poll_interval_s`` the reader asks the server for
+        a keepalive, so an idle stream still reaches the target promptly.
         """
-        if self._begin is None and self.position >= target_lsn:
+        if target_lsn is not None and self._begin is None and self.position >= target_lsn:
             return
         while True:
-            buf = self._receive(poll_interval_s)
+            now = time.monotonic()
+            if now >= self._next_status:
+                self._send_status(self.acked, reply=True, now=now)
+            if deadline is not None and now >= deadline:
+                return
+            wait = min(poll_interval_s, self._next_status - now)
+            if deadline is not None:
+                wait = min(wait, deadline - now)
+            buf = self._receive(max(wait, 0.0))
             if buf is None:
-                send_standby_status(self.conn, self.acked, reply=True)
+                if time.monotonic() - now >= poll_interval_s:
+                    self._send_status(self.acked, reply=True)
                 continue
             event = parse_copy_data(buf)
             if isinstance(event, Keepalive):
                 if event.reply_requested:
-                    send_standby_status(self.conn, self.acked)
+                    self._send_status(self.acked)
                 if self._begin is not None:
                     continue
                 self.position = max(self.position, event.wal_end)
                 yield event
-                if event.wal_end >= target_lsn:
+                if target_lsn is not None and event.wal_end >= target_lsn:
                     return
                 continue
             message, commit = self._stamp(event)
             yield message
-            if commit is not None and commit.end_lsn >= target_lsn:
+            if commit is not None and target_lsn is not None and commit.end_lsn >= target_lsn:
                 return
 
     def ack(self, lsn: int) -> None:
@@ -244,7 +306,11 @@ class ReplicationStream:
         if lsn <= self.acked:
             return
         self.acked = lsn
-        send_standby_status(self.conn, lsn)
+        self._send_status(lsn)
+
+    def _send_status(self, lsn: int, reply: bool = False, now: float | None = None) -> None:
+        send_standby_status(self.conn, lsn, reply)
+        self._next_status = (now or time.monotonic()) + self.status_interval_s
 
     def close(self) -> None:
         """End the stream (CopyDone) so the session accepts queries again."""

@@ -52,7 +52,7 @@ import psycopg
 from psycopg import sql
 
 from capture.connection import connect, connect_replication
-from capture.errors import PublicationDropped, TableDropped, server_errors
+from capture.errors import PublicationDropped, TableDropped, TransientError, server_errors
 from pgmedallion.pgoutput import parse_lsn
 
 TID_RANGE_SCAN_MIN_VERSION = 140000
@@ -278,6 +278,14 @@ def copy_range(
     conn = connect(conninfo)
     try:
         use_snapshot(conn, snapshot_name)
+        with server_errors():
+            # The leader holds ACCESS SHARE on the table (lock_for_snapshot); waiting here
+            # behind a DROP queued on it would wait forever, so fail (transiently) instead.
+            conn.execute(
+                sql.SQL("LOCK TABLE ONLY {} IN ACCESS SHARE MODE NOWAIT").format(
+                    sql.Identifier(*table)
+                )
+            )
         with server_errors(), conn.cursor() as cursor, cursor.copy(query) as copy:
             for row in copy:
                 yield bytes(row[:-1])
@@ -301,3 +309,41 @@ def copy_query(table: tuple[str, str], columns: Sequence[str], ctid_range: CtidR
         table=sql.Identifier(*table),
         where=where,
     )
+
+
+def lock_for_snapshot(conn: psycopg.Connection, oid: int, table: tuple[str, str]) -> None:
+    """Hold ``ACCESS SHARE`` on ``table`` in ``conn``'s open transaction, as ``pg_dump`` does.
+
+    Taken by the snapshot's leader right after it enters the snapshot, the lock makes a
+    ``DROP TABLE`` (or any ``ACCESS EXCLUSIVE`` DDL) wait until every range is copied, so a
+    table that exists at the snapshot is copied whole. A table already dropped raises
+    :class:`TableDropped`; one that still exists under another name (renamed since the
+    snapshot, so its COPY by name would fail) raises a transient error: the next run reads
+    the publication again. Each attempt runs in a savepoint so a failure leaves the
+    transaction usable for the other tables.
+    """
+    with server_errors():
+        conn.execute("SAVEPOINT pgm_lock")
+        try:
+            conn.execute(
+                sql.SQL("LOCK TABLE ONLY {} IN ACCESS SHARE MODE").format(sql.Identifier(*table))
+            )
+            (found,) = conn.execute(
+                sql.SQL("SELECT to_regclass({})::oid::int8").format(
+                    sql.Literal(sql.Identifier(*table).as_string(conn))
+                )
+            ).fetchone()
+        except psycopg.errors.UndefinedTable:
+            conn.execute("ROLLBACK TO SAVEPOINT pgm_lock")
+            found = None
+        conn.execute("RELEASE SAVEPOINT pgm_lock")
+        if found == oid:
+            return
+        # pg_relation_size reads the current catalog, not the snapshot: NULL once dropped.
+        (size,) = conn.execute(
+            sql.SQL("SELECT pg_relation_size({}::oid)").format(sql.Literal(int(oid)))
+        ).fetchone()
+    name = ".".join(table)
+    if size is None:
+        raise TableDropped(f"table {name} (oid {oid}) was dropped before its snapshot")
+    raise TransientError(f"table {name} (oid {oid}) was renamed or replaced during the snapshot")

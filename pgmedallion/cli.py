@@ -66,11 +66,24 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_capture(config: Config, args: argparse.Namespace) -> int:
-    from bronze.land import CaptureTarget, capture_once
+    from bronze.land import CaptureTarget, RetryPolicy, capture_once
     from capture.errors import CaptureError
+    from capture.progress import RichSnapshotProgress
+    from capture.provision import all_ok, format_report, run_checks
     from pgmedallion.pgoutput import format_lsn
     from pgmedallion.spark import get_spark
 
+    checks = run_checks(
+        config.source.conninfo(),
+        publication=config.source.publication,
+        slot=config.source.slot,
+        tables=list(config.source.tables),
+        create_publication=config.source.create_publication,
+    )
+    if not all_ok(checks):
+        print(format_report(checks), file=sys.stderr)
+        print("capture: preflight failed (see above); nothing was captured", file=sys.stderr)
+        return 1
     spark = get_spark(config.state_dir)
     spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{config.lakehouse.bronze_schema}`")
     target = CaptureTarget(
@@ -80,20 +93,31 @@ def cmd_capture(config: Config, args: argparse.Namespace) -> int:
         slot=config.source.slot,
         bronze=config.qualified("bronze", "bronze"),
     )
+    bars = RichSnapshotProgress()
     try:
         result = capture_once(
-            spark, target, workers=args.workers, tables=list(config.source.tables) or None
+            spark,
+            target,
+            workers=args.workers,
+            tables=list(config.source.tables) or None,
+            continuous=args.continuous,
+            progress=bars,
+            retry=RetryPolicy(attempts=args.retries),
         )
     except CaptureError as e:
-        print(f"capture failed: {e}", file=sys.stderr)
+        print(f"capture failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
+    finally:
+        bars.close()
     for table, rows in sorted(result.snapshotted.items()):
         print(f"snapshot {table}: {rows} rows at {format_lsn(result.snapshot_lsn)}")
     print(
         f"{result.messages} messages in {result.batches} batch(es); "
         f"frontier {format_lsn(result.frontier)}"
     )
-    return 0
+    for table, message in sorted(result.table_errors.items()):
+        print(f"capture error: {table}: {message}", file=sys.stderr)
+    return 1 if result.table_errors else 0
 
 
 def cmd_doctor(config: Config, args: argparse.Namespace) -> int:
@@ -134,9 +158,15 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.set_defaults(func=cmd_doctor)
 
     capture = sub.add_parser(
-        "capture", help="snapshot new tables and stream the slot into bronze, then stop"
+        "capture", help="snapshot new tables and stream the slot into bronze until caught up"
     )
     capture.add_argument("--workers", type=int, default=2, help="parallel COPY ranges per table")
+    capture.add_argument(
+        "--continuous", action="store_true", help="keep streaming until SIGINT/SIGTERM"
+    )
+    capture.add_argument(
+        "--retries", type=int, default=5, help="attempts on transient errors (default 5)"
+    )
     capture.set_defaults(func=cmd_capture)
 
     run = sub.add_parser(

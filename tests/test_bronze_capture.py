@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import psycopg
 import pytest
 from pyspark.sql import functions as F
 
 from bronze.land import CaptureTarget, capture_once
-from capture.slot import slot_state
+from capture.connection import connect_replication
+from capture.slot import ensure_slot, slot_state
 from pgmedallion.pgoutput import Delete, Insert, Update, decode
 from silver.copy_text import decode_copy_row
+from tests.capture_child import complete_transactions, replay
 
 HOSTILE_SCHEMA = 'Sales "EU"'
 HOSTILE_TABLE = "Order Items; DROP TABLE x"
@@ -103,3 +108,59 @@ def test_snapshot_then_stream_lands_everything_once(spark, shop, any_pg):
         r["batch_id"] for r in spark.table(target.bronze).select("batch_id").distinct().collect()
     ]
     assert sorted(batch_ids) == list(range(len(batch_ids)))
+
+
+def test_writes_during_the_snapshot_are_counted_exactly_once(spark, any_db, any_pg):
+    """Snapshot rows plus the changes above the snapshot LSN rebuild the source exactly."""
+    with psycopg.connect(**any_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20000) g")
+        conn.execute("CREATE PUBLICATION pub FOR TABLE t")
+    target = CaptureTarget(
+        any_db,
+        source="concurrent",
+        publication="pub",
+        slot=f"conc_{any_pg.major}",
+        bronze=_bronze(spark, f"concurrent{any_pg.major}"),
+    )
+    repl = connect_replication(any_db)
+    ensure_slot(repl, target.slot)  # the stream starts here, before the writes and snapshot
+    repl.close()
+    stop, written = threading.Event(), []
+
+    def writer():
+        next_id = 100_000
+        with psycopg.connect(**any_db, autocommit=True) as conn:
+            while not stop.is_set():
+                with conn.transaction():
+                    conn.execute(
+                        "INSERT INTO t SELECT g, 'new' FROM generate_series(%s, %s) g",
+                        (next_id, next_id + 9),
+                    )
+                    conn.execute(
+                        "UPDATE t SET v = v || '+' WHERE id IN"
+                        " (SELECT id FROM t ORDER BY random() LIMIT 5)"
+                    )
+                    conn.execute(
+                        "DELETE FROM t WHERE id IN (SELECT id FROM t ORDER BY random() LIMIT 2)"
+                    )
+                next_id += 10
+                written.append(next_id)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        while len(written) < 20:
+            time.sleep(0.05)
+        first = capture_once(spark, target, workers=3)  # the writer keeps going throughout
+    finally:
+        stop.set()
+        thread.join()
+    capture_once(spark, target)
+    rows = [r.asDict() for r in spark.table(target.bronze).collect()]
+    commits = complete_transactions(rows)
+    assert any(lsn <= first.snapshot_lsn for lsn in commits)  # rewound: in the snapshot
+    assert any(lsn > first.snapshot_lsn for lsn in commits)  # applied on top of it
+    with psycopg.connect(**any_db) as conn:
+        source = {r[0]: tuple(r) for r in conn.execute("SELECT id::text, v FROM t").fetchall()}
+    assert replay(rows, "public", "t") == source
