@@ -501,10 +501,16 @@ def test_every_type_casts_from_postgres_text(spark, db):
     expected_rows = [(i + 1, *(column[i] for column in values)) for i in range(4)]
     expected_rows.append((5, *([None] * len(TYPES))))
     expected = spark.createDataFrame(expected_rows, schema)
+    # the 20 kB text is compared on its own: a failure report with it would be unreadable
     assert_df_equality(
-        got.drop(CAST_ERRORS_COLUMN), expected, ignore_nullable=True, allow_nan_equality=True
+        got.drop(CAST_ERRORS_COLUMN),
+        expected,
+        ignore_nullable=True,
+        allow_nan_equality=True,
+        ignore_columns=["t"],
     )
     collected = got.collect()
+    assert [row["t"] for row in collected] == [BIG_TEXT, "", "NULL", "\\N", None]
     assert [row[CAST_ERRORS_COLUMN] for row in collected] == [[]] * 5
     # -0.0 == 0.0 in Python, so the sign of negative zero gets its own check
     assert math.copysign(1, collected[1]["f4"]) == -1
