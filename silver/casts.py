@@ -121,6 +121,7 @@ from pyspark.sql.types import (
     TimestampNTZType,
     TimestampType,
 )
+from pyspark.sql.utils import is_remote
 
 # --- PostgreSQL type oids (pg_type, stable since they are built in) -----------------------------
 
@@ -699,7 +700,8 @@ def cast_values(df: DataFrame, values_col: str, columns: Sequence[tuple[str, PgT
         ),
     )
     staged = texts.select(
-        *everything, *(_group_cast(t, group_names[t]).alias(group_names[t]) for t in positions)
+        *everything,
+        *(_group_cast(t, group_names[t], is_remote()).alias(group_names[t]) for t in positions),
     )
 
     pair_at: dict[int, Column] = {}
@@ -728,10 +730,12 @@ def cast_values(df: DataFrame, values_col: str, columns: Sequence[tuple[str, PgT
 
 
 @functools.lru_cache(maxsize=1024)
-def _group_cast(t: PgType, texts: str) -> Column:
+def _group_cast(t: PgType, texts: str, remote: bool) -> Column:
     """``transform(texts, <cast to t>)``; cached, because building a cast costs hundreds of
     calls into the JVM and a silver run casts the same types table after table, run after run.
+    ``remote`` keeps Spark Connect columns apart from classic ones.
     """
+    del remote
     return F.transform(column(texts), _caster(t))
 
 
