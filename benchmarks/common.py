@@ -103,7 +103,7 @@ class Result:
 
 def format_rates(rates: Mapping[str, float]) -> str:
     return " ".join(
-        f"{value:.0f} {unit}" if value >= 10_000 else f"{value:.1f} {unit}"
+        f"{value:.0f} {unit}" if value >= 1000 else f"{value:.1f} {unit}"
         for unit, value in rates.items()
     )
 
@@ -131,6 +131,12 @@ class BenchEnv:
     @property
     def conninfo(self) -> dict[str, str]:
         return self.server.conninfo(dbname=self.dbname)
+
+    def start_spark(self) -> float:
+        """Start the Spark session now (if not yet); seconds it took, so timings exclude it."""
+        with Stopwatch() as watch:
+            self.spark  # noqa: B018 (the property starts the session)
+        return watch.seconds
 
     @property
     def spark(self):
@@ -240,9 +246,10 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
 
 
 def git_commit() -> str | None:
+    """HEAD's short hash, with ``-dirty`` when the work tree (shared by several) has changes."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+            ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=True
         )
     except (OSError, subprocess.CalledProcessError):
         return None

@@ -94,6 +94,9 @@ def run(args: argparse.Namespace) -> Result:
     )
     seconds = psql_copies(env, queries)
     say(f"warm-up: {len(queries)} psql COPY in {seconds:.2f} s (untimed)")
+    started = env.start_spark()
+    if started > 1:
+        say(f"spark session started in {started:.1f} s (untimed)")
     cold = warm_up_ours(env, args.workers)
     say(f"warm-up: land_snapshot of a {WARMUP_MB} MB table in {cold:.2f} s (untimed)")
 

@@ -67,6 +67,9 @@ def run(args: argparse.Namespace) -> Result:
         drop_slots(conn)
         prepare(conn)
     try:
+        started = env.start_spark()
+        if started > 1:
+            say(f"spark session started in {started:.1f} s (untimed)")
         warm = warm_up_ours(env)
         say(f"warm-up: land_stream of a {WARMUP_ROWS}-row backlog in {warm:.2f} s (untimed)")
         with env.connect() as conn:
