@@ -43,7 +43,7 @@ def cmd_postgres(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(config: Config, args: argparse.Namespace) -> int:
+def cmd_sdp(config: Config, args: argparse.Namespace) -> int:
     from pgmedallion.sdp import run_pipeline
 
     definitions = [Path(d) for d in args.definitions]
@@ -61,6 +61,106 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
     )
     if not result.ok:
         print(f"pipeline run failed:\n{result.failure()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _preflight(config: Config) -> bool:
+    from capture.provision import all_ok, format_report, run_checks
+
+    results = run_checks(
+        config.source.conninfo(),
+        publication=config.source.publication,
+        slot=config.source.slot,
+        tables=list(config.source.tables),
+        create_publication=config.source.create_publication,
+    )
+    if not all_ok(results):
+        print(format_report(results), file=sys.stderr)
+        return False
+    return True
+
+
+def cmd_run(config: Config, args: argparse.Namespace) -> int:
+    from capture.errors import CaptureError
+    from pgmedallion.pgoutput import format_lsn
+    from pgmedallion.pipeline import STAGES, run_stages
+    from pgmedallion.spark import get_spark
+
+    stages = STAGES if args.stage == "all" else (args.stage,)
+    if "capture" in stages and not args.skip_doctor and not _preflight(config):
+        print("run: preflight failed (see above); nothing was captured", file=sys.stderr)
+        return 1
+    spark = get_spark(config.state_dir)
+    extra = {"continuous": True} if args.continuous else {}
+    try:
+        result = run_stages(spark, config, stages, **extra)
+    except CaptureError as e:
+        print(f"capture failed: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:
+        if type(e).__name__ == "GoldQualityError":
+            print(f"gold quality failed: {e}", file=sys.stderr)
+            return 1
+        raise
+    if result.capture is not None:
+        c = result.capture
+        for table, rows in sorted(c.snapshotted.items()):
+            print(f"capture: snapshot {table}: {rows} rows at {format_lsn(c.snapshot_lsn)}")
+        print(f"capture: {c.messages} messages, frontier {format_lsn(c.frontier)}")
+    if result.silver is not None:
+        s = result.silver
+        if s.run is None:
+            print("silver: nothing new")
+        else:
+            print(
+                f"silver: run {s.run}, frontier {format_lsn(s.frontier)}, "
+                f"{sum(s.rows.values())} diff rows, {s.errors} errors"
+            )
+    if result.gold is not None:
+        for t in result.gold.tables:
+            name = f"{t.table.table_schema}.{t.table.table_name}"
+            print(f"gold: {name}: {t.rows} rows at {format_lsn(t.frontier)} ({t.mode})")
+    return 0
+
+
+def cmd_verify(config: Config, args: argparse.Namespace) -> int:
+    from pgmedallion.spark import get_spark
+    from pgmedallion.verify import verify
+
+    spark = get_spark(config.state_dir)
+    result = verify(spark, config, catch_up=not args.no_catch_up)
+    print(result.report())
+    if args.great_expectations:
+        from gold.ge_suite import validate_gold
+
+        ok, report = validate_gold(spark, config)
+        print(report)
+        if not ok:
+            return 1
+    return 0 if result.ok else 1
+
+
+def cmd_status(config: Config, args: argparse.Namespace) -> int:
+    from pgmedallion.spark import get_spark
+    from pgmedallion.status import status_report
+
+    spark = get_spark(config.state_dir)
+    text, ok = status_report(spark, config)
+    print(text)
+    return 0 if ok else 1
+
+
+def cmd_sql(config: Config, args: argparse.Namespace) -> int:
+    from pgmedallion.spark import get_spark
+    from pgmedallion.status import print_query
+
+    spark = get_spark(config.state_dir)
+    try:
+        print_query(spark, config, args.query, limit=args.limit)
+    except Exception as e:  # an analysis or parse error is the user's query, not a crash
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"sql error: {first}", file=sys.stderr)
         return 1
     return 0
 
@@ -147,13 +247,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-c", "--config", help="TOML config file (default: ./pgmedallion.toml)")
     parser.add_argument("-v", "--verbose", action="store_true")
+    # The same options after the command name too: ``pgmedallion run --config x.toml``.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-c", "--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="embedded PostgreSQL + local Spark: the whole pipeline")
+    demo = sub.add_parser(
+        "demo", help="embedded PostgreSQL + local Spark: the whole pipeline", parents=[common]
+    )
     demo.set_defaults(func=cmd_demo)
 
     doctor = sub.add_parser(
-        "doctor", help="preflight: wal_level, privileges, publication, replica identity, slot"
+        "doctor",
+        help="preflight: wal_level, privileges, publication, replica identity, slot",
+        parents=[common],
     )
     doctor.set_defaults(func=cmd_doctor)
 
@@ -170,19 +278,52 @@ def build_parser() -> argparse.ArgumentParser:
     capture.set_defaults(func=cmd_capture)
 
     run = sub.add_parser(
-        "run", help="run a declarative pipeline locally (Spark Declarative Pipelines)"
+        "run", help="one pipeline run: capture -> bronze -> silver -> gold", parents=[common]
     )
-    run.add_argument(
+    run.add_argument("--stage", choices=["all", "capture", "silver", "gold"], default="all")
+    run.add_argument("--continuous", action="store_true", help="keep capturing until interrupted")
+    run.add_argument("--skip-doctor", action="store_true", help="skip the preflight checks")
+    run.set_defaults(func=cmd_run)
+
+    verify = sub.add_parser(
+        "verify", help="reconcile silver and gold with the source at a snapshot", parents=[common]
+    )
+    verify.add_argument(
+        "--no-catch-up", action="store_true", help="don't run the pipeline up to the snapshot"
+    )
+    verify.add_argument(
+        "--great-expectations", action="store_true", help="also run the gold expectation suites"
+    )
+    verify.set_defaults(func=cmd_verify)
+
+    status = sub.add_parser(
+        "status", help="slot lag, frontiers, rows and errors per table", parents=[common]
+    )
+    status.set_defaults(func=cmd_status)
+
+    sql = sub.add_parser(
+        "sql", help="run a SQL query on the local bronze/silver/gold tables", parents=[common]
+    )
+    sql.add_argument("query")
+    sql.add_argument("--limit", type=int, default=100, help="rows to print (default 100)")
+    sql.set_defaults(func=cmd_sql)
+
+    sdp = sub.add_parser(
+        "sdp", help="run Spark Declarative Pipelines definitions locally", parents=[common]
+    )
+    sdp.add_argument(
         "--definitions",
         action="append",
         required=True,
         help="folder of dataset definition files (repeatable)",
     )
-    run.add_argument("--schema", help="target schema (default: the gold schema)")
-    run.add_argument("--full-refresh", action="store_true")
-    run.set_defaults(func=cmd_run)
+    sdp.add_argument("--schema", help="target schema (default: the gold schema)")
+    sdp.add_argument("--full-refresh", action="store_true")
+    sdp.set_defaults(func=cmd_sdp)
 
-    postgres = sub.add_parser("postgres", help="the project-owned local PostgreSQL server")
+    postgres = sub.add_parser(
+        "postgres", help="the project-owned local PostgreSQL server", parents=[common]
+    )
     postgres.add_argument("action", choices=["start", "stop", "status", "env"])
     postgres.set_defaults(func=cmd_postgres)
     return parser
@@ -207,6 +348,17 @@ def main(argv: list[str] | None = None) -> int:
     except JavaMissing as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except ConfigError as e:  # e.g. a secret scope off Databricks, found when connecting
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+
+
+def entry() -> None:
+    """Console-script and Databricks wheel-task entry point: the exit code always reaches the
+    caller (a wheel task ignores a returned value; SystemExit fails the task)."""
+    code = main()
+    if code:
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":

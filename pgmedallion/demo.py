@@ -7,6 +7,7 @@ an enum, bytea, uuid, a text column large enough to be TOASTed, and a quoted mix
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import psycopg
 
@@ -49,6 +50,11 @@ CREATE TABLE "OrderItems" (
     "unitPrice" numeric(12,2) NOT NULL,
     PRIMARY KEY ("orderId", "lineNo")
 );
+-- Updates and deletes must carry the whole old row (see the README's error model).
+ALTER TABLE customers REPLICA IDENTITY FULL;
+ALTER TABLE products REPLICA IDENTITY FULL;
+ALTER TABLE orders REPLICA IDENTITY FULL;
+ALTER TABLE "OrderItems" REPLICA IDENTITY FULL;
 """
 
 
@@ -171,48 +177,63 @@ def apply_burst(conninfo: dict[str, str], *, seed: int = 11, transactions: int =
     return changes
 
 
+def demo_config(config: Config, pg) -> Config:
+    """The user's config pointed at the embedded server's ``shop`` database."""
+    info = pg.conninfo(dbname=DEMO_DB)
+    source = replace(
+        config.source,
+        name="demo",
+        dsn="",
+        host=info["host"],
+        port=int(info["port"]),
+        dbname=DEMO_DB,
+        user=info["user"],
+        password=info["password"],
+        publication=PUBLICATION,
+        slot="pgmedallion_demo",
+        tables=(),
+    )
+    return replace(config, source=source)
+
+
 def run_demo(config: Config) -> int:
-    from bronze.land import CaptureTarget, capture_once
+    """Embedded PostgreSQL -> shop database -> run -> burst -> run -> verify. 0 iff exact."""
     from pgmedallion.localpg import LocalPostgres
-    from pgmedallion.pgoutput import format_lsn
+    from pgmedallion.pipeline import run_stages
     from pgmedallion.spark import get_spark
+    from pgmedallion.status import format_rows, status_report
+    from pgmedallion.verify import verify
 
     pg = LocalPostgres(config.state_dir / "postgres").start()
     print(f"embedded PostgreSQL {pg.major} on 127.0.0.1:{pg.port}")
     create_demo_database(pg.conninfo())
-    source_counts = {}
+    cfg = demo_config(config, pg)
     with psycopg.connect(**pg.conninfo(dbname=DEMO_DB)) as conn:
         for table in TABLES:
             (n,) = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
-            source_counts[table.replace('"', "")] = n
             print(f"  {table:<24} {n:>7} rows")
 
     spark = get_spark(config.state_dir)
-    bronze = config.qualified("bronze", "bronze")
-    spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{config.lakehouse.bronze_schema}`")
-    spark.sql(f"DROP TABLE IF EXISTS {bronze}")
-    target = CaptureTarget(
-        pg.conninfo(dbname=DEMO_DB),
-        source="demo",
-        publication=PUBLICATION,
-        slot="pgmedallion_demo",
-        bronze=bronze,
-    )
-    first = capture_once(spark, target, workers=2)
-    print(
-        f"snapshot at {format_lsn(first.snapshot_lsn)}: "
-        + ", ".join(f"{t}={n}" for t, n in sorted(first.snapshotted.items()))
-    )
+    for layer in ("bronze", "silver", "gold"):  # the demo starts from scratch
+        schema = getattr(cfg.lakehouse, f"{layer}_schema")
+        spark.sql(f"DROP SCHEMA IF EXISTS `{schema}` CASCADE")
+    print("run 1: snapshot, capture, silver, gold")
+    run_stages(spark, cfg)
     changes = apply_burst(pg.conninfo())
     print(f"applied {changes} random changes in 200 transactions")
-    second = capture_once(spark, target)
-    print(
-        f"streamed {second.messages} pgoutput messages in {second.batches} batch(es); "
-        f"frontier {format_lsn(second.frontier)}"
-    )
-    print("bronze:")
-    for row in spark.table(bronze).groupBy("kind").count().orderBy("kind").collect():
-        print(f"  {row['kind']:<10} {row['count']:>7}")
-    ok = first.snapshotted == source_counts and second.messages > changes
-    print("every source row landed in bronze" if ok else "bronze does not match the source")
-    return 0 if ok else 1
+    print("run 2: stream the changes through")
+    run_stages(spark, cfg)
+    text, _ = status_report(spark, cfg)
+    print(text)
+    quality = spark.sql(
+        f"SELECT `table`, rule, policy, failed, passed FROM {cfg.qualified('gold', '_quality')} "
+        "WHERE run = (SELECT max(run) FROM " + cfg.qualified("gold", "_quality") + ") "
+        "ORDER BY `table`, rule"
+    ).collect()
+    print("quality (last gold run):")
+    print(format_rows(["table", "rule", "policy", "failed", "passed"], [tuple(r) for r in quality]))
+    result = verify(spark, cfg)
+    print(result.report())
+    gold = cfg.qualified("gold", "public_orders")
+    print(f'try: pgmedallion sql "SELECT status, count(*) FROM {gold} GROUP BY status"')
+    return 0 if result.ok else 1

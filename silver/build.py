@@ -559,6 +559,11 @@ def _typed_columns(info: TableInfo) -> list[tuple[str, PgType]]:
     return [(c["name"], _pg_type(c)) for c in info.columns]
 
 
+# Internal names while a table's rows are cast: no PostgreSQL column can be one of these
+# without also colliding with silver's own _lsn/_diff/_run, which the README reserves.
+_LSN, _DIFF = "_pgm_lsn", "_pgm_diff"
+
+
 def _table_run(
     spark: SparkSession,
     cfg: Config,
@@ -573,25 +578,29 @@ def _table_run(
     """Cast, rewind, truncate, consolidate and append one table's diffs of this run."""
     columns = _typed_columns(info)
     names = [name for name, _ in columns]
-    typed = cast_values(diffs.select("values", "lsn", "diff"), "values", columns)
+    typed = cast_values(
+        diffs.select("values", F.col("lsn").alias(_LSN), F.col("diff").alias(_DIFF)),
+        "values",
+        columns,
+    )
     typed = typed.persist(StorageLevel.MEMORY_AND_DISK)
     errors = [
-        (info.oid, r["lsn"], "CastError", r["e"]["column_name"], r["e"]["raw"], r["e"]["message"])
+        (info.oid, r[_LSN], "CastError", r["e"]["column_name"], r["e"]["raw"], r["e"]["message"])
         for r in typed.where(F.size("_cast_errors") > 0)
-        .select("lsn", F.explode("_cast_errors").alias("e"))
+        .select(_LSN, F.explode("_cast_errors").alias("e"))
         .collect()
     ]
     ok = typed.where(F.size("_cast_errors") == 0).drop("_cast_errors")
     data = [F.col(f"`{c.replace('`', '``')}`") for c in names]
-    parts = [ok.select(*data, F.col("lsn").alias("_lsn"), F.col("diff").alias("_diff"))]
+    parts = [ok.select(*data, F.col(_LSN).alias("_lsn"), F.col(_DIFF).alias("_diff"))]
     target = n.table(info.silver_table)
     exists = _table_exists(spark, target)
     s = info.snapshot_lsn
     if s is not None:
-        rewound = ok.where((F.col("lsn") > 0) & (F.col("lsn") <= s))
+        rewound = ok.where((F.col(_LSN) > 0) & (F.col(_LSN) <= s))
         parts.append(
             rewound.select(
-                *data, F.lit(0).cast("bigint").alias("_lsn"), (-F.col("diff")).alias("_diff")
+                *data, F.lit(0).cast("bigint").alias("_lsn"), (-F.col(_DIFF)).alias("_diff")
             )
         )
         if new_snapshot and exists:
@@ -676,7 +685,12 @@ def _write_tables(
         "silver_table string, snapshot_lsn long, primary_key array<string>, "
         "not_null array<string>, columns string",
     ).withColumn("updated_at", F.current_timestamp())
-    others = spark.table(n.tables).where(F.col("source") != source)
-    others.unionByName(df).localCheckpoint().write.format("delta").mode("overwrite").saveAsTable(
-        n.tables
+    # One atomic commit replacing this source's rows (other sources' rows stay as they are).
+    predicate = "source = '" + source.replace("'", "''") + "'"
+    (
+        df.select(*spark.table(n.tables).columns)
+        .write.format("delta")
+        .mode("overwrite")
+        .option("replaceWhere", predicate)
+        .save(spark.sql(f"DESCRIBE DETAIL {n.tables}").first()["location"])
     )

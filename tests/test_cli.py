@@ -7,7 +7,17 @@ import subprocess
 
 def test_help_lists_the_commands():
     out = subprocess.run(["pgmedallion", "--help"], capture_output=True, text=True, check=True)
-    for command in ("demo", "doctor", "capture", "run", "postgres"):
+    for command in (
+        "demo",
+        "doctor",
+        "capture",
+        "run",
+        "verify",
+        "status",
+        "sql",
+        "sdp",
+        "postgres",
+    ):
         assert command in out.stdout
 
 

@@ -1,0 +1,169 @@
+"""silver: decode and cast snapshot rows from bronze vs. Spark's CSV reader on the same rows.
+
+Setup
+    A table ``bench_silver`` of ``--rows`` typed rows (bigint, int, numeric(12,2), timestamptz,
+    bool, text, text[]) and a publication of it; an untimed capture lands its snapshot in a
+    fresh bronze table (one raw COPY TEXT row per source row). The same rows are written once
+    as a CSV file with ``COPY ... TO STDOUT (FORMAT csv)``, untimed.
+
+What is compared
+    Ours: one silver run over that bronze table into a fresh silver schema: COPY TEXT decoding
+    in Python workers (Arrow batches), casts as Spark SQL expressions with an error check per
+    value, consolidation (a group-by over whole rows), and the Delta commits of the diffs,
+    errors and bookkeeping tables. The peer: ``spark.read.csv`` with the equivalent explicit
+    schema (arrays as strings: CSV has no arrays, so the peer does less), written as one Delta
+    table. Both sides read their input from local disk and write Delta in the same session;
+    rates are source rows per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from dataclasses import replace
+
+from psycopg import sql
+
+from benchmarks.common import BenchEnv, Result, Stopwatch, Timing, say
+from pgmedallion.config import Config, LakehouseConfig, SourceConfig
+
+NAME = "silver"
+DESCRIPTION = "silver decode + cast of bronze COPY rows vs. Spark's CSV reader"
+GOAL = 0.5
+
+TABLE = "bench_silver"
+PUBLICATION = "bench_silver_pub"
+SLOT = "bench_silver_slot"
+CSV_SCHEMA = (
+    "id BIGINT, qty INT, price DECIMAL(12,2), at TIMESTAMP, flag BOOLEAN, name STRING, tags STRING"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rows", type=int, default=1_000_000, help="rows in the table (%(default)s)"
+    )
+
+
+def _config(env: BenchEnv) -> Config:
+    info = env.conninfo
+    return Config(
+        source=SourceConfig(
+            name="benchsilver",
+            host=info["host"],
+            port=int(info["port"]),
+            dbname=info["dbname"],
+            user=info["user"],
+            password=info["password"],
+            publication=PUBLICATION,
+            slot=SLOT,
+        ),
+        lakehouse=LakehouseConfig(
+            bronze_schema="bench_silver_bronze",
+            silver_schema="bench_silver_silver",
+            gold_schema="bench_silver_gold",
+        ),
+    )
+
+
+def prepare(env: BenchEnv, rows: int) -> None:
+    with env.connect() as conn:
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE slot_name = %s AND NOT active",
+            (SLOT,),
+        )
+        conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(PUBLICATION)))
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(TABLE)))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (id bigint PRIMARY KEY, qty int, price numeric(12,2),"
+                " at timestamptz, flag bool, name text, tags text[])"
+            ).format(sql.Identifier(TABLE))
+        )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} SELECT g, g % 1000, (g % 100000) / 100.0,"
+                " timestamptz '2024-01-01' + g * interval '1 second', g % 2 = 0,"
+                " 'name ' || md5(g::text), ARRAY['a', 'b ' || (g % 7)]"
+                " FROM generate_series(1, {}) g"
+            ).format(sql.Identifier(TABLE), sql.Literal(rows))
+        )
+        conn.execute(
+            sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+                sql.Identifier(PUBLICATION), sql.Identifier(TABLE)
+            )
+        )
+
+
+def write_csv(env: BenchEnv, path) -> int:
+    """The table as CSV (PostgreSQL's own CSV output), returning its size in bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with env.connect() as conn, open(path, "wb") as f:
+        conn.execute("SET TimeZone = 'UTC'")
+        with conn.cursor().copy(
+            # Spark's CSV reader reads booleans only as true/false; everything else as is.
+            sql.SQL(
+                "COPY (SELECT id, qty, price, at, flag::text, name, tags FROM {})"
+                " TO STDOUT (FORMAT csv)"
+            ).format(sql.Identifier(TABLE))
+        ) as copy:
+            for chunk in copy:
+                f.write(chunk)
+    return path.stat().st_size
+
+
+def run(args: argparse.Namespace) -> Result:
+    from pgmedallion.pipeline import ensure_schemas, run_capture
+    from silver.build import run_silver
+
+    env: BenchEnv = args.env
+    spark = env.spark
+    cfg = _config(env)
+    prepare(env, args.rows)
+    for layer in ("bronze", "silver", "gold"):
+        spark.sql(f"DROP SCHEMA IF EXISTS {getattr(cfg.lakehouse, layer + '_schema')} CASCADE")
+    ensure_schemas(spark, cfg)
+    capture = run_capture(spark, cfg)
+    say(f"bronze: {sum(capture.snapshotted.values())} snapshot rows landed (untimed)")
+    csv = env.state_dir / "silver-bench" / "rows.csv"
+    size = write_csv(env, csv)
+    say(f"CSV: {size / 1e6:.1f} MB at {csv} (untimed)")
+
+    # Warm both paths once on a tiny input so neither pays for first-use class loading.
+    spark.read.csv(str(csv), schema=CSV_SCHEMA).limit(1000).collect()
+
+    with Stopwatch() as ours:
+        result = run_silver(spark, cfg)
+    diff_rows = sum(result.rows.values())
+    say(f"silver: run {result.run}, {diff_rows} diff rows, {result.errors} errors")
+
+    peer_table = "bench_silver_silver.csv_peer"
+    spark.sql(f"DROP TABLE IF EXISTS {peer_table}")
+    with Stopwatch() as peer:
+        (
+            spark.read.csv(
+                str(csv),
+                schema=CSV_SCHEMA,
+                mode="FAILFAST",
+                timestampFormat="yyyy-MM-dd HH:mm:ssX",
+            )
+            .write.format("delta")
+            .saveAsTable(peer_table)
+        )
+    peer_rows = spark.table(peer_table).count()
+    shutil.rmtree(csv.parent, ignore_errors=True)
+    if diff_rows != args.rows or peer_rows != args.rows or result.errors:
+        raise RuntimeError(
+            f"row counts differ: silver {diff_rows}, csv {peer_rows}, source {args.rows}, "
+            f"errors {result.errors}"
+        )
+    return Result(
+        name=NAME,
+        work={"rows/s": float(args.rows), "MB/s": size / 1e6},
+        ours=Timing("pgmedallion silver", ours.seconds),
+        peer=Timing("spark.read.csv", peer.seconds),
+        goal=GOAL,
+        params={"rows": args.rows},
+        details={"csv_bytes": size, "config": replace(cfg.lakehouse).__dict__},
+    )
