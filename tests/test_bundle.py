@@ -602,10 +602,6 @@ def test_cli_problems_are_reported(bundle):
     assert _cli_problems(config) and "no-such-command" in _cli_problems(config)[0]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="`pgmedallion run --config ... --stage` and `verify` are being added to the CLI",
-)
 def test_task_parameters_parse_with_the_cli(bundle):
     config, _ = resolved(bundle, "dev")
     assert _cli_problems(config) == []
