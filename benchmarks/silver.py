@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> Result:
     return Result(
         name=NAME,
         work={"rows/s": float(args.rows), "MB/s": size / 1e6},
-        ours=Timing("pgmedallion silver", ours.seconds),
+        ours=Timing("pgmedallion", ours.seconds),
         peer=Timing("spark.read.csv", peer.seconds),
         goal=GOAL,
         params={"rows": args.rows},
