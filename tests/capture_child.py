@@ -3,8 +3,9 @@
 Run as ``python -m tests.capture_child SPEC.json`` from the repository root. The spec names the
 source (conninfo, slot, publication), a Spark state directory of the child's own (Derby admits
 one JVM per metastore, so the test process reads the child's bronze table by path) and the
-stream limits. The child prints one JSON line: the capture result, the Python process's peak
-RSS (``VmHWM``) and the JVM's, then exits 0; a capture error exits 1 with its message.
+stream limits, and whether to stream continuously (until SIGINT/SIGTERM). The child prints
+one JSON line: the capture result, the Python process's peak RSS (``VmHWM``) and the JVM's,
+then exits 0; a capture error exits 1 with its message.
 
 :func:`replay` rebuilds a table from bronze rows the way silver will: the snapshot's rows, then
 for each commit LSN above the snapshot LSN the messages of one run that reached its Commit.
@@ -60,6 +61,7 @@ def main(spec_path: str) -> int:
             spark,
             target,
             workers=spec.get("workers", 2),
+            continuous=spec.get("continuous", False),
             limits=limits,
             retry=RetryPolicy(attempts=3, initial_delay_s=0.2),
         )
