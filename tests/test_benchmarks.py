@@ -136,3 +136,16 @@ def test_snapshot_jdbc_peer_runs_in_a_child_session(bench_env, capsys):
         .count()
     )
     assert landed == result.details["rows"]
+
+
+def test_silver_runs_end_to_end(bench_env, capsys):
+    result, last, records = _run(bench_env, "silver", ["--rows", "2000"], capsys)
+    match = RESULT_LINE.match(last)
+    assert match, last
+    assert match.group(1) == "silver" and match.group(2) == "spark.read.csv"
+    assert match.group(3) == "goal >= 0.5"
+    assert result.params == {"rows": 2000} and result.details["csv_bytes"] > 0
+    diffs = bench_env.spark.table("bench_silver_silver.public_bench_silver")
+    assert diffs.count() == 2000 and diffs.where("_diff != 1 OR _lsn != 0").count() == 0
+    [record] = records
+    assert record["name"] == "silver"
