@@ -32,7 +32,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-BENCHMARKS: tuple[str, ...] = ("snapshot", "stream", "silver")
+BENCHMARKS: tuple[str, ...] = ("snapshot", "stream", "silver", "incremental")
 """The registered benchmarks, in the order ``python -m benchmarks`` runs them."""
 
 

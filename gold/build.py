@@ -16,8 +16,12 @@ history (the newest commit whose ``userMetadata`` carries gold's JSON tag):
                  they touch get their old state from gold (and quarantine), the new state is
                  old + changes, and one keyed MERGE writes it (see ``gold.state``). The reads of
                  gold for old rows and the MERGE carry a range predicate on the touched keys, so
-                 Delta's min/max statistics skip the files that cannot hold them; deletion
-                 vectors keep the rewrite proportional to the changed rows.
+                 Delta's min/max statistics skip the files that cannot hold them (a full build
+                 writes keyed tables range-partitioned and sorted by key, so files hold key
+                 ranges); the touched keys are broadcast, so gold is scanned, never shuffled;
+                 deletion vectors keep the rewrite proportional to the changed rows. What stays
+                 proportional to the table is the scan of the files whose key range the changes
+                 fall in: changes spread uniformly over the key space touch every file.
 ``unchanged``    gold already holds run R at this frontier: nothing is written.
 
 Exactly once. The gold commit is what makes a run applied: its ``userMetadata`` records the
@@ -78,6 +82,8 @@ from pgmedallion.config import Config
 TAG = "pgmedallion_gold"
 GOLD_PROPERTIES = {**COLUMN_MAPPING, "delta.enableDeletionVectors": "true"}
 SAMPLE_ROWS = 5
+ROWS_PER_FILE = 1_000_000  # a full build's file size, in rows
+BROADCAST_KEYS = 1_000_000  # up to this many touched keys, joins with gold broadcast them
 _RANGE_TYPES = (
     T.NumericType,
     T.StringType,
@@ -376,6 +382,7 @@ class _Table:
     columns: list[T.StructField] = field(default_factory=list)
     range_pred: Column | None = None  # touched keys' ranges, on gold's columns
     range_pred_target: Column | None = None  # the same on the MERGE target alias ``t``
+    touched: int = 0  # how many keys the run touches
 
     def __post_init__(self) -> None:
         self.policy = self.cfg.policy(self.info.name).on_error
@@ -483,12 +490,24 @@ def build_table(
         with tagged_commit(spark, meta, t.app_id, version):
             if affected is None:
                 rows = expand(checked.filter(F.col(TO_GOLD) & (F.col(MULT) > 0)))
-                rows.select(*[c(n) for n in t.names], LSN).writeTo(t.gold).overwrite(F.lit(True))
+                rows = clustered(rows.select(*[c(n) for n in t.names], LSN), t, gold_rows)
+                rows.writeTo(t.gold).overwrite(F.lit(True))
             else:
                 _merge_gold(t, merge_operations(checked, affected, t.key, t.names), affected)
     finally:
         checked.unpersist()
     return _outcome(spark, t, applied_state(spark, t.gold), mode, records)
+
+
+def clustered(rows: DataFrame, t: _Table, count: int) -> DataFrame:
+    """A full build's rows in files that each hold one key range, sorted by key, so that the
+    per-file min/max statistics let later runs' key-range predicates skip files."""
+    if not t.keyed or not _comparable(t.columns, t.key):
+        return rows
+    files = max(1, -(-count // ROWS_PER_FILE))
+    return rows.repartitionByRange(files, *[c(k) for k in t.key]).sortWithinPartitions(
+        *[c(k) for k in t.key]
+    )
 
 
 def _comparable(columns: Sequence[T.StructField], key: Sequence[str]) -> bool:
@@ -519,7 +538,17 @@ def _rows(spark: SparkSession, gold: str, applied: Applied | None) -> int:
     return spark.table(gold).count()
 
 
-def key_ranges(t: _Table, keys: DataFrame) -> tuple[Column, Column]:
+def small(t: _Table, df: DataFrame) -> DataFrame:
+    """``df`` marked for a broadcast join when the run touches few keys.
+
+    The touched keys, the old state read for them and the MERGE source are derived from
+    checkpointed data Spark cannot size, so without the hint it plans sort-merge joins that
+    shuffle the whole gold table; with it, gold is only scanned.
+    """
+    return F.broadcast(df) if t.touched <= BROADCAST_KEYS else df
+
+
+def key_ranges(t: _Table, keys: DataFrame) -> tuple[Column, Column, int]:
     """A predicate on target columns only, true for every row whose key is in ``keys``: on
     the bare column names, and on the MERGE target alias ``t``.
 
@@ -529,9 +558,7 @@ def key_ranges(t: _Table, keys: DataFrame) -> tuple[Column, Column]:
     """
     types = {f.name: f.dataType for f in t.columns}
     cols = [k for k in t.key if isinstance(types[k], _RANGE_TYPES)][:3]
-    if not cols:
-        return F.lit(True), F.lit(True)
-    aggs = []
+    aggs = [F.count(F.lit(1)).alias("n")]
     for i, k in enumerate(cols):
         aggs += [
             F.min(c(k)).alias(f"lo{i}"),
@@ -550,7 +577,7 @@ def key_ranges(t: _Table, keys: DataFrame) -> tuple[Column, Column]:
                 term = term | col.isNull()
             pred = pred & term
         preds.append(pred)
-    return preds[0], preds[1]
+    return preds[0], preds[1], int(row["n"])
 
 
 def _incremental_state(t: _Table, applied: Applied) -> tuple[DataFrame, DataFrame, int, int]:
@@ -559,8 +586,10 @@ def _incremental_state(t: _Table, applied: Applied) -> tuple[DataFrame, DataFram
     spark = t.spark
     updates = t.updates(applied.silver_run)
     keys = updates.select(*[c(k) for k in t.key]).distinct()
-    t.range_pred, t.range_pred_target = key_ranges(t, keys)
-    old_gold = null_safe_join(spark.table(t.gold).filter(t.range_pred), keys, t.key, "left_semi")
+    t.range_pred, t.range_pred_target, t.touched = key_ranges(t, keys)
+    old_gold = null_safe_join(
+        spark.table(t.gold).filter(t.range_pred), small(t, keys), t.key, "left_semi"
+    )
     old_gold = old_gold.select(*[c(n) for n in t.names], LSN, F.lit(1).cast("bigint").alias(DIFF))
     old_gold = old_gold.localCheckpoint()
     old_rows = old_gold.count()
@@ -571,7 +600,7 @@ def _incremental_state(t: _Table, applied: Applied) -> tuple[DataFrame, DataFram
     if applied.quarantine_version is not None:
         version = int(applied.quarantine_version)
         old_q = spark.sql(f"SELECT * FROM {t.quarantine} VERSION AS OF {version}")
-        old_q = null_safe_join(old_q.filter(t.range_pred), keys, t.key, "left_semi")
+        old_q = null_safe_join(old_q.filter(t.range_pred), small(t, keys), t.key, "left_semi")
         old_q = old_q.select(*[c(n) for n in t.names], LSN, F.col(MULT).alias(DIFF))
         old_q = old_q.localCheckpoint()
         quarantine_old = old_q.count()
@@ -630,7 +659,7 @@ def _write_quarantine(
         target = DeltaTable.forName(spark, t.quarantine).alias("t")
         with tagged_commit(spark, meta, app_id, version):
             (
-                target.merge(source.alias("s"), cond)
+                target.merge(small(t, source).alias("s"), cond)
                 .whenMatchedDelete()
                 .whenNotMatchedInsert(
                     condition=F.col(f"s.{OP}") == "insert",
@@ -664,7 +693,7 @@ def _merge_gold(t: _Table, ops: DataFrame, affected: DataFrame) -> None:
     cond = (F.col(f"s.{OP}") != "insert") & _key_match(t.key) & _ranges_target(t)
     target = DeltaTable.forName(t.spark, t.gold).alias("t")
     (
-        target.merge(ops.alias("s"), cond)
+        target.merge(small(t, ops).alias("s"), cond)
         .whenMatchedDelete(condition=F.col(f"s.{OP}") == "delete")
         .whenMatchedUpdate(condition=(F.col(f"s.{OP}") == "upsert") & ~same, set=values)
         .whenNotMatchedInsert(condition=F.col(f"s.{OP}").isin("upsert", "insert"), values=values)

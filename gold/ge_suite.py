@@ -12,7 +12,7 @@ afterwards. Per gold table listed in ``<gold schema>._frontier`` for the source:
 
 Everything runs in this process: an ephemeral context, a Spark datasource with one dataframe
 asset and a whole-dataframe batch per table, an ExpectationSuite and a ValidationDefinition.
-Nothing is written to disk. ``TQDM_DISABLE=1`` keeps its progress bars quiet.
+Nothing is written to disk, and the context's progress bars are off.
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ def _observed(result) -> str:
 
 def _describe(config) -> str:
     kwargs = {
-        k: v for k, v in config.kwargs.items() if k not in ("batch_id", "result_format") and v
+        k: v
+        for k, v in config.kwargs.items()
+        if k not in ("batch_id", "result_format") and v is not None and v is not False
     }
     args = ", ".join(f"{k}={v}" for k, v in kwargs.items())
     return f"{config.type}({args})"
@@ -78,6 +80,8 @@ def validate_gold(spark: SparkSession, cfg: Config) -> tuple[bool, str]:
     os.environ.setdefault("TQDM_DISABLE", "1")
     import great_expectations as gx
 
+    if not spark.catalog.tableExists(cfg.qualified("gold", "_frontier")):
+        return False, f"no gold run yet: {cfg.qualified('gold', '_frontier')} does not exist"
     frontier = spark.table(cfg.qualified("gold", "_frontier")).filter(
         F.col("source") == cfg.source.name
     )
@@ -99,7 +103,10 @@ def validate_gold(spark: SparkSession, cfg: Config) -> tuple[bool, str]:
         .orderBy("table_schema", "table_name")
         .collect()
     )
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
     context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     source = context.data_sources.add_spark(name="pgmedallion_gold")
     outcomes: list[Outcome] = []
     for r in rows:
