@@ -56,8 +56,9 @@ Pipelines (see ``../shared/DESIGN.md``) rules it out for now:
   memory for a large transaction) or handing a walsender connection to one partition, where a
   retried task re-reads from a slot that only one session may hold.
 - ``spark-pipelines`` 4.2 exits 1 after "Run is COMPLETED" when Python source workers send
-  observed metrics (``UNKNOWN_RESPONSE``, SPARK-59135, fixed upstream in no release Delta
-  supports); our runner works around it, the Databricks CLI cannot.
+  observed metrics (``UNKNOWN_RESPONSE``, SPARK-59135, fixed upstream but not in a release
+  that Delta supports); a local runner has to accept that response and judge the run by its
+  events instead of its exit status.
 
 A job with idempotent Delta commits keeps exactly-once without any of that: every batch is one
 commit with ``txnAppId``/``txnVersion``, the slot is acknowledged right after the commit that

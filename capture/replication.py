@@ -410,7 +410,9 @@ def _result_error(result: PGresult | None) -> CaptureError:
             sqlstate.decode() if sqlstate else None,
             message.decode(errors="replace") if message else result.error_message.decode(),
         )
-    return TransientError(f"replication stream ended ({result.status.name})")
+    # The C implementation of psycopg reports the status as a plain int.
+    status = pq.ExecStatus(result.status).name
+    return TransientError(f"replication stream ended by the server ({status})")
 
 
 def _drain_results(pgconn: PGconn) -> None:

@@ -117,7 +117,13 @@ def _wait(predicate, what: str, run=None, timeout_s: float = 300.0, every_s: flo
 
 
 def _streaming(conninfo, slot: str) -> int | None:
-    rows = _sql(conninfo, f"SELECT active_pid FROM pg_replication_slots WHERE slot_name = '{slot}'")
+    """The walsender streaming ``slot`` (a session still creating the slot also holds it)."""
+    rows = _sql(
+        conninfo,
+        "SELECT s.active_pid FROM pg_replication_slots s"
+        " JOIN pg_stat_replication r ON r.pid = s.active_pid"
+        f" WHERE s.slot_name = '{slot}' AND r.state = 'streaming'",
+    )
     return rows[0][0] if rows else None
 
 
