@@ -65,18 +65,26 @@ def cmd_sdp(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-def _preflight(config: Config) -> bool:
-    from capture.provision import all_ok, format_report, run_checks
+def _checks(config: Config):
+    """The ``doctor`` checks for the configured source (``run`` and ``capture`` run them first)."""
+    from capture.provision import run_checks
 
-    results = run_checks(
+    return run_checks(
         config.source.conninfo(),
         publication=config.source.publication,
         slot=config.source.slot,
         tables=list(config.source.tables),
         create_publication=config.source.create_publication,
     )
+
+
+def _preflight(config: Config, command: str) -> bool:
+    from capture.provision import all_ok, format_report
+
+    results = _checks(config)
     if not all_ok(results):
         print(format_report(results), file=sys.stderr)
+        print(f"{command}: preflight failed (see above); nothing was captured", file=sys.stderr)
         return False
     return True
 
@@ -88,8 +96,7 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
     from pgmedallion.spark import get_spark
 
     stages = STAGES if args.stage == "all" else (args.stage,)
-    if "capture" in stages and not args.skip_doctor and not _preflight(config):
-        print("run: preflight failed (see above); nothing was captured", file=sys.stderr)
+    if "capture" in stages and not args.skip_doctor and not _preflight(config, "run"):
         return 1
     spark = get_spark(config.state_dir)
     extra = {"continuous": True} if args.continuous else {}
@@ -166,33 +173,18 @@ def cmd_sql(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_capture(config: Config, args: argparse.Namespace) -> int:
-    from bronze.land import CaptureTarget, RetryPolicy, capture_once
+    from bronze.land import RetryPolicy, capture_once
     from capture.errors import CaptureError
     from capture.progress import RichSnapshotProgress
-    from capture.provision import all_ok, format_report, run_checks
     from pgmedallion.pgoutput import format_lsn
+    from pgmedallion.pipeline import capture_target, ensure_schemas
     from pgmedallion.spark import get_spark
 
-    checks = run_checks(
-        config.source.conninfo(),
-        publication=config.source.publication,
-        slot=config.source.slot,
-        tables=list(config.source.tables),
-        create_publication=config.source.create_publication,
-    )
-    if not all_ok(checks):
-        print(format_report(checks), file=sys.stderr)
-        print("capture: preflight failed (see above); nothing was captured", file=sys.stderr)
+    if not _preflight(config, "capture"):
         return 1
     spark = get_spark(config.state_dir)
-    spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{config.lakehouse.bronze_schema}`")
-    target = CaptureTarget(
-        config.source.conninfo(),
-        source=config.source.name,
-        publication=config.source.publication,
-        slot=config.source.slot,
-        bronze=config.qualified("bronze", "bronze"),
-    )
+    ensure_schemas(spark, config)
+    target = capture_target(config)
     bars = RichSnapshotProgress()
     try:
         result = capture_once(
@@ -221,15 +213,9 @@ def cmd_capture(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(config: Config, args: argparse.Namespace) -> int:
-    from capture.provision import all_ok, format_report, run_checks
+    from capture.provision import all_ok, format_report
 
-    results = run_checks(
-        config.source.conninfo(),
-        publication=config.source.publication,
-        slot=config.source.slot,
-        tables=list(config.source.tables),
-        create_publication=config.source.create_publication,
-    )
+    results = _checks(config)
     print(format_report(results))
     return 0 if all_ok(results) else 1
 
