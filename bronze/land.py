@@ -151,6 +151,7 @@ from capture.snapshot import (
     use_snapshot,
     worker_ctid_ranges,
 )
+from pgmedallion.failpoints import failpoint
 from pgmedallion.pgoutput import format_lsn
 
 log = logging.getLogger(__name__)
@@ -350,6 +351,7 @@ def land_snapshot(
                     _write_snapshot(
                         spark, target, schemas, blocks, version, point, workers, run_id, batch_id
                     )
+            failpoint("snapshot.after_commit")
             with server_errors():
                 conn.execute("COMMIT")  # the table locks go only now that the commit is in
         finally:
@@ -600,6 +602,7 @@ class _BatchWriter:
     def commit(self, ack: bool = True) -> None:
         frontier = max(self.committed, self.stream.position)
         self.buffer.add("progress", frontier, payload=self.identity)
+        failpoint("bronze.before_commit")
         write_batch(
             self.spark.createDataFrame(self.buffer.to_arrow(self.batch_id)),
             self.target.bronze,
@@ -612,6 +615,7 @@ class _BatchWriter:
         self.batch_id += 1
         self.buffer.clear()
         self.last_commit = time.monotonic()
+        failpoint("bronze.after_commit")  # committed, not yet acknowledged
         if ack:
             self.stream.ack(frontier)
 

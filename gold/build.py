@@ -78,6 +78,7 @@ from gold.state import (
     q,
 )
 from pgmedallion.config import Config
+from pgmedallion.failpoints import failpoint
 
 TAG = "pgmedallion_gold"
 GOLD_PROPERTIES = {**COLUMN_MAPPING, "delta.enableDeletionVectors": "true"}
@@ -494,6 +495,7 @@ def build_table(
                 rows.writeTo(t.gold).overwrite(F.lit(True))
             else:
                 _merge_gold(t, merge_operations(checked, affected, t.key, t.names), affected)
+        failpoint("gold.after_table")
     finally:
         checked.unpersist()
     return _outcome(spark, t, applied_state(spark, t.gold), mode, records)
@@ -797,6 +799,7 @@ def run_gold(spark: SparkSession, cfg: Config) -> GoldResult:
         build_table(spark, cfg, info, run, frontier, errors_of(info, errors))
         for info in read_tables(spark, cfg)
     ]
+    failpoint("gold.before_reports")
     write_reports(spark, cfg, run, outcomes)
     result = GoldResult(cfg.source.name, run, frontier, outcomes)
     failures = {o.table.name: o.failures for o in outcomes if o.policy == "fail" and o.failures}

@@ -41,6 +41,7 @@ from pyspark.sql import types as T
 
 from bronze.table import bronze_frontier
 from pgmedallion.config import Config
+from pgmedallion.failpoints import failpoint
 from pgmedallion.pgoutput import Relation, Truncate, decode, format_lsn
 from silver.casts import PgType, cast_values, pg_type_of, spark_type
 from silver.changes import ChangeError, LayoutIndex, TableColumn, change_diffs, plan_columns
@@ -159,7 +160,9 @@ def _append(df: DataFrame, table: str, source: str, run: int, merge_schema: bool
     )
     if merge_schema:
         writer = writer.option("mergeSchema", "true")
+    failpoint("silver.before_append")
     writer.saveAsTable(table)
+    failpoint("silver.after_append")
 
 
 def ensure_silver_tables(spark: SparkSession, cfg: Config) -> None:
