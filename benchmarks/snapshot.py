@@ -46,7 +46,7 @@ from psycopg import sql
 
 from benchmarks.common import MB, BenchEnv, Result, Stopwatch, Timing, jdbc_url, say
 from bronze.land import CaptureTarget, land_snapshot
-from bronze.table import ensure_bronze_table
+from bronze.table import copy_row_counts, ensure_bronze_table
 from capture.snapshot import copy_query, estimate_table_block_counts, worker_ctid_ranges
 
 NAME = "snapshot"
@@ -227,9 +227,7 @@ def land_ours(
         raise RuntimeError(f"land_snapshot landed {landed} rows of {table['rows']}")
     # land_snapshot ends by counting the landed rows in bronze; time that read on its own.
     with Stopwatch() as count_watch:
-        spark.table(target.bronze).where("kind = 'copy'").groupBy(
-            "table_schema", "table_name"
-        ).count().collect()
+        copy_row_counts(spark.table(target.bronze).where("kind = 'copy'")).collect()
     return Timing("pgmedallion", watch.seconds), {
         "bronze_count_query_s": round(count_watch.seconds, 2),
     }

@@ -97,6 +97,7 @@ from bronze.table import (
     ARROW_SCHEMA,
     RecordBuffer,
     bronze_frontier,
+    copy_row_counts,
     ensure_bronze_table,
     error_payload,
     json_payload,
@@ -142,7 +143,7 @@ from capture.slot import (
 from capture.snapshot import (
     PublishedTable,
     TableSchema,
-    copy_range,
+    copy_range_chunks,
     estimate_table_block_counts,
     exported_snapshot,
     lock_for_snapshot,
@@ -156,7 +157,9 @@ from pgmedallion.pgoutput import format_lsn
 
 log = logging.getLogger(__name__)
 
-ROWS_PER_ARROW_BATCH = 50_000
+COPY_CHUNK_BYTES = 4 << 20
+"""Raw COPY bytes per bronze ``copy`` record (a record holds whole rows, so it can be larger)."""
+ARROW_BATCH_BYTES = 16 << 20
 STREAM_BATCH_MESSAGES = 200_000
 STREAM_BATCH_BYTES = 128 << 20
 
@@ -266,31 +269,35 @@ def _copy_task_rows(
     snapshot_lsn: int,
     batch_id: int,
 ) -> Iterator[pa.RecordBatch]:
-    """Spark task body: COPY each assigned ctid range and emit bronze ``copy`` rows."""
+    """Spark task body: COPY each assigned ctid range into bronze ``copy`` records, a chunk of
+    raw COPY TEXT lines each (``ordinal``: the range's row count up to and including it)."""
     for task_batch in tasks:
         for task in task_batch.to_pylist():
             buffer = RecordBuffer(source, run_id)
             session = dict(conninfo)
             session["application_name"] = copy_application_name(run_id, task["oid"], task["part"])
-            rows = copy_range(
+            chunks = copy_range_chunks(
                 session,
                 snapshot_name,
                 (task["schema"], task["name"]),
                 task["columns"],
                 (task["start"], task["end"]),
+                COPY_CHUNK_BYTES,
             )
-            for ordinal, row in enumerate(rows):
+            rows = 0
+            for count, chunk in chunks:
+                rows += count
                 buffer.add(
                     "copy",
                     snapshot_lsn,
                     table_oid=task["oid"],
                     table_schema=task["schema"],
                     table_name=task["name"],
-                    ordinal=ordinal,
+                    ordinal=rows,
                     part=task["part"],
-                    payload=row,
+                    payload=chunk,
                 )
-                if len(buffer) >= ROWS_PER_ARROW_BATCH:
+                if buffer.payload_bytes >= ARROW_BATCH_BYTES:
                     yield from buffer.to_arrow(batch_id).to_batches()
                     buffer.clear()
             if len(buffer):
@@ -425,15 +432,12 @@ def _write_snapshot(
 
 
 def _landed_counts(spark: SparkSession, target: CaptureTarget, batch_id: int) -> dict[str, int]:
-    rows = (
+    rows = copy_row_counts(
         spark.table(target.bronze)
         .where((F.col("batch_id") == batch_id) & (F.col("kind") == "copy"))
         .where(F.col("source") == target.source)
-        .groupBy("table_schema", "table_name")
-        .count()
-        .collect()
-    )
-    return {f"{r['table_schema']}.{r['table_name']}": r["count"] for r in rows}
+    ).collect()
+    return {f"{r['table_schema']}.{r['table_name']}": r["rows"] for r in rows}
 
 
 _CAPTURE_ERROR_IN_TRACE = re.compile(r"capture\.errors\.(\w+): ([^\n]*)")

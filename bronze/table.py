@@ -11,9 +11,12 @@ Columns (documented in the README):
     end_lsn      wal: the XLogData walEnd the message arrived with
     xid          wal: the transaction id
     ordinal      wal: the message's position in its transaction (Begin = 0);
-                 copy: the row's position in its ctid range
-    part         copy: the ctid range the row came from
-    payload      copy: one COPY TEXT row; wal: one pgoutput message; schema: JSON;
+                 copy: the number of rows of its ctid range up to and including this record
+                 (so a range holds as many rows as its largest ordinal)
+    part         copy: the ctid range the rows came from
+    payload      copy: consecutive COPY TEXT rows of one ctid range, each ending in a newline,
+                 as the server sent them (about 4 MiB per record; :func:`copy_lines` splits
+                 them); wal: one pgoutput message; schema: JSON;
                  error: JSON ``{"code", "message", "lsn"}``;
                  progress: JSON ``{"system_id", "timeline"}`` of the server the LSNs belong to
     batch_id     the capture batch that committed the row (Delta txnVersion, per source)
@@ -213,6 +216,28 @@ class RecordBuffer:
         cols["run_id"] = [self.run_id] * n
         cols["captured_at"] = [datetime.now(UTC)] * n
         return pa.table(cols, schema=ARROW_SCHEMA)
+
+
+def copy_lines(payload: bytes) -> list[bytes]:
+    """The COPY TEXT rows of a ``copy`` record's payload, without their newlines."""
+    lines = bytes(payload).split(b"\n")
+    if lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def copy_row_counts(copy_records: DataFrame) -> DataFrame:
+    """Rows per table of some ``copy`` records: ``table_oid, table_schema, table_name, rows``.
+
+    A ctid range's row count is its largest ``ordinal``; the records must be one snapshot's.
+    """
+    keys = ["table_oid", "table_schema", "table_name"]
+    return (
+        copy_records.groupBy(*keys, "part")
+        .agg(F.max("ordinal").alias("rows"))
+        .groupBy(*keys)
+        .agg(F.sum("rows").cast("long").alias("rows"))
+    )
 
 
 def error_payload(code: str, message: str, lsn: str) -> bytes:

@@ -39,7 +39,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from bronze.table import bronze_frontier
+from bronze.table import bronze_frontier, copy_lines
 from pgmedallion.config import Config
 from pgmedallion.failpoints import failpoint
 from pgmedallion.pgoutput import Relation, Truncate, decode, format_lsn
@@ -287,33 +287,41 @@ def _decode_changes(
 def _decode_copy(
     batches: Iterator[pa.RecordBatch], widths: dict[int, tuple[int, int]]
 ) -> Iterator[pa.RecordBatch]:
-    """Worker body: COPY TEXT rows -> ``(values, +1)`` at LSN 0 (or error rows)."""
+    """Worker body: chunks of COPY TEXT rows -> ``(values, +1)`` at LSN 0 (or error rows)."""
     for batch in batches:
-        out = {name: [] for name in _DIFF_ARROW.names}
         cols = batch.to_pydict()
         for oid, lsn, payload in zip(cols["table_oid"], cols["lsn"], cols["payload"], strict=False):
             copy_width, width = widths.get(oid, (None, None))
             if width is None:
                 continue
-            code = message = raw = values = None
-            diff = 1
-            try:
-                values = decode_copy_row(payload, copy_width)
-                values += [None] * (width - copy_width)
-            except CopyDecodeError as e:
-                diff = 0
-                code = "InvalidCopyInput" if isinstance(e, InvalidCopyInput) else type(e).__name__
-                message = str(e)
-                raw = payload.decode("utf-8", "replace")
-            out["table_oid"].append(oid)
-            out["lsn"].append(0 if code is None else lsn)
-            out["ordinal"].append(None)
-            out["diff"].append(diff)
-            out["values"].append(values)
-            out["code"].append(code)
-            out["message"].append(message)
-            out["raw"].append(raw)
-        yield pa.RecordBatch.from_pydict(out, schema=_DIFF_ARROW)
+            out = {name: [] for name in _DIFF_ARROW.names}
+            values_out, diff_out, code_out = out["values"], out["diff"], out["code"]
+            message_out, raw_out, lsn_out = out["message"], out["raw"], out["lsn"]
+            padding = [None] * (width - copy_width)
+            for line in copy_lines(payload):
+                try:
+                    values = decode_copy_row(line, copy_width)
+                except CopyDecodeError as e:
+                    invalid = isinstance(e, InvalidCopyInput)
+                    values_out.append(None)
+                    diff_out.append(0)
+                    code_out.append("InvalidCopyInput" if invalid else type(e).__name__)
+                    message_out.append(str(e))
+                    raw_out.append(line.decode("utf-8", "replace"))
+                    lsn_out.append(lsn)
+                    continue
+                if padding:
+                    values += padding
+                values_out.append(values)
+                diff_out.append(1)
+                code_out.append(None)
+                message_out.append(None)
+                raw_out.append(None)
+                lsn_out.append(0)
+            n = len(diff_out)
+            out["table_oid"] = [oid] * n
+            out["ordinal"] = [None] * n
+            yield pa.RecordBatch.from_pydict(out, schema=_DIFF_ARROW)
 
 
 def _column_entry(c: dict) -> dict:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from bronze.table import copy_lines
 from pgmedallion.pgoutput import UNCHANGED_TOAST, Commit, Delete, Insert, Relation, Update, decode
 from silver.copy_text import decode_copy_row
 
@@ -115,10 +116,11 @@ def replay(rows: Iterable[Mapping[str, Any]], schema: str, table: str) -> dict[s
             continue
         if r["batch_id"] != snapshot_batch:
             raise ReplayError(f"copy rows of {table} outside its snapshot's commit")
-        values = tuple(decode_copy_row(bytes(r["payload"])))
-        if values[0] in state:
-            raise ReplayError(f"key {values[0]} twice in the snapshot")
-        state[values[0]] = values
+        for line in copy_lines(r["payload"]):
+            values = tuple(decode_copy_row(line))
+            if values[0] in state:
+                raise ReplayError(f"key {values[0]} twice in the snapshot")
+            state[values[0]] = values
     transactions = complete_transactions(rows)
     # A Relation is sent once per streaming session, before the table's first change in it.
     relids = {

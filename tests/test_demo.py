@@ -23,6 +23,4 @@ def test_demo_exits_0_with_an_exact_verify():
     for table in ("public.customers", "public.products", "public.orders", "public.OrderItems"):
         assert f"{table} " in out and "exact, gold" in out
     assert "MISMATCH" not in out
-    subprocess.run(
-        ["pgmedallion", "postgres", "stop"], env=env, capture_output=True, timeout=120
-    )
+    subprocess.run(["pgmedallion", "postgres", "stop"], env=env, capture_output=True, timeout=120)
