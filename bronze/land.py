@@ -154,10 +154,11 @@ from capture.snapshot import (
 )
 from pgmedallion.failpoints import failpoint
 from pgmedallion.pgoutput import format_lsn
+from pgmedallion.spark import one_task_per_partition
 
 log = logging.getLogger(__name__)
 
-COPY_CHUNK_BYTES = 4 << 20
+COPY_CHUNK_BYTES = 1 << 20
 """Raw COPY bytes per bronze ``copy`` record (a record holds whole rows, so it can be larger)."""
 ARROW_BATCH_BYTES = 16 << 20
 STREAM_BATCH_MESSAGES = 200_000
@@ -261,7 +262,8 @@ class _Totals:
 
 
 def _copy_task_rows(
-    tasks: Iterator[pa.RecordBatch],
+    ids: Iterator[pa.RecordBatch],
+    tasks: Sequence[Mapping[str, Any]],
     conninfo: Mapping[str, Any],
     snapshot_name: str,
     source: str,
@@ -271,8 +273,8 @@ def _copy_task_rows(
 ) -> Iterator[pa.RecordBatch]:
     """Spark task body: COPY each assigned ctid range into bronze ``copy`` records, a chunk of
     raw COPY TEXT lines each (``ordinal``: the range's row count up to and including it)."""
-    for task_batch in tasks:
-        for task in task_batch.to_pylist():
+    for id_batch in ids:
+        for task in (tasks[i] for i in id_batch.column("id").to_pylist()):
             buffer = RecordBuffer(source, run_id)
             session = dict(conninfo)
             session["application_name"] = copy_application_name(run_id, task["oid"], task["part"])
@@ -412,13 +414,8 @@ def _write_snapshot(
         _add_snapshot_records(meta, schema, point.snapshot_lsn)
     conninfo, name, source = dict(target.conninfo), point.snapshot_name, target.source
     lsn = point.snapshot_lsn
-    task_df = spark.createDataFrame(
-        tasks,
-        "oid long, schema string, name string, columns array<string>, part int, "
-        "start long, end long",
-    ).repartition(max(1, len(tasks)))
-    copy_df = task_df.mapInArrow(
-        lambda it: _copy_task_rows(it, conninfo, name, source, run_id, lsn, batch_id),
+    copy_df = one_task_per_partition(spark, len(tasks)).mapInArrow(
+        lambda it: _copy_task_rows(it, tasks, conninfo, name, source, run_id, lsn, batch_id),
         _spark_schema(spark),
     )
     meta_df = spark.createDataFrame(meta.to_arrow(batch_id))

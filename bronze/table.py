@@ -15,7 +15,7 @@ Columns (documented in the README):
                  (so a range holds as many rows as its largest ordinal)
     part         copy: the ctid range the rows came from
     payload      copy: consecutive COPY TEXT rows of one ctid range, each ending in a newline,
-                 as the server sent them (about 4 MiB per record; :func:`copy_lines` splits
+                 as the server sent them (about 1 MiB per record; :func:`copy_lines` splits
                  them); wal: one pgoutput message; schema: JSON;
                  error: JSON ``{"code", "message", "lsn"}``;
                  progress: JSON ``{"system_id", "timeline"}`` of the server the LSNs belong to

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 MIN_JAVA = 17
 POSTGRES_JDBC = "org.postgresql:postgresql:42.7.4"
@@ -119,3 +119,13 @@ def _python() -> str:
     import sys
 
     return sys.executable
+
+
+def one_task_per_partition(spark: SparkSession, count: int) -> DataFrame:
+    """Ids ``0 .. count-1`` (column ``id``), exactly one per partition, so that a ``mapInArrow``
+    over it runs ``count`` Spark tasks that Spark can schedule in parallel.
+
+    (``createDataFrame(tasks).repartition(n)`` does not do that: round-robin repartitioning of a
+    few rows often puts two of them in one partition, and one task then runs both in turn.)
+    """
+    return spark.range(0, count, 1, numPartitions=max(1, count))

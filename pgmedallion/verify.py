@@ -39,6 +39,7 @@ from capture.snapshot import (
 )
 from pgmedallion.config import Config
 from pgmedallion.pgoutput import format_lsn
+from pgmedallion.spark import one_task_per_partition
 from silver.copy_text import decode_copy_row
 
 log = logging.getLogger(__name__)
@@ -85,9 +86,11 @@ class VerifyResult:
         return "\n".join(lines)
 
 
-def _copy_tasks(batches: Iterator[pa.RecordBatch], conninfo, snapshot) -> Iterator[pa.RecordBatch]:
-    for batch in batches:
-        for task in batch.to_pylist():
+def _copy_tasks(
+    ids: Iterator[pa.RecordBatch], tasks: list[dict], conninfo, snapshot
+) -> Iterator[pa.RecordBatch]:
+    for batch in ids:
+        for task in (tasks[i] for i in batch.column("id").to_pylist()):
             oids, values = [], []
             rows = copy_range(
                 conninfo,
@@ -140,20 +143,20 @@ def source_rows_at_snapshot(
                 tasks.append(
                     dict(oid=oid, schema=schema, name=name, columns=columns, start=start, end=end)
                 )
-        task_df = spark.createDataFrame(
-            tasks,
-            "oid long, schema string, name string, columns array<string>, start long, end long",
-        ).repartition(max(1, len(tasks)))
         info, snap = dict(conninfo), point.snapshot_name
-        rows = task_df.mapInArrow(
-            lambda it: _copy_tasks(it, info, snap),
-            T.StructType(
-                [
-                    T.StructField("table_oid", T.LongType()),
-                    T.StructField("values", T.ArrayType(T.StringType())),
-                ]
-            ),
-        ).localCheckpoint(eager=True)
+        rows = (
+            one_task_per_partition(spark, len(tasks))
+            .mapInArrow(
+                lambda it: _copy_tasks(it, tasks, info, snap),
+                T.StructType(
+                    [
+                        T.StructField("table_oid", T.LongType()),
+                        T.StructField("values", T.ArrayType(T.StringType())),
+                    ]
+                ),
+            )
+            .localCheckpoint(eager=True)
+        )
     return point.snapshot_lsn, rows
 
 
