@@ -3,8 +3,9 @@
 A seeded workload (``tests/workload.py``) runs in bursts of concurrent multi-statement
 transactions; between bursts the pipeline runs (capture -> silver -> gold), and after every
 run ``verify`` takes a fresh snapshot of the source and must find every table exact in silver
-and gold, with PostgreSQL's own row count on every side. A failing seed reproduces with
-``python -m pytest tests/test_differential.py -k "seed_N"``.
+and gold, with PostgreSQL's own row count on every side. A failing seed reproduces on its own:
+``python -m pytest "tests/test_differential.py::test_seed_slow[3]"`` (what each session writes
+depends on the seed alone; only the interleaving of commits between sessions varies).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def differential(
     return log
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1])
 def test_seed(spark, db, seed):
     # The quick loop: snapshot, one burst (with a large transaction per session), and verify,
     # whose catch-up run streams the burst through silver and gold before comparing.
@@ -68,18 +69,16 @@ def test_seed(spark, db, seed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [3, 4, 5, 6])
+@pytest.mark.parametrize("seed", [2, 3, 4])
 def test_seed_slow(spark, db, seed):
+    # Three sessions; verify after the snapshot, after a burst with a 3000-row transaction per
+    # session (caught up by verify), and after a burst streamed by a run of its own.
     log = differential(
         spark,
         db,
         seed,
-        [
-            dict(transactions=40),
-            dict(transactions=40, large_rows=3000),
-            dict(transactions=60, run=False),
-        ],
+        [dict(transactions=30, large_rows=3000, run=False), dict(transactions=40)],
         sessions=3,
-        initial_rows=300,
+        initial_rows=200,
     )
     print("\n".join(log))
