@@ -128,6 +128,7 @@ def weak_role(pg, db, request):
     execute(admin, sql.SQL("DROP ROLE IF EXISTS {}").format(role))
 
 
+@pytest.mark.slow
 def test_missing_privileges_fail_the_run_naming_what_is_missing(spark, pg, db, weak_role, caplog):
     caplog.set_level(logging.DEBUG)
     execute(
@@ -178,6 +179,7 @@ HOSTILE_TABLES = {
 }
 
 
+@pytest.mark.slow
 def test_hostile_identifiers_are_captured_end_to_end(spark, db):
     def ident(*parts: str) -> str:
         return sql.Identifier(*parts).as_string()
