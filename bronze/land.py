@@ -82,6 +82,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,16 +96,17 @@ from pyspark.sql import functions as F
 import capture.errors as capture_errors
 from bronze.table import (
     ARROW_SCHEMA,
+    BronzeState,
     RecordBuffer,
+    WalBuffer,
     bronze_frontier,
+    bronze_state,
     copy_row_counts,
     ensure_bronze_table,
     error_payload,
     json_payload,
-    last_system_identity,
     next_batch_id,
     recorded_errors,
-    snapshotted_table_names,
     snapshotted_tables,
     write_batch,
 )
@@ -161,8 +163,8 @@ log = logging.getLogger(__name__)
 COPY_CHUNK_BYTES = 1 << 20
 """Raw COPY bytes per bronze ``copy`` record (a record holds whole rows, so it can be larger)."""
 ARROW_BATCH_BYTES = 16 << 20
-STREAM_BATCH_MESSAGES = 200_000
-STREAM_BATCH_BYTES = 128 << 20
+STREAM_BATCH_MESSAGES = 500_000
+STREAM_BATCH_BYTES = 64 << 20
 
 RECORDED_ERRORS = (
     PublicationDropped,
@@ -477,6 +479,7 @@ def land_stream(
     limits: StreamLimits = StreamLimits(),
     new_tables: Callable[[list[PublishedTable]], bool] | None = None,
     result: StreamResult | None = None,
+    state: BronzeState | None = None,
 ) -> StreamResult:
     """Stream the slot into bronze from bronze's frontier.
 
@@ -484,7 +487,8 @@ def land_stream(
     until ``stop`` is set, ``max_seconds`` pass, or (checked every
     ``limits.publication_check_interval_s``) ``new_tables`` says the publication gained tables
     that need a snapshot first. ``result`` is updated as batches commit, so a caller still
-    knows what landed when an error ends the stream.
+    knows what landed when an error ends the stream. ``state`` is bronze's state if the caller
+    has just read it (nothing was written since).
     """
     stop = stop or threading.Event()
     result = result if result is not None else StreamResult()
@@ -494,11 +498,13 @@ def land_stream(
         repl = connect_replication(target.conninfo)
         try:
             system = identify_system(repl)
-            _check_recorded_system(spark, target, system)
-            state = release_slot(repl, target.slot)
-            frontier = bronze_frontier(spark, target.bronze, target.source)
-            resume = frontier if frontier is not None else state.confirmed_flush_lsn or 0
-            check_resume_point(state, resume)
+            if state is None:
+                state = bronze_state(spark, target.bronze, target.source)
+            _check_recorded_system(state, system)
+            slot = release_slot(repl, target.slot)
+            frontier = state.frontier
+            resume = frontier if frontier is not None else slot.confirmed_flush_lsn or 0
+            check_resume_point(slot, resume)
             # PostgreSQL 18 skips a dropped publication silently: check it by name first.
             publication_tables(conn, target.publication)
             stop_at = None if continuous else current_wal_lsn(conn)
@@ -509,7 +515,9 @@ def land_stream(
                 "continuously" if continuous else f"to {format_lsn(stop_at)}",
             )
             stream = start_replication(repl, target.slot, target.publication, resume)
-            writer = _BatchWriter(spark, target, stream, run_id, system, resume, result)
+            writer = _BatchWriter(
+                spark, target, stream, run_id, system, resume, result, state.next_batch_id
+            )
             try:
                 _stream_loop(
                     stream, writer, conn, target, stop_at, stop, end_at, limits, new_tables
@@ -517,6 +525,8 @@ def land_stream(
             except CaptureError:
                 writer.salvage()
                 raise
+            finally:
+                writer.close()
             stream.close()
             return result
         finally:
@@ -536,28 +546,26 @@ def _stream_loop(
     limits: StreamLimits,
     new_tables: Callable[[list[PublishedTable]], bool] | None,
 ) -> None:
-    buffer = writer.buffer
     continuous = stop_at is None
     next_check = time.monotonic() + limits.publication_check_interval_s
+    max_messages, max_bytes = limits.batch_messages, limits.batch_bytes
     while True:
         deadline = time.monotonic() + limits.commit_interval_s if continuous else None
         if end_at is not None:
             deadline = end_at if deadline is None else min(deadline, end_at)
+        buffer = writer.buffer
+        add = buffer.add_wal
         for event in stream.read_until(stop_at, deadline=deadline):
-            if not isinstance(event, Keepalive):
-                buffer.add(
-                    "wal",
-                    event.commit_lsn,
-                    end_lsn=event.end_lsn,
-                    xid=event.xid,
-                    ordinal=event.ordinal,
-                    payload=event.payload,
-                )
-                writer.result.messages += 1
-                if len(buffer) >= limits.batch_messages or buffer.payload_bytes >= (
-                    limits.batch_bytes
-                ):
+            if isinstance(event, Keepalive):
+                writer.poll()
+            else:
+                add(event.commit_lsn, event.end_lsn, event.xid, event.ordinal, event.payload)
+                if buffer.messages & 1023 == 0:
+                    writer.poll()
+                if buffer.messages >= max_messages or len(buffer.data) >= max_bytes:
                     writer.commit()
+                    buffer = writer.buffer
+                    add = buffer.add_wal
             if stop.is_set():
                 break
         now = time.monotonic()
@@ -570,14 +578,23 @@ def _stream_loop(
                 log.info("new tables in publication %s: snapshotting them", target.publication)
                 writer.result.new_tables = stopping = True
         idle_due = now - writer.last_commit >= limits.idle_commit_interval_s
-        if len(buffer) or (stream.position > writer.committed and (stopping or idle_due)):
+        if len(buffer) or (stream.position > writer.sealed and (stopping or idle_due)):
             writer.commit()
+        writer.poll()
         if stopping:
+            writer.wait()
             return
 
 
 class _BatchWriter:
-    """Commits the buffered stream as numbered bronze batches, then acknowledges the slot."""
+    """Commits the buffered stream as numbered bronze batches, then acknowledges the slot.
+
+    Commits run in a background thread, one at a time and in batch order, while the reader
+    fills the next batch (the reader never waits for Delta unless a second batch is full before
+    the first is committed). The reader's thread acknowledges a batch's frontier once its
+    commit is in (``poll``/``wait``): the replication connection is only used by that thread.
+    Memory: at most two batches, the one being committed and the one being filled.
+    """
 
     def __init__(
         self,
@@ -588,52 +605,83 @@ class _BatchWriter:
         system: SystemIdentity,
         resume: int,
         result: StreamResult,
+        batch_id: int,
     ) -> None:
         self.spark = spark
         self.target = target
         self.stream = stream
-        self.buffer = RecordBuffer(target.source, run_id)
-        self.batch_id = next_batch_id(spark, target.bronze, target.source)
+        self.run_id = run_id
+        self.buffer = WalBuffer(target.source, run_id)
+        self.batch_id = batch_id
         self.identity = json_payload({"system_id": system.system_id, "timeline": system.timeline})
         self.committed = resume
+        """The frontier of the last batch committed (and acknowledged, unless salvaged)."""
+        self.sealed = resume
+        """The frontier of the last batch handed to the committer."""
         self.last_commit = time.monotonic()
         self.result = result
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bronze-commit")
+        self._pending: tuple[Future, int, bool] | None = None
         result.frontier = resume if result.frontier is None else max(result.frontier, resume)
 
     def commit(self, ack: bool = True) -> None:
-        frontier = max(self.committed, self.stream.position)
-        self.buffer.add("progress", frontier, payload=self.identity)
+        """Seal the buffer as the next batch and start committing it (after the previous one)."""
+        frontier = max(self.sealed, self.stream.position)
+        buffer = self.buffer
+        self.result.messages += buffer.messages
+        buffer.others.add("progress", frontier, payload=self.identity)
+        table = buffer.to_arrow(self.batch_id)
+        self.buffer = WalBuffer(self.target.source, self.run_id)
+        self.wait()
+        self._pending = (self._pool.submit(self._write, table, self.batch_id), frontier, ack)
+        self.sealed = frontier
+        self.batch_id += 1
+        self.last_commit = time.monotonic()
+
+    def _write(self, table: pa.Table, batch_id: int) -> None:
         failpoint("bronze.before_commit")
-        write_batch(
-            self.spark.createDataFrame(self.buffer.to_arrow(self.batch_id)),
-            self.target.bronze,
-            self.target.source,
-            self.batch_id,
-        )
-        self.committed = frontier
+        df = self.spark.createDataFrame(table)
+        write_batch(df, self.target.bronze, self.target.source, batch_id)
+
+    def poll(self) -> None:
+        """Acknowledge the batch in flight if its commit has finished (raise its error)."""
+        if self._pending is not None and self._pending[0].done():
+            self.wait()
+
+    def wait(self) -> None:
+        """Wait for the batch in flight, then acknowledge its frontier (raise its error)."""
+        if self._pending is None:
+            return
+        future, frontier, ack = self._pending
+        self._pending = None
+        future.result()
+        self.committed = max(self.committed, frontier)
         self.result.frontier = max(self.result.frontier or 0, frontier)
         self.result.batches += 1
-        self.batch_id += 1
-        self.buffer.clear()
-        self.last_commit = time.monotonic()
         failpoint("bronze.after_commit")  # committed, not yet acknowledged
         if ack:
             self.stream.ack(frontier)
 
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
     def salvage(self) -> None:
         """After a capture error: keep what was read (no ack; the next run acknowledges it)."""
-        if not len(self.buffer) and self.stream.position <= self.committed:
+        try:
+            self.wait()
+        except Exception as exc:  # the error being raised says more than this one
+            log.warning("the batch being committed failed too: %s", exc)
+        if not len(self.buffer) and self.stream.position <= self.sealed:
             return
         try:
             self.commit(ack=False)
+            self.wait()
         except Exception as exc:  # the error being raised says more than this one
             log.warning("could not commit the last %d records: %s", len(self.buffer), exc)
 
 
-def _check_recorded_system(
-    spark: SparkSession, target: CaptureTarget, system: SystemIdentity
-) -> None:
-    recorded = last_system_identity(spark, target.bronze, target.source)
+def _check_recorded_system(state: BronzeState, system: SystemIdentity) -> None:
+    recorded = state.system_identity
     if recorded is None:
         return
     check_system(
@@ -842,8 +890,9 @@ def _attempt(
     expected: dict[int, PublishedTable],
 ) -> bool:
     """One attempt: slot, dropped tables, snapshot, stream. True: new tables, go again."""
-    frontier = bronze_frontier(spark, target.bronze, target.source)
-    captured = snapshotted_table_names(spark, target.bronze, target.source)
+    state = bronze_state(spark, target.bronze, target.source)
+    frontier = state.frontier
+    captured = {oid: (schema, name) for oid, (_, schema, name) in state.snapshots.items()}
     repl = connect_replication(target.conninfo)
     try:
         if frontier is not None or captured:
@@ -874,6 +923,7 @@ def _attempt(
         if record_error(spark, target, error, lsn=noticed_at, run_id=run_id, table=table):
             totals.table_errors[_table_name(table)] = str(error)
         expected.pop(oid, None)
+        state = None  # an error record may have taken the next batch id
     wanted = set(tables or ())
 
     def is_wanted(table: PublishedTable) -> bool:
@@ -891,6 +941,7 @@ def _attempt(
         totals.table_errors.update(landed.dropped)
         for table in pending:
             expected.pop(table.oid, None)
+        state = None  # the snapshot added a batch
     if stop.is_set():
         return False
     watched = {t.oid for t in published}
@@ -909,6 +960,7 @@ def _attempt(
         limits=limits,
         new_tables=new_tables,
         result=totals.stream,
+        state=state,
     )
     again = stream.new_tables
     stream.new_tables = False

@@ -41,7 +41,8 @@ table, where the drop was noticed. The same error is not recorded twice
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from array import array
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -100,16 +101,55 @@ def bronze_frontier(spark: SparkSession, table: str, source: str) -> int | None:
     return None if row is None else row["f"]
 
 
-def last_system_identity(spark: SparkSession, table: str, source: str) -> dict | None:
-    """``{"system_id", "timeline"}`` from the newest progress record that carries one."""
-    row = (
-        bronze_rows(spark, table, source)
-        .where((F.col("kind") == "progress") & F.col("payload").isNotNull())
-        .orderBy(F.col("batch_id").desc())
-        .select("payload")
-        .first()
+@dataclass(frozen=True)
+class BronzeState:
+    """What capture needs to know of a source's bronze rows before it reads on, from one query
+    over the control records (every batch holds one: a snapshot its rewinds, a stream batch its
+    progress record, an error batch its error)."""
+
+    frontier: int | None
+    """The highest committed frontier, None before the first progress record."""
+    system_identity: dict | None
+    """``{"system_id", "timeline"}`` of the newest progress record that carries one."""
+    next_batch_id: int
+    snapshots: dict[int, tuple[int, str, str]]
+    """OID -> (snapshot LSN, schema, name) of every table with a complete snapshot."""
+
+
+def bronze_state(spark: SparkSession, table: str, source: str) -> BronzeState:
+    rows = bronze_rows(spark, table, source).where(
+        F.col("kind").isin("progress", "rewind", "error")
     )
-    return None if row is None else json.loads(bytes(row["payload"]))
+    progress = F.col("kind") == "progress"
+    summary = rows.agg(
+        F.max(F.when(progress, F.col("lsn"))).alias("lsn"),
+        F.max_by(
+            F.col("payload"), F.when(progress & F.col("payload").isNotNull(), F.col("batch_id"))
+        ).alias("payload"),
+        F.max("batch_id").alias("batch_id"),
+    ).select(
+        F.lit("state").alias("kind"),
+        F.lit(None).cast("long").alias("table_oid"),
+        F.lit(None).cast("string").alias("table_schema"),
+        F.lit(None).cast("string").alias("table_name"),
+        "lsn",
+        "payload",
+        "batch_id",
+    )
+    rewinds = rows.where(F.col("kind") == "rewind").select(
+        "kind", "table_oid", "table_schema", "table_name", "lsn", "payload", "batch_id"
+    )
+    frontier = identity = None
+    next_batch = 0
+    snapshots: dict[int, tuple[int, str, str]] = {}
+    for r in summary.unionByName(rewinds).collect():
+        if r["kind"] == "state":
+            frontier = r["lsn"]
+            identity = None if r["payload"] is None else json.loads(bytes(r["payload"]))
+            next_batch = 0 if r["batch_id"] is None else r["batch_id"] + 1
+        elif r["table_oid"] not in snapshots or snapshots[r["table_oid"]][0] < r["lsn"]:
+            snapshots[r["table_oid"]] = (r["lsn"], r["table_schema"], r["table_name"])
+    return BronzeState(frontier, identity, next_batch, snapshots)
 
 
 def recorded_errors(
@@ -123,18 +163,6 @@ def recorded_errors(
         .collect()
     )
     return {(json.loads(bytes(r["payload"]))["code"], r["table_oid"], r["lsn"]) for r in rows}
-
-
-def snapshotted_table_names(spark: SparkSession, table: str, source: str) -> dict[int, tuple]:
-    """OID -> (schema, name) of every table with a complete snapshot in bronze."""
-    rows = (
-        bronze_rows(spark, table, source)
-        .where(F.col("kind") == "rewind")
-        .select("table_oid", "table_schema", "table_name")
-        .distinct()
-        .collect()
-    )
-    return {r["table_oid"]: (r["table_schema"], r["table_name"]) for r in rows}
 
 
 def next_batch_id(spark: SparkSession, table: str, source: str) -> int:
@@ -216,6 +244,79 @@ class RecordBuffer:
         cols["run_id"] = [self.run_id] * n
         cols["captured_at"] = [datetime.now(UTC)] * n
         return pa.table(cols, schema=ARROW_SCHEMA)
+
+
+class WalBuffer:
+    """A stream batch: pgoutput messages packed into flat buffers (not one Python object per
+    message and column), plus a few other records (the batch's ``progress`` record).
+
+    The payloads go into one ``bytearray`` with an offsets array, the LSNs, xids and ordinals
+    into ``array('q')``; ``to_arrow`` wraps them without copying each message. Memory is about
+    the payload bytes plus 40 bytes per message. After ``to_arrow`` the Arrow table shares the
+    payload bytes: call ``clear`` (new buffers) before adding more.
+    """
+
+    def __init__(self, source: str, run_id: str) -> None:
+        self.source = source
+        self.run_id = run_id
+        self.clear()
+
+    def clear(self) -> None:
+        self.lsn = array("q")
+        self.end_lsn = array("q")
+        self.xid = array("q")
+        self.ordinal = array("q")
+        self.offsets = array("q", [0])
+        self.data = bytearray()
+        self.others = RecordBuffer(self.source, self.run_id)
+
+    @property
+    def messages(self) -> int:
+        return len(self.lsn)
+
+    @property
+    def payload_bytes(self) -> int:
+        return len(self.data) + self.others.payload_bytes
+
+    def __len__(self) -> int:
+        return len(self.lsn) + len(self.others)
+
+    def add_wal(self, lsn: int, end_lsn: int, xid: int, ordinal: int, payload: bytes) -> None:
+        self.lsn.append(lsn)
+        self.end_lsn.append(end_lsn)
+        self.xid.append(xid)
+        self.ordinal.append(ordinal)
+        self.data += payload
+        self.offsets.append(len(self.data))
+
+    def to_arrow(self, batch_id: int) -> pa.Table:
+        n = len(self.lsn)
+        if len(self.data) >= 1 << 31:
+            raise ValueError("a stream batch holds at most 2 GiB of payload")
+        now = datetime.now(UTC)
+        offsets = pa.py_buffer(array("i", self.offsets))
+        columns = {
+            "source": pa.repeat(self.source, n).cast(pa.string()),
+            "kind": pa.repeat("wal", n).cast(pa.string()),
+            "table_oid": pa.nulls(n, pa.int64()),
+            "table_schema": pa.nulls(n, pa.string()),
+            "table_name": pa.nulls(n, pa.string()),
+            "lsn": pa.array(self.lsn, pa.int64()),
+            "end_lsn": pa.array(self.end_lsn, pa.int64()),
+            "xid": pa.array(self.xid, pa.int64()),
+            "ordinal": pa.array(self.ordinal, pa.int64()),
+            "part": pa.nulls(n, pa.int32()),
+            "payload": pa.Array.from_buffers(
+                pa.binary(), n, [None, offsets, pa.py_buffer(self.data)]
+            ),
+            "batch_id": pa.repeat(batch_id, n).cast(pa.int64()),
+            "run_id": pa.repeat(self.run_id, n).cast(pa.string()),
+            "captured_at": pa.repeat(pa.scalar(now, pa.timestamp("us", tz="UTC")), n),
+        }
+        wal = pa.table(columns, schema=ARROW_SCHEMA)
+        if not len(self.others):
+            return wal
+        return pa.concat_tables([wal, self.others.to_arrow(batch_id)])
 
 
 def copy_lines(payload: bytes) -> list[bytes]:
