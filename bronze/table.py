@@ -82,8 +82,16 @@ def app_id(source: str) -> str:
     return f"pgmedallion-{source}"
 
 
+STATS_COLUMNS = "source,kind,table_oid,lsn,batch_id"
+"""The columns Delta keeps file statistics of: what readers filter bronze on. Statistics of the
+others (payloads above all) would cost every write and skip nothing."""
+
+
 def ensure_bronze_table(spark: SparkSession, table: str) -> None:
-    spark.sql(f"CREATE TABLE IF NOT EXISTS {table} ({BRONZE_DDL}) USING DELTA")
+    spark.sql(
+        f"CREATE TABLE IF NOT EXISTS {table} ({BRONZE_DDL}) USING DELTA "
+        f"TBLPROPERTIES ('delta.dataSkippingStatsColumns' = '{STATS_COLUMNS}')"
+    )
 
 
 def bronze_rows(spark: SparkSession, table: str, source: str) -> DataFrame:
