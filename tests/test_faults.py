@@ -1,0 +1,334 @@
+"""Faults through the whole pipeline, each ending in its documented outcome.
+
+Transient faults (README "Guarantees": connection refused, walsender terminated, server
+restart) are retried and end recovered and exact. Definite ones end in an error for the tables
+they concern, kept in silver's ``_errors``, while every other table stays exact: a table
+dropped (``TableDropped``), retyped (``SchemaIncompatible``) or truncated (``TableTruncated``);
+the slot or the publication gone (``SlotMissing``, ``PublicationDropped``: no table can go on,
+the run fails and nothing is recreated behind the user's back).
+
+The tests that stop or restart PostgreSQL use a server of their own, so the session server the
+other tests share is never disturbed. The capture-level behaviour has its own tests
+(``tests/test_capture_stream.py``); these go on through silver, gold and verify with the
+type-rich workload of ``tests/workload.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import replace
+
+import psycopg
+import pytest
+from psycopg import sql
+from pyspark.sql import functions as F
+
+from bronze.land import RetryPolicy, StreamLimits
+from capture.errors import PublicationDropped, SlotMissing, TransientError
+from gold.build import run_gold
+from gold.quality import GoldQualityError
+from pgmedallion.config import TablePolicy
+from pgmedallion.localpg import LocalPostgres
+from pgmedallion.pipeline import run_capture, run_stages
+from pgmedallion.verify import verify
+from tests.conftest import STATE
+from tests.workload import Workload, assert_exact, drop_schemas, make_config
+
+PATIENT = RetryPolicy(attempts=12, initial_delay_s=0.3, max_delay_s=2.0)
+QUICK = StreamLimits(
+    commit_interval_s=0.5, idle_commit_interval_s=1.0, publication_check_interval_s=0.5
+)
+SMALL = ("public.events", "public.ledger")
+# Written against the documented outcomes but not run yet (the crash trials took the time
+# budget of the first session): enable once each has passed here.
+NOT_RUN_YET = pytest.mark.skip(reason="fault test written but not yet run; enable after a pass")
+
+
+@pytest.fixture(scope="module")
+def own_pg():
+    """A PostgreSQL 18 server of this module's own: these tests stop and restart it."""
+    server = LocalPostgres(STATE / "pg18-faults").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_db(own_pg, request):
+    name = "f_" + "".join(c if c.isalnum() else "_" for c in request.node.name.lower())[:55]
+    admin = own_pg.conninfo()
+    with psycopg.connect(**admin, autocommit=True) as conn:
+        for (slot,) in conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (name,)
+        ).fetchall():
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return own_pg.conninfo(dbname=name)
+
+
+def errors(spark, cfg) -> set[tuple]:
+    rows = spark.table(cfg.qualified("silver", "_errors")).collect()
+    return {(r["table_name"], r["code"]) for r in rows}
+
+
+def execute(conninfo: dict, *statements: str, params=None):
+    with psycopg.connect(**conninfo, autocommit=True) as conn:
+        out = None
+        for s in statements:
+            out = conn.execute(s, params)
+        return out.fetchall() if out is not None and out.description else None
+
+
+class Continuous:
+    """A continuous capture in a thread (``stop()`` ends it cleanly and returns its result)."""
+
+    def __init__(self, spark, cfg) -> None:
+        self.stop_event = threading.Event()
+        self.result = self.error = None
+
+        def run() -> None:
+            try:
+                self.result = run_capture(
+                    spark,
+                    cfg,
+                    continuous=True,
+                    stop=self.stop_event,
+                    handle_signals=False,
+                    retry=PATIENT,
+                    limits=QUICK,
+                )
+            except BaseException as exc:  # reported by stop()
+                self.error = exc
+
+        self.thread = threading.Thread(target=run, name="capture")
+        self.thread.start()
+
+    def stop(self):
+        self.stop_event.set()
+        self.thread.join(timeout=300)
+        assert not self.thread.is_alive(), "capture did not stop"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def streaming_pid(conninfo: dict, slot: str) -> int | None:
+    rows = execute(
+        conninfo,
+        "SELECT s.active_pid FROM pg_replication_slots s JOIN pg_stat_replication r"
+        " ON r.pid = s.active_pid WHERE s.slot_name = %s AND r.state = 'streaming'",
+        params=(slot,),
+    )
+    return rows[0][0] if rows else None
+
+
+def wait_for(predicate, what: str, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def bronze_frontier(spark, cfg) -> int:
+    bronze = spark.table(cfg.qualified("bronze", "bronze"))
+    return bronze.where("kind = 'progress'").agg(F.max("lsn")).first()[0] or 0
+
+
+def wait_landed(spark, cfg, conninfo: dict) -> None:
+    """Until bronze's frontier passes the source's current WAL position."""
+    ((lsn,),) = execute(conninfo, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+    wait_for(lambda: bronze_frontier(spark, cfg) > lsn, "the burst to land in bronze")
+
+
+@pytest.mark.slow
+@NOT_RUN_YET
+def test_definite_errors_stay_with_their_tables(spark, db):
+    """A dropped, a retyped and a truncated table each get their error; the rest stay exact."""
+    wl = Workload(db, 31, initial_rows=60)
+    wl.create()
+    victims = ('public."LineItems"', "public.ledger", "public.events")
+    cfg = make_config(
+        db,
+        "faultdef",
+        **{t.replace('"', ""): TablePolicy(on_error="quarantine") for t in victims},
+    )
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    wl.burst(transactions=10)
+    gold_before = {
+        t: spark.table(cfg.qualified("gold", t)).count()
+        for t in ("public_lineitems", "public_ledger", "public_events")
+    }
+    execute(
+        db,
+        'DROP TABLE "LineItems"',
+        "ALTER TABLE ledger ALTER COLUMN amount TYPE float8",
+        "UPDATE ledger SET memo = 'after the retype' WHERE id IN (SELECT id FROM ledger LIMIT 3)",
+        "TRUNCATE events",
+        "INSERT INTO events VALUES (9, 9, 9, 'after the truncate', NULL, '{}')",
+    )
+    wl.tables = ("public.accounts",)  # from here on the workload writes accounts only
+    wl.inserts = [wl._insert_account]
+    for session in wl.sessions:
+        for keys in (session.items, session.events, session.ledger):
+            keys.clear()
+    wl.burst(transactions=10)  # the untouched table keeps changing
+    run_stages(spark, cfg)
+    found = errors(spark, cfg)
+    assert {
+        ("LineItems", "TableDropped"),
+        ("ledger", "SchemaIncompatible"),
+        ("events", "TableTruncated"),
+    } <= found, found
+    assert {table for table, _ in found} == {"LineItems", "ledger", "events"}, found
+    result = verify(spark, cfg)
+    assert_exact(result, tables={"public.accounts"})
+    checks = {t.table: t for t in result.tables}
+    accounts = checks["public.accounts"]
+    assert accounts.source_rows == wl.counts()["public.accounts"] == accounts.gold_rows
+    # Quarantine: each victim's gold holds its state just before its first error.
+    for table in ("public.LineItems", "public.ledger", "public.events"):
+        assert checks[table].gold_exact is True, result.report()
+    gold_after = {t: spark.table(cfg.qualified("gold", t)).count() for t in gold_before}
+    assert gold_after["public_events"] > 0  # not emptied by the truncate
+    # Under the default policy (fail) the run names the table and does not update it.
+    failing = replace(cfg, tables={})
+    with pytest.raises(GoldQualityError, match="public.events"):
+        run_gold(spark, failing)
+
+
+@pytest.mark.slow
+@NOT_RUN_YET
+def test_walsender_terminated_and_server_restarted_mid_stream(spark, own_pg, own_db, caplog):
+    caplog.set_level(logging.WARNING)
+    wl = Workload(own_db, 32, tables=SMALL, initial_rows=80)
+    wl.create()
+    cfg = make_config(own_db, "faultrestart")
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    capture = Continuous(spark, cfg)
+    try:
+        wait_for(lambda: streaming_pid(own_db, cfg.source.slot), "the stream to start")
+        wl.burst(transactions=10)
+        wait_landed(spark, cfg, own_db)
+        execute(
+            own_db,
+            "SELECT pg_terminate_backend(%s)",
+            params=(streaming_pid(own_db, cfg.source.slot),),
+        )
+        wl.burst(transactions=10, large_rows=2000)
+        wait_landed(spark, cfg, own_db)
+        own_pg.restart()
+        wl.burst(transactions=10)
+        wait_landed(spark, cfg, own_db)
+    finally:
+        result = capture.stop()
+    assert result.retries >= 2
+    run_stages(spark, cfg, retry=PATIENT)
+    assert_exact(verify(spark, cfg), wl.counts())
+    retries = [r.getMessage() for r in caplog.records if " retry " in r.getMessage()]
+    assert len(retries) >= 2
+    assert not any(own_db["password"] in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
+@NOT_RUN_YET
+def test_connection_refused_at_start_is_retried_then_exact(spark, own_pg, own_db, caplog):
+    caplog.set_level(logging.WARNING)
+    wl = Workload(own_db, 33, tables=SMALL, initial_rows=80)
+    wl.create()
+    cfg = make_config(own_db, "faultrefused")
+    drop_schemas(spark, cfg)
+    own_pg.stop()
+    try:
+        # Nobody listens: a transient error, retried, then given up without the password.
+        with pytest.raises(TransientError) as failed:
+            run_stages(spark, cfg, retry=RetryPolicy(attempts=2, initial_delay_s=0.1))
+        assert own_db["password"] not in str(failed.value)
+        done: dict = {}
+
+        def run() -> None:
+            try:
+                done["result"] = run_stages(spark, cfg, retry=PATIENT)
+            except BaseException as exc:
+                done["error"] = exc
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        wait_for(
+            lambda: sum(" retry " in r.getMessage() for r in caplog.records) >= 3,
+            "the first refused attempts",
+        )
+    finally:
+        own_pg.start()
+    thread.join(timeout=600)
+    assert "error" not in done, done.get("error")
+    assert done["result"].capture.retries >= 1
+    wl.burst(transactions=10)
+    assert_exact(verify(spark, cfg), wl.counts())
+    assert not any(own_db["password"] in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
+@NOT_RUN_YET
+def test_slot_dropped_while_running_is_definite_and_not_recreated(spark, own_db):
+    wl = Workload(own_db, 34, tables=SMALL, initial_rows=40)
+    wl.create()
+    cfg = make_config(own_db, "faultslot")
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    assert_exact(verify(spark, cfg), wl.counts())
+    capture = Continuous(spark, cfg)
+    try:
+        wait_for(lambda: streaming_pid(own_db, cfg.source.slot), "the stream to start")
+        wl.burst(transactions=5)
+
+        def dropped() -> bool:
+            pid = streaming_pid(own_db, cfg.source.slot)
+            try:
+                if pid:
+                    execute(own_db, "SELECT pg_terminate_backend(%s)", params=(pid,))
+                execute(own_db, "SELECT pg_drop_replication_slot(%s)", params=(cfg.source.slot,))
+                return True
+            except psycopg.errors.ObjectInUse:
+                return False  # the capture reconnected first: again
+
+        wait_for(dropped, "the slot to be dropped")
+        wait_for(lambda: not capture.thread.is_alive(), "capture to stop on the missing slot")
+    finally:
+        capture.stop_event.set()
+    with pytest.raises(SlotMissing):
+        capture.stop()
+    with pytest.raises(SlotMissing, match="changes since are lost"):
+        run_stages(spark, cfg)
+    assert not execute(
+        own_db, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", params=(cfg.source.slot,)
+    )
+    run_stages(spark, cfg, ("silver", "gold"))
+    assert (None, "SlotMissing") in errors(spark, cfg)
+
+
+@pytest.mark.slow
+@NOT_RUN_YET
+def test_publication_dropped_is_definite(spark, own_db):
+    wl = Workload(own_db, 35, tables=SMALL, initial_rows=40)
+    wl.create()
+    cfg = make_config(own_db, "faultpub")
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    wl.burst(transactions=5)
+    execute(own_db, "DROP PUBLICATION pub")
+    wl.burst(transactions=5)
+    with pytest.raises(PublicationDropped):
+        run_stages(spark, cfg)
+    run_stages(spark, cfg, ("silver", "gold"))
+    assert (None, "PublicationDropped") in errors(spark, cfg)
+    with pytest.raises(PublicationDropped):  # stays an error, recorded once
+        run_stages(spark, cfg)
+    run_stages(spark, cfg, ("silver", "gold"))
+    codes = [r["code"] for r in spark.table(cfg.qualified("silver", "_errors")).collect()]
+    assert codes.count("PublicationDropped") == 1
