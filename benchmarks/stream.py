@@ -211,7 +211,12 @@ def land_ours(env: BenchEnv, slot: str, bronze: str) -> tuple[Timing, int, int, 
     )
     ensure_bronze_table(spark, target.bronze)
     with Stopwatch() as watch:
-        messages, batches = _counts(land_stream(spark, target, run_id=uuid.uuid4().hex))
+        result = land_stream(spark, target, run_id=uuid.uuid4().hex)
+    messages, batches = _counts(result)
+    say(
+        f"  bronze commits: {result.commit_s:.2f} s in all, the reader waited "
+        f"{result.wait_s:.2f} s for them"
+    )
     landed = (
         spark.table(target.bronze)
         .where("kind = 'wal'")

@@ -248,6 +248,10 @@ class StreamResult:
     batches: int = 0
     new_tables: bool = False
     """Continuous mode ended the stream because new tables were published."""
+    commit_s: float = 0.0
+    """Seconds spent in bronze commits (in the background, while reading went on)."""
+    wait_s: float = 0.0
+    """Seconds the reader waited for a commit (its slack: commit_s - wait_s overlapped)."""
 
 
 @dataclass
@@ -640,8 +644,10 @@ class _BatchWriter:
 
     def _write(self, table: pa.Table, batch_id: int) -> None:
         failpoint("bronze.before_commit")
+        started = time.monotonic()
         df = self.spark.createDataFrame(table)
         write_batch(df, self.target.bronze, self.target.source, batch_id)
+        self.result.commit_s += time.monotonic() - started
 
     def poll(self) -> None:
         """Acknowledge the batch in flight if its commit has finished (raise its error)."""
@@ -654,7 +660,9 @@ class _BatchWriter:
             return
         future, frontier, ack = self._pending
         self._pending = None
+        started = time.monotonic()
         future.result()
+        self.result.wait_s += time.monotonic() - started
         self.committed = max(self.committed, frontier)
         self.result.frontier = max(self.result.frontier or 0, frontier)
         self.result.batches += 1
