@@ -507,14 +507,12 @@ def test_runtime_conflict_checker():
     assert runtime_conflicts(deps) == ["pyspark[pipelines]==4.2.0", "delta-spark>=4"]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="pyproject requires pyspark and delta-spark; on a cluster pip would install PyPI's "
-    "Spark over the runtime's own (they belong in an optional extra for local runs)",
-)
 def test_wheel_does_not_replace_the_runtimes_spark():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert runtime_conflicts(project["dependencies"]) == []
+    local = project["optional-dependencies"]["local"]
+    assert sorted(runtime_conflicts(local)) == ["delta-spark==4.4.0", "pyspark[pipelines]==4.2.0"]
+    assert "pgmedallion[local]" in project["optional-dependencies"]["dev"]
 
 
 @pytest.mark.parametrize("target", TARGETS)
