@@ -768,10 +768,11 @@ def write_reports(
         )
         for o in outcomes
     ]
-    source = cfg.source.name.replace("'", "''")
-    spark.createDataFrame(frontier, FRONTIER_SCHEMA).write.format("delta").mode("overwrite").option(
-        "replaceWhere", f"source = '{source}'"
-    ).saveAsTable(cfg.qualified("gold", "_frontier"))
+    # One atomic commit replacing this source's rows. (A DataFrameWriterV2 overwrite: the V1
+    # saveAsTable overwrite also asks the Hive metastore to alter the table, which it refuses.)
+    spark.createDataFrame(frontier, FRONTIER_SCHEMA).writeTo(
+        cfg.qualified("gold", "_frontier")
+    ).overwrite(F.col("source") == F.lit(cfg.source.name))
     quality = [
         (run, o.table.source, r.table, r.rule, r.policy, r.failed, r.passed, r.sample, now)
         for o in outcomes

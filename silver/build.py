@@ -403,7 +403,7 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
                 errors.append(
                     (
                         oid,
-                        e.get("lsn", r["lsn"]),
+                        r["lsn"],  # the payload's "lsn" is the same position, as text
                         e.get("code", "CaptureError"),
                         None,
                         None,
@@ -696,12 +696,8 @@ def _write_tables(
         "silver_table string, snapshot_lsn long, primary_key array<string>, "
         "not_null array<string>, columns string",
     ).withColumn("updated_at", F.current_timestamp())
-    # One atomic commit replacing this source's rows (other sources' rows stay as they are).
-    predicate = "source = '" + source.replace("'", "''") + "'"
-    (
-        df.select(*spark.table(n.tables).columns)
-        .write.format("delta")
-        .mode("overwrite")
-        .option("replaceWhere", predicate)
-        .save(spark.sql(f"DESCRIBE DETAIL {n.tables}").first()["location"])
+    # One atomic commit replacing this source's rows (other sources' rows stay as they are),
+    # through the catalog (by name, so it works on Unity Catalog managed tables too).
+    df.select(*spark.table(n.tables).columns).writeTo(n.tables).overwrite(
+        F.col("source") == F.lit(source)
     )

@@ -41,13 +41,6 @@ QUICK = StreamLimits(
     commit_interval_s=0.5, idle_commit_interval_s=1.0, publication_check_interval_s=0.5
 )
 SMALL = ("public.events", "public.ledger")
-# Silver cannot take capture's error records: their payload carries the LSN as text
-# ("0/7773E98", bronze.table.error_payload) and silver/build.py puts e["lsn"] into _errors.lsn
-# (bigint) -> PySparkTypeError FIELD_DATA_TYPE_UNACCEPTABLE_WITH_NAME in run_silver.
-ERROR_RECORD_LSN = pytest.mark.xfail(
-    strict=True,
-    reason="silver puts the text LSN of a capture error record ('0/7773E98') into _errors.lsn",
-)
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +142,6 @@ def wait_landed(spark, cfg, conninfo: dict) -> None:
 
 
 @pytest.mark.slow
-@ERROR_RECORD_LSN
 def test_definite_errors_stay_with_their_tables(spark, db):
     """A dropped, a retyped and a truncated table each get their error; the rest stay exact."""
     wl = Workload(db, 31, initial_rows=60)
@@ -276,7 +268,6 @@ def test_connection_refused_at_start_is_retried_then_exact(spark, own_pg, own_db
 
 
 @pytest.mark.slow
-@ERROR_RECORD_LSN
 def test_slot_dropped_while_running_is_definite_and_not_recreated(spark, own_db):
     wl = Workload(own_db, 34, tables=SMALL, initial_rows=40)
     wl.create()
@@ -315,7 +306,6 @@ def test_slot_dropped_while_running_is_definite_and_not_recreated(spark, own_db)
 
 
 @pytest.mark.slow
-@ERROR_RECORD_LSN
 def test_publication_dropped_is_definite(spark, own_db):
     wl = Workload(own_db, 35, tables=SMALL, initial_rows=40)
     wl.create()
