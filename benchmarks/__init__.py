@@ -10,17 +10,20 @@ what the goals are stated in and what RESULTS.md compares across runs.
     python -m benchmarks                      every benchmark, default sizes
     python -m benchmarks snapshot --size-mb 64 --peer jdbc
     python -m benchmarks stream --rows 100000 --txns 1000
+    python -m benchmarks rss --rows 1000000
 
 Each benchmark uses the state directory ``.pgmedallion/bench`` (its own embedded PostgreSQL and
 its own Spark warehouse), prints its details and, as its last line, ``NAME: pgmedallion <rate>,
 <peer> <rate>, ratio <r> (goal >= <g>)``, and appends the result as one JSON line to
-``.pgmedallion/bench/results.jsonl``.
+``.pgmedallion/bench/results.jsonl``. The memory benchmark ``rss`` prints peak resident sets
+instead: ``rss: pgmedallion peak RSS <mb> MB, pg_recvlogical peak RSS <mb> MB, ratio <ours /
+peer> (ours / peer, lower is better; goal pgmedallion <= 512 MB)``.
 
 Adding a benchmark: write ``benchmarks/<name>.py`` with
 
 - ``NAME`` (the command-line name) and ``DESCRIPTION`` (one line),
 - ``add_arguments(parser)`` for its own options (sizes, peers) with defaults for a full run,
-- ``run(args) -> benchmarks.common.Result``, where ``args.env`` is the
+- ``run(args) -> benchmarks.common.Result`` (or ``MemoryResult``), where ``args.env`` is the
   :class:`benchmarks.common.BenchEnv` (PostgreSQL server, database, lazy Spark session),
 
 and add ``<name>`` to :data:`BENCHMARKS`. :func:`benchmarks.common.execute` does the printing
@@ -32,7 +35,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-BENCHMARKS: tuple[str, ...] = ("snapshot", "stream", "silver", "incremental")
+BENCHMARKS: tuple[str, ...] = ("snapshot", "stream", "silver", "incremental", "rss")
 """The registered benchmarks, in the order ``python -m benchmarks`` runs them."""
 
 

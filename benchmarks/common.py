@@ -5,7 +5,9 @@ Fairness rules the benchmarks keep
     noise of a shared machine hits both alike; the ratio compares wall times of that same work
     (``ratio = peer seconds / our seconds``, so above 1 means we are faster). A rate is the
     work (bytes of the table, messages of the backlog) divided by each side's wall time.
-    Megabytes are 10^6 bytes.
+    Megabytes are 10^6 bytes. A memory benchmark reports a :class:`MemoryResult` instead:
+    each side's peak resident set through the same work, ``ratio = our peak / the peer's``
+    (lower is better, the line says so) and a ceiling on our peak as the goal.
 
 Environment
     :class:`BenchEnv` holds the PostgreSQL server, the database the benchmarks use, and a Spark
@@ -99,6 +101,77 @@ class Result:
             "params": self.params,
             "details": self.details,
         }
+
+
+@dataclass(frozen=True)
+class Peak:
+    """One side's peak resident set size through the benchmark's work."""
+
+    label: str
+    kib: int
+    """KiB, as Linux reports it (``VmHWM``, ``ru_maxrss``)."""
+
+    @property
+    def mb(self) -> float:
+        return self.kib * 1024 / MB
+
+
+@dataclass(frozen=True)
+class MemoryResult:
+    """What a memory benchmark measured: our and the peer's peak RSS through the same work.
+
+    Lower is better, so unlike :class:`Result` the ratio is ours over the peer's (above 1: we
+    use more), and the goal is a ceiling on our own peak, not on the ratio.
+    """
+
+    name: str
+    ours: Peak
+    peer: Peak
+    goal_mb: float | None
+    """Our peak RSS should be at most this many MB (10^6 bytes), or None where none is set."""
+    params: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        """Our peak RSS over the peer's."""
+        return self.ours.kib / self.peer.kib
+
+    @property
+    def goal_met(self) -> bool | None:
+        return None if self.goal_mb is None else self.ours.mb <= self.goal_mb
+
+    def summary_line(self) -> str:
+        """``NAME: pgmedallion peak RSS <mb> MB, <peer> peak RSS <mb> MB, ratio R (...)``."""
+        goal = (
+            f"goal {self.ours.label} <= {self.goal_mb:g} MB"
+            if self.goal_mb is not None
+            else "no goal set"
+        )
+        return (
+            f"{self.name}: {self.ours.label} peak RSS {format_mb(self.ours.mb)}, "
+            f"{self.peer.label} peak RSS {format_mb(self.peer.mb)}, "
+            f"ratio {self.ratio:.2f} (ours / peer, lower is better; {goal})"
+        )
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "metric": "peak_rss",
+            "ratio": self.ratio,
+            "ratio_is": "ours / peer peak RSS, lower is better",
+            "goal": None,
+            "goal_ours_max_mb": self.goal_mb,
+            "goal_met": self.goal_met,
+            "ours": {**asdict(self.ours), "peak_rss_mb": self.ours.mb},
+            "peer": {**asdict(self.peer), "peak_rss_mb": self.peer.mb},
+            "params": self.params,
+            "details": self.details,
+        }
+
+
+def format_mb(mb: float) -> str:
+    return f"{mb:.0f} MB" if mb >= 1000 else f"{mb:.1f} MB"
 
 
 def format_rates(rates: Mapping[str, float]) -> str:
@@ -218,7 +291,7 @@ def module_parser(module: ModuleType) -> argparse.ArgumentParser:
     return parser
 
 
-def execute(module: ModuleType, args: argparse.Namespace) -> Result:
+def execute(module: ModuleType, args: argparse.Namespace) -> Result | MemoryResult:
     """Run one benchmark: its details, then its summary as the last line; record it."""
     print(f"== {module.NAME}: {module.DESCRIPTION}", flush=True)
     load_before = os.getloadavg()

@@ -15,12 +15,16 @@ import pytest
 
 from benchmarks import BENCHMARKS, load
 from benchmarks.__main__ import main
-from benchmarks.common import BenchEnv, Result, Timing, execute, module_parser
+from benchmarks.common import BenchEnv, MemoryResult, Peak, Result, Timing, execute, module_parser
 from bronze.table import copy_row_counts
 
 RESULT_LINE = re.compile(
     r"^(\w+): pgmedallion [\d.]+ \S+.*, (.+?) [\d.]+ \S+.*, "
     r"ratio \d+\.\d+ \((goal >= [\d.]+|no goal set)\)$"
+)
+RSS_LINE = re.compile(
+    r"^rss: pgmedallion peak RSS (\d+(?:\.\d)?) MB, pg_recvlogical peak RSS (\d+(?:\.\d)?) MB, "
+    r"ratio (\d+\.\d\d) \(ours / peer, lower is better; goal pgmedallion <= 512 MB\)$"
 )
 
 
@@ -58,6 +62,19 @@ def test_summary_line_shape():
         "stream: pgmedallion 100000 msg/s 5.0 MB/s, pg_recvlogical 125000 msg/s 6.2 MB/s, "
         "ratio 0.80 (goal >= 0.8)"
     )
+
+
+def test_memory_summary_line_shape():
+    """Lower is better for memory: the ratio is ours over the peer's and the line says so."""
+    result = MemoryResult("rss", Peak("pgmedallion", 204_800), Peak("pg_recvlogical", 8_192), 512)
+    assert result.summary_line() == (
+        "rss: pgmedallion peak RSS 209.7 MB, pg_recvlogical peak RSS 8.4 MB, "
+        "ratio 25.00 (ours / peer, lower is better; goal pgmedallion <= 512 MB)"
+    )
+    assert RSS_LINE.match(result.summary_line())
+    assert not RESULT_LINE.match(result.summary_line())  # not mistaken for a rate line
+    record = result.to_record()
+    assert record["ratio"] == 25.0 and record["goal_met"] is True and record["goal"] is None
 
 
 def test_every_registered_benchmark_has_the_interface():
@@ -121,6 +138,31 @@ def test_stream_runs_end_to_end(bench_env, capsys):
     with psycopg.connect(**bench_env.conninfo) as conn:
         slots = conn.execute(
             "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'bench_stream%'"
+        ).fetchone()[0]
+    assert slots == 0  # no slot is left behind to retain WAL
+
+
+@pytest.mark.slow
+def test_rss_runs_end_to_end(bench_env, capsys):
+    """The capture runs in a child process with a Spark session of its own, like the jdbc peer."""
+    result, last, records = _run(bench_env, "rss", ["--rows", "20000"], capsys)
+    match = RSS_LINE.match(last)
+    assert match, last
+    ours_mb, peer_mb, ratio = (float(g) for g in match.groups())
+    assert ours_mb > 0 and peer_mb > 0
+    assert result.ours.kib > 0 and result.peer.kib > 0
+    assert ratio == pytest.approx(result.ours.kib / result.peer.kib, abs=0.01)
+    details = result.details
+    assert details["landed_by_kind"]["I"] == 20000
+    assert details["landed_by_kind"]["B"] == 1 and details["landed_by_kind"]["C"] == 1
+    assert details["jvm_separate_process"] and details["jvm_peak_rss_kib"] > 0
+    [record] = records
+    assert record["name"] == "rss" and record["metric"] == "peak_rss"
+    assert record["params"] == {"rows": 20000}
+    assert record["ours"]["kib"] == result.ours.kib and record["peer"]["kib"] == result.peer.kib
+    with psycopg.connect(**bench_env.conninfo) as conn:
+        slots = conn.execute(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'bench_rss%'"
         ).fetchone()[0]
     assert slots == 0  # no slot is left behind to retain WAL
 
