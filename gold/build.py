@@ -688,16 +688,18 @@ def _ranges_target(t: _Table) -> Column:
 def _merge_gold(t: _Table, ops: DataFrame, affected: DataFrame) -> None:
     from delta.tables import DeltaTable
 
+    # Every clause takes its values from the source alone: with deletion vectors, Delta's
+    # second pass then reads only the key columns of the files it touches, not whole rows
+    # (a condition comparing old and new values made it read every column: 9 s instead of
+    # 5.3 s at 10M rows). An upsert equal to the old row is rare (the LSN moves with any
+    # change) and costs one rewritten row.
     values = {q(n): c(n, "s") for n in [*t.names, LSN]}
-    same = F.lit(True)
-    for n in [*t.names, LSN]:
-        same = same & c(n, "t").eqNullSafe(c(n, "s"))
     cond = (F.col(f"s.{OP}") != "insert") & _key_match(t.key) & _ranges_target(t)
     target = DeltaTable.forName(t.spark, t.gold).alias("t")
     (
         target.merge(small(t, ops).alias("s"), cond)
         .whenMatchedDelete(condition=F.col(f"s.{OP}") == "delete")
-        .whenMatchedUpdate(condition=(F.col(f"s.{OP}") == "upsert") & ~same, set=values)
+        .whenMatchedUpdate(condition=F.col(f"s.{OP}") == "upsert", set=values)
         .whenNotMatchedInsert(condition=F.col(f"s.{OP}").isin("upsert", "insert"), values=values)
         .execute()
     )
