@@ -98,6 +98,7 @@ from bronze.table import (
     ARROW_SCHEMA,
     BronzeState,
     RecordBuffer,
+    SealedBatch,
     WalBuffer,
     bronze_frontier,
     bronze_state,
@@ -164,7 +165,7 @@ COPY_CHUNK_BYTES = 1 << 20
 """Raw COPY bytes per bronze ``copy`` record (a record holds whole rows, so it can be larger)."""
 ARROW_BATCH_BYTES = 16 << 20
 STREAM_BATCH_MESSAGES = 500_000
-STREAM_BATCH_BYTES = 64 << 20
+STREAM_BATCH_BYTES = 32 << 20
 
 RECORDED_ERRORS = (
     PublicationDropped,
@@ -634,19 +635,20 @@ class _BatchWriter:
         buffer = self.buffer
         self.result.messages += buffer.messages
         buffer.others.add("progress", frontier, payload=self.identity)
-        table = buffer.to_arrow(self.batch_id)
+        sealed = buffer.seal(self.batch_id)
+        del buffer
         self.buffer = WalBuffer(self.target.source, self.run_id)
         self.wait()
-        self._pending = (self._pool.submit(self._write, table, self.batch_id), frontier, ack)
+        self._pending = (self._pool.submit(self._write, sealed), frontier, ack)
         self.sealed = frontier
         self.batch_id += 1
         self.last_commit = time.monotonic()
 
-    def _write(self, table: pa.Table, batch_id: int) -> None:
+    def _write(self, sealed: SealedBatch) -> None:
         failpoint("bronze.before_commit")
         started = time.monotonic()
-        df = self.spark.createDataFrame(table)
-        write_batch(df, self.target.bronze, self.target.source, batch_id)
+        df = sealed.to_dataframe(self.spark)
+        write_batch(df, self.target.bronze, self.target.source, sealed.batch_id)
         self.result.commit_s += time.monotonic() - started
 
     def poll(self) -> None:

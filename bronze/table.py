@@ -245,12 +245,12 @@ class RecordBuffer:
         if payload is not None:
             self.payload_bytes += len(payload)
 
-    def to_arrow(self, batch_id: int) -> pa.Table:
+    def to_arrow(self, batch_id: int, captured_at: datetime | None = None) -> pa.Table:
         n = len(self)
         cols = dict(self.columns)
         cols["batch_id"] = [batch_id] * n
         cols["run_id"] = [self.run_id] * n
-        cols["captured_at"] = [datetime.now(UTC)] * n
+        cols["captured_at"] = [captured_at or datetime.now(UTC)] * n
         return pa.table(cols, schema=ARROW_SCHEMA)
 
 
@@ -297,6 +297,31 @@ class WalBuffer:
         self.data += payload
         self.offsets.append(len(self.data))
 
+    def seal(self, batch_id: int) -> SealedBatch:
+        """The batch as it is committed: only the columns that vary per message go to Arrow
+        (the constant ones are added in Spark), so a sealed batch holds about the payload bytes
+        plus 36 bytes per message. The Arrow table shares the payload bytes: ``clear`` (or drop
+        the buffer) before adding more."""
+        n = len(self.lsn)
+        if len(self.data) >= 1 << 31:
+            raise ValueError("a stream batch holds at most 2 GiB of payload")
+        wal = pa.table(
+            {
+                "lsn": pa.array(self.lsn, pa.int64()),
+                "end_lsn": pa.array(self.end_lsn, pa.int64()),
+                "xid": pa.array(self.xid, pa.int64()),
+                "ordinal": pa.array(self.ordinal, pa.int64()),
+                "payload": pa.Array.from_buffers(
+                    pa.binary(),
+                    n,
+                    [None, pa.py_buffer(array("i", self.offsets)), pa.py_buffer(self.data)],
+                ),
+            }
+        )
+        now = datetime.now(UTC)
+        others = self.others.to_arrow(batch_id, now) if len(self.others) else None
+        return SealedBatch(self.source, self.run_id, batch_id, now, wal, others)
+
     def to_arrow(self, batch_id: int) -> pa.Table:
         n = len(self.lsn)
         if len(self.data) >= 1 << 31:
@@ -325,6 +350,43 @@ class WalBuffer:
         if not len(self.others):
             return wal
         return pa.concat_tables([wal, self.others.to_arrow(batch_id)])
+
+
+@dataclass(frozen=True)
+class SealedBatch:
+    """A stream batch ready to commit (see :meth:`WalBuffer.seal`)."""
+
+    source: str
+    run_id: str
+    batch_id: int
+    captured_at: datetime
+    wal: pa.Table
+    """``lsn, end_lsn, xid, ordinal, payload`` of each pgoutput message."""
+    others: pa.Table | None
+    """Other records (the batch's ``progress`` record), in :data:`ARROW_SCHEMA`."""
+
+    @property
+    def messages(self) -> int:
+        return self.wal.num_rows
+
+    def to_dataframe(self, spark: SparkSession) -> DataFrame:
+        """The batch's bronze rows, in the bronze table's column order."""
+        constants = {
+            "source": F.lit(self.source),
+            "kind": F.lit("wal"),
+            "table_oid": F.lit(None).cast("bigint"),
+            "table_schema": F.lit(None).cast("string"),
+            "table_name": F.lit(None).cast("string"),
+            "part": F.lit(None).cast("int"),
+            "batch_id": F.lit(self.batch_id).cast("bigint"),
+            "run_id": F.lit(self.run_id),
+            "captured_at": F.lit(self.captured_at),
+        }
+        wal = spark.createDataFrame(self.wal)
+        df = wal.select(*[constants.get(f.name, F.col(f.name)).alias(f.name) for f in ARROW_SCHEMA])
+        if self.others is not None:
+            df = df.unionByName(spark.createDataFrame(self.others))
+        return df
 
 
 def copy_lines(payload: bytes) -> list[bytes]:

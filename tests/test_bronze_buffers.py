@@ -43,6 +43,26 @@ def test_wal_buffer_packs_the_same_records_as_the_row_buffer():
     assert _without_time(table).to_pylist() == _without_time(rows.to_arrow(42)).to_pylist()
 
 
+def test_a_sealed_batch_gives_the_rows_of_the_full_arrow_table(spark):
+    buffer = WalBuffer("src", "run1")
+    for lsn, end, xid, ordinal, payload in MESSAGES:
+        buffer.add_wal(lsn, end, xid, ordinal, payload)
+    buffer.others.add("progress", 0x30, payload=b"{}")
+    expected = spark.createDataFrame(buffer.to_arrow(42))
+    sealed = buffer.seal(42)
+    assert sealed.messages == 4 and sealed.wal.num_columns == 5  # constants are not shipped
+    actual = sealed.to_dataframe(spark)
+    assert actual.columns == [f.name for f in ARROW_SCHEMA]
+    assert_df_equality(
+        actual.drop("captured_at"),
+        expected.drop("captured_at"),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+    times = actual.select("captured_at").distinct().collect()
+    assert len(times) == 1 and times[0][0] is not None
+
+
 def test_wal_buffer_clear_starts_a_new_batch_and_keeps_the_old_table_intact():
     buffer = WalBuffer("src", "run1")
     buffer.add_wal(1, 2, 3, 0, b"first")
