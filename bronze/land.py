@@ -165,7 +165,11 @@ COPY_CHUNK_BYTES = 1 << 20
 """Raw COPY bytes per bronze ``copy`` record (a record holds whole rows, so it can be larger)."""
 ARROW_BATCH_BYTES = 16 << 20
 STREAM_BATCH_MESSAGES = 500_000
-STREAM_BATCH_BYTES = 32 << 20
+STREAM_BATCH_BYTES = 48 << 20
+"""Payload bytes per stream batch. Two batches live at once (one committing, one filling):
+through a 1M-row transaction the capture's peak RSS was 530 MB at 64 MiB, 385 MB at 48 MiB
+and 334 MB at 32 MiB; a commit costs about the same at any of these sizes, so smaller batches
+slow the stream (1M messages: 3 commits, ratio 0.22; 5 commits at 32 MiB, 0.17)."""
 
 RECORDED_ERRORS = (
     PublicationDropped,
