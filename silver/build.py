@@ -463,8 +463,14 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
         base = [TableColumn(c["name"], c["type_oid"], c["typmod"]) for c in info.columns]
         copy_width = len(base)
         rels = sorted(relations.get(oid, []), key=lambda e: (e[0], e[1]))
+        entries = {c["name"]: c for c in info.columns}
+
+        def target_type(col: TableColumn, entries: dict = entries) -> T.DataType:
+            entry = entries.get(col.name, {"type_oid": col.type_oid})
+            return spark_type(_pg_type(_column_entry({**entry, "typmod": col.typmod})))
+
         final, rel_layouts = plan_columns(
-            base, [(lsn, rel) for lsn, _, rel in rels], info.snapshot_lsn
+            base, [(lsn, rel) for lsn, _, rel in rels], info.snapshot_lsn, target_type
         )
         for (lsn, _, _rel), layout in zip(rels, rel_layouts, strict=False):
             if layout.positions is None and lsn >= f_from:

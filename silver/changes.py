@@ -15,15 +15,17 @@ unchanged-TOAST marker with no old value to take it from is ``MissingToast``.
 
 Column layouts. The table's columns are those of its schema record (the catalog at the
 snapshot), extended by columns that later Relation messages add: rows from before an added
-column carry NULL there. A Relation that drops, renames or retypes a known column makes the
+column carry NULL there. A Relation that drops, renames or retypes a known column (another type,
+or a type modifier that changes its Spark type, such as numeric(10,2) to numeric(12,2)) makes the
 layout incompatible (``SchemaIncompatible``): changes read against it produce no rows.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from pgmedallion.pgoutput import (
     UNCHANGED_TOAST,
@@ -59,10 +61,23 @@ class ChangeError(ValueError):
         self.code = code
 
 
+def _retyped(
+    known: TableColumn, column: Any, target_type: Callable[[TableColumn], object] | None
+) -> bool:
+    """Another type, or a type modifier that changes the column's Spark type (numeric(10,2) to
+    numeric(12,2)); varchar(10) to varchar(20) stays a string and is compatible."""
+    if known.type_oid != column.type_oid:
+        return True
+    if known.typmod == column.type_modifier or target_type is None:
+        return False
+    return target_type(known) != target_type(replace(known, typmod=column.type_modifier))
+
+
 def plan_columns(
     base: Sequence[TableColumn],
     relations: Sequence[tuple[int, Relation]],
     snapshot_lsn: int | None = None,
+    target_type: Callable[[TableColumn], object] | None = None,
 ) -> tuple[list[TableColumn], list[Layout]]:
     """The table's final columns and each ``(lsn, Relation)``'s layout, in stream order.
 
@@ -82,7 +97,7 @@ def plan_columns(
         retyped = [
             c.name
             for c in rel.columns
-            if c.name in index and columns[index[c.name]].type_oid != c.type_oid
+            if c.name in index and _retyped(columns[index[c.name]], c, target_type)
         ]
         if missing or retyped:
             parts = []

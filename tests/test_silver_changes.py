@@ -87,3 +87,43 @@ def test_layout_in_effect_is_the_latest_before_the_change():
     assert index.at(20, 2) is a
     assert index.at(20, 4) is b
     assert index.at(99, 0) is b
+
+
+def _numeric(precision: int, scale: int) -> int:
+    return ((precision << 16) | scale) + 4
+
+
+def test_a_type_modifier_that_changes_the_spark_type_is_incompatible():
+    from silver.casts import PgType, spark_type
+
+    def target(col: TableColumn):
+        return spark_type(PgType(col.type_oid, col.typmod))
+
+    base = [
+        TableColumn("id", 23, -1),
+        TableColumn("amount", 1700, _numeric(10, 2)),
+        TableColumn("name", 1043, 10 + 4),
+    ]
+
+    def relation(amount_typmod: int, name_typmod: int) -> Relation:
+        return Relation(
+            16384,
+            "public",
+            "t",
+            "f",
+            (
+                RelationColumn(0, "id", 23, -1),
+                RelationColumn(0, "amount", 1700, amount_typmod),
+                RelationColumn(0, "name", 1043, name_typmod),
+            ),
+        )
+
+    widened_numeric = relation(_numeric(12, 2), 10 + 4)
+    widened_varchar = relation(_numeric(10, 2), 50 + 4)
+    _, layouts = plan_columns(base, [(30, widened_numeric), (40, widened_varchar)], 20, target)
+    assert layouts[0].positions is None
+    assert layouts[0].problem == "column(s) changed type: amount"
+    assert layouts[1].positions == (0, 1, 2)  # varchar(10) -> varchar(50): still a string
+    # without the Spark types only the type OIDs are compared
+    _, layouts = plan_columns(base, [(30, widened_numeric)], 20)
+    assert layouts[0].positions == (0, 1, 2)
