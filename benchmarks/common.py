@@ -377,3 +377,38 @@ def jdbc_driver_loaded(spark) -> bool:
 def jdbc_url(conninfo: Mapping[str, str]) -> str:
     """``jdbc:postgresql://host:port/db`` (credentials go in properties, not the URL)."""
     return f"jdbc:postgresql://{conninfo['host']}:{conninfo['port']}/{conninfo['dbname']}"
+
+
+def recvlogical_command(env: BenchEnv, slot: str, end_lsn: int, publication: str) -> list[str]:
+    """``pg_recvlogical`` reading ``slot``'s pgoutput (protocol 1) up to ``end_lsn`` into
+    /dev/null: the peer of the stream and rss benchmarks."""
+    from pgmedallion.pgoutput import format_lsn
+
+    return [
+        str(env.client("pg_recvlogical")),
+        "--dbname",
+        env.dbname,
+        "--slot",
+        slot,
+        "--start",
+        "--no-loop",
+        "--endpos",
+        format_lsn(end_lsn),
+        "-o",
+        "proto_version=1",
+        "-o",
+        f"publication_names={publication}",
+        "-f",
+        "/dev/null",
+    ]
+
+
+def peak_rss_kib(pid: int | str = "self") -> int | None:
+    """``VmHWM`` of a process in KiB (its peak resident set), or None if it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None

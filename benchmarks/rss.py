@@ -59,7 +59,17 @@ from typing import Any
 
 from psycopg import sql
 
-from benchmarks.common import MB, BenchEnv, MemoryResult, Peak, Stopwatch, format_mb, say
+from benchmarks.common import (
+    MB,
+    BenchEnv,
+    MemoryResult,
+    Peak,
+    Stopwatch,
+    format_mb,
+    peak_rss_kib,
+    recvlogical_command,
+    say,
+)
 from pgmedallion.pgoutput import format_lsn, parse_lsn
 
 NAME = "rss"
@@ -240,23 +250,7 @@ def recvlogical_peak(env: BenchEnv, slot: str, end_lsn: int) -> tuple[int, int, 
     added in its last few milliseconds), ``ru_maxrss`` from ``os.wait4`` (an upper bound only:
     Linux keeps the launching process's peak RSS there across ``exec``), and its wall time.
     """
-    command = [
-        str(env.client("pg_recvlogical")),
-        "--dbname",
-        env.dbname,
-        "--slot",
-        slot,
-        "--start",
-        "--no-loop",
-        "--endpos",
-        format_lsn(end_lsn),
-        "-o",
-        "proto_version=1",
-        "-o",
-        f"publication_names={PUBLICATION}",
-        "-f",
-        "/dev/null",
-    ]
+    command = recvlogical_command(env, slot, end_lsn, PUBLICATION)
     peak = 0
     with tempfile.TemporaryFile() as err, Stopwatch() as watch:
         proc = subprocess.Popen(
@@ -324,17 +318,6 @@ def drive_child(proc: subprocess.Popen, between, log: Path) -> tuple[dict, dict]
 
 # ---------------------------------------------------------------------------------------------
 # The capture child: python -m benchmarks.rss SPEC.json
-
-
-def peak_rss_kib(pid: int | str = "self") -> int | None:
-    """``VmHWM`` of a process in KiB (its peak resident set), or None if it is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
 
 
 def _report(phase: str, **values: Any) -> None:

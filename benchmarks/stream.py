@@ -33,7 +33,7 @@ import uuid
 from psycopg import sql
 from pyspark.sql import functions as F
 
-from benchmarks.common import MB, BenchEnv, Result, Stopwatch, Timing, say
+from benchmarks.common import MB, BenchEnv, Result, Stopwatch, Timing, recvlogical_command, say
 from bronze.land import CaptureTarget, land_stream
 from bronze.table import ensure_bronze_table
 from pgmedallion.pgoutput import format_lsn, parse_lsn
@@ -238,23 +238,7 @@ def _counts(landed) -> tuple[int, int]:
 
 def recvlogical(env: BenchEnv, slot: str, end_lsn: int) -> float:
     """Time ``pg_recvlogical`` reading ``slot`` up to ``end_lsn`` into /dev/null."""
-    command = [
-        str(env.client("pg_recvlogical")),
-        "--dbname",
-        env.dbname,
-        "--slot",
-        slot,
-        "--start",
-        "--no-loop",
-        "--endpos",
-        format_lsn(end_lsn),
-        "-o",
-        "proto_version=1",
-        "-o",
-        f"publication_names={PUBLICATION}",
-        "-f",
-        "/dev/null",
-    ]
+    command = recvlogical_command(env, slot, end_lsn, PUBLICATION)
     with Stopwatch() as watch:
         proc = subprocess.run(command, env=env.client_env(), capture_output=True, text=True)
     if proc.returncode != 0:

@@ -20,20 +20,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import peak_rss_kib
 from bronze.table import copy_lines
 from pgmedallion.pgoutput import UNCHANGED_TOAST, Commit, Delete, Insert, Relation, Update, decode
 from silver.copy_text import decode_copy_row
-
-
-def peak_rss_kib(pid: int | str = "self") -> int | None:
-    """``VmHWM`` of a process in KiB (its peak resident set), or None if it is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
 
 
 def _jvm_pid(spark) -> int:
