@@ -323,33 +323,28 @@ class WalBuffer:
         return SealedBatch(self.source, self.run_id, batch_id, now, wal, others)
 
     def to_arrow(self, batch_id: int) -> pa.Table:
-        n = len(self.lsn)
-        if len(self.data) >= 1 << 31:
-            raise ValueError("a stream batch holds at most 2 GiB of payload")
-        now = datetime.now(UTC)
-        offsets = pa.py_buffer(array("i", self.offsets))
-        columns = {
+        """The whole batch in :data:`ARROW_SCHEMA` (the sealed batch plus its constant columns)."""
+        sealed = self.seal(batch_id)
+        n = sealed.messages
+        constants = {
             "source": pa.repeat(self.source, n).cast(pa.string()),
             "kind": pa.repeat("wal", n).cast(pa.string()),
             "table_oid": pa.nulls(n, pa.int64()),
             "table_schema": pa.nulls(n, pa.string()),
             "table_name": pa.nulls(n, pa.string()),
-            "lsn": pa.array(self.lsn, pa.int64()),
-            "end_lsn": pa.array(self.end_lsn, pa.int64()),
-            "xid": pa.array(self.xid, pa.int64()),
-            "ordinal": pa.array(self.ordinal, pa.int64()),
             "part": pa.nulls(n, pa.int32()),
-            "payload": pa.Array.from_buffers(
-                pa.binary(), n, [None, offsets, pa.py_buffer(self.data)]
-            ),
             "batch_id": pa.repeat(batch_id, n).cast(pa.int64()),
             "run_id": pa.repeat(self.run_id, n).cast(pa.string()),
-            "captured_at": pa.repeat(pa.scalar(now, pa.timestamp("us", tz="UTC")), n),
+            "captured_at": pa.repeat(
+                pa.scalar(sealed.captured_at, pa.timestamp("us", tz="UTC")), n
+            ),
+        }
+        columns = {
+            f.name: constants[f.name] if f.name in constants else sealed.wal.column(f.name)
+            for f in ARROW_SCHEMA
         }
         wal = pa.table(columns, schema=ARROW_SCHEMA)
-        if not len(self.others):
-            return wal
-        return pa.concat_tables([wal, self.others.to_arrow(batch_id)])
+        return wal if sealed.others is None else pa.concat_tables([wal, sealed.others])
 
 
 @dataclass(frozen=True)
