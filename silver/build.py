@@ -290,15 +290,17 @@ def _decode_copy(
     """Worker body: chunks of COPY TEXT rows -> ``(values, +1)`` at LSN 0 (or error rows)."""
     for batch in batches:
         cols = batch.to_pydict()
+        out = {name: [] for name in _DIFF_ARROW.names}
+        values_out, diff_out, code_out = out["values"], out["diff"], out["code"]
+        message_out, raw_out, lsn_out = out["message"], out["raw"], out["lsn"]
+        oid_out = out["table_oid"]
         for oid, lsn, payload in zip(cols["table_oid"], cols["lsn"], cols["payload"], strict=False):
             copy_width, width = widths.get(oid, (None, None))
             if width is None:
                 continue
-            out = {name: [] for name in _DIFF_ARROW.names}
-            values_out, diff_out, code_out = out["values"], out["diff"], out["code"]
-            message_out, raw_out, lsn_out = out["message"], out["raw"], out["lsn"]
             padding = [None] * (width - copy_width)
             for line in copy_lines(payload):
+                oid_out.append(oid)
                 try:
                     values = decode_copy_row(line, copy_width)
                 except CopyDecodeError as e:
@@ -318,10 +320,17 @@ def _decode_copy(
                 message_out.append(None)
                 raw_out.append(None)
                 lsn_out.append(0)
-            n = len(diff_out)
-            out["table_oid"] = [oid] * n
-            out["ordinal"] = [None] * n
-            yield pa.RecordBatch.from_pydict(out, schema=_DIFF_ARROW)
+        out["ordinal"] = [None] * len(diff_out)
+        yield pa.RecordBatch.from_pydict(out, schema=_DIFF_ARROW)
+
+
+def snapshot_diffs(copy_rows: DataFrame, copy_widths: dict[int, tuple[int, int]]) -> DataFrame:
+    """``table_oid, lsn, payload`` copy records -> diff rows (``DIFF_SCHEMA``), at LSN 0.
+
+    ``copy_widths``: OID -> (columns of its COPY rows, columns of its silver rows); records
+    of other tables are skipped. Decoding runs in Python workers.
+    """
+    return copy_rows.mapInArrow(lambda it: _decode_copy(it, copy_widths), DIFF_SCHEMA)
 
 
 def _column_entry(c: dict) -> dict:
@@ -495,8 +504,9 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
     changes = wal.where(F.col("mtype").isin("49", "55", "44")).select("lsn", "ordinal", "payload")
     wal_diffs = changes.mapInArrow(lambda it: _decode_changes(it, layouts), DIFF_SCHEMA)
     copy_rows = in_batches.where(F.col("kind") == "copy").select("table_oid", "lsn", "payload")
-    copy_diffs = copy_rows.mapInArrow(lambda it: _decode_copy(it, copy_widths), DIFF_SCHEMA)
-    diffs = wal_diffs.unionByName(copy_diffs).persist(StorageLevel.MEMORY_AND_DISK)
+    diffs = wal_diffs.unionByName(snapshot_diffs(copy_rows, copy_widths)).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
 
     for r in diffs.where(F.col("code").isNotNull()).collect():
         errors.append((r["table_oid"], r["lsn"], r["code"], None, r["raw"], r["message"]))
@@ -581,6 +591,32 @@ def _typed_columns(info: TableInfo) -> list[tuple[str, PgType]]:
 _LSN, _DIFF = "_pgm_lsn", "_pgm_diff"
 
 
+def data_columns(info: TableInfo) -> list:
+    """The table's columns, as Spark column references (names quoted)."""
+    return [F.col(f"`{c['name'].replace('`', '``')}`") for c in info.columns]
+
+
+def cast_diffs(info: TableInfo, diffs: DataFrame) -> tuple[DataFrame, list[tuple]]:
+    """One table's good diff rows cast to its types, and the values that did not cast.
+
+    Returns the typed rows, persisted (the caller unpersists them): one column per table
+    column, then ``_pgm_lsn``, ``_pgm_diff`` and ``_cast_errors`` (empty when the row cast);
+    and the ``CastError`` records ``(table_oid, lsn, code, column, raw, message)``.
+    """
+    typed = cast_values(
+        diffs.select("values", F.col("lsn").alias(_LSN), F.col("diff").alias(_DIFF)),
+        "values",
+        _typed_columns(info),
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    errors = [
+        (info.oid, r[_LSN], "CastError", r["e"]["column_name"], r["e"]["raw"], r["e"]["message"])
+        for r in typed.where(F.size("_cast_errors") > 0)
+        .select(_LSN, F.explode("_cast_errors").alias("e"))
+        .collect()
+    ]
+    return typed, errors
+
+
 def _table_run(
     spark: SparkSession,
     cfg: Config,
@@ -593,22 +629,9 @@ def _table_run(
     truncates: list[int],
 ) -> tuple[int, list[tuple]]:
     """Cast, rewind, truncate, consolidate and append one table's diffs of this run."""
-    columns = _typed_columns(info)
-    names = [name for name, _ in columns]
-    typed = cast_values(
-        diffs.select("values", F.col("lsn").alias(_LSN), F.col("diff").alias(_DIFF)),
-        "values",
-        columns,
-    )
-    typed = typed.persist(StorageLevel.MEMORY_AND_DISK)
-    errors = [
-        (info.oid, r[_LSN], "CastError", r["e"]["column_name"], r["e"]["raw"], r["e"]["message"])
-        for r in typed.where(F.size("_cast_errors") > 0)
-        .select(_LSN, F.explode("_cast_errors").alias("e"))
-        .collect()
-    ]
+    typed, errors = cast_diffs(info, diffs)
     ok = typed.where(F.size("_cast_errors") == 0).drop("_cast_errors")
-    data = [F.col(f"`{c.replace('`', '``')}`") for c in names]
+    data = data_columns(info)
     parts = [ok.select(*data, F.col(_LSN).alias("_lsn"), F.col(_DIFF).alias("_diff"))]
     target = n.table(info.silver_table)
     exists = _table_exists(spark, target)

@@ -183,7 +183,13 @@ def test_snapshot_jdbc_peer_runs_in_a_child_session(bench_env, capsys):
 
 
 def test_silver_runs_end_to_end(bench_env, capsys):
-    result, last, records = _run(bench_env, "silver", ["--rows", "2000"], capsys)
+    module = load("silver")
+    args = module_parser(module).parse_args(["--rows", "2000"])
+    args.env = bench_env
+    result = execute(module, args)
+    out = capsys.readouterr().out.strip().splitlines()
+    [record] = [json.loads(line) for line in bench_env.results_path.read_text().splitlines()]
+    last = out[-1]
     match = RESULT_LINE.match(last)
     assert match, last
     assert match.group(1) == "silver" and match.group(2) == "spark.read.csv"
@@ -191,5 +197,19 @@ def test_silver_runs_end_to_end(bench_env, capsys):
     assert result.params == {"rows": 2000} and result.details["csv_bytes"] > 0
     diffs = bench_env.spark.table("bench_silver_silver.public_bench_silver")
     assert diffs.count() == 2000 and diffs.where("_diff != 1 OR _lsn != 0").count() == 0
-    [record] = records
-    assert record["name"] == "silver"
+    # The result's figure is the decode + cast stage; the whole run is beside it.
+    details = result.details
+    assert details["stage_seconds"] == result.ours.seconds
+    assert details["stage_ratio"] == pytest.approx(result.ratio)
+    assert details["whole_run_seconds"] > 0
+    assert details["whole_run_ratio"] == pytest.approx(
+        result.peer.seconds / details["whole_run_seconds"]
+    )
+    [both] = [line for line in out if "decode + cast stage" in line]
+    assert re.search(
+        r"stage [\d.]+ s, ratio [\d.]+; whole silver run [\d.]+ s, ratio [\d.]+;", both
+    )
+    stage = bench_env.spark.table("bench_silver_silver.stage_typed")
+    assert stage.count() == 2000
+    assert stage.subtract(diffs.drop("_lsn", "_diff", "_run")).count() == 0
+    assert record["name"] == "silver" and record["details"]["whole_run_seconds"] > 0
