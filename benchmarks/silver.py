@@ -9,8 +9,8 @@ Setup
 What is compared
     Ours, the result's figure: silver's decode-and-cast stage, from the bronze table's COPY
     records to one Delta table of typed rows. It runs the functions ``run_silver`` runs for a
-    table's snapshot rows (``snapshot_diffs``: COPY TEXT decoding in Python workers, Arrow
-    batches; ``cast_diffs``: casts as Spark SQL expressions with
+    table's snapshot rows (``snapshot_diffs``: COPY TEXT decoding as Spark SQL expressions,
+    Python only for rows with rare escapes; ``cast_diffs``: casts as Spark SQL expressions with
     an error check per value), and collects the decode and cast errors as a run does.
     The peer: ``spark.read.csv`` with the equivalent explicit schema (arrays as strings: CSV
     has no arrays, so the peer does less), written as one Delta table. Both sides read their

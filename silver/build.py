@@ -45,6 +45,7 @@ from pgmedallion.failpoints import failpoint
 from pgmedallion.pgoutput import Relation, Truncate, decode, format_lsn
 from silver.casts import PgType, cast_values, pg_type_of, spark_type
 from silver.changes import ChangeError, LayoutIndex, TableColumn, change_diffs, plan_columns
+from silver.copy_sql import copy_diffs
 from silver.copy_text import CopyDecodeError, InvalidCopyInput, decode_copy_row
 
 log = logging.getLogger(__name__)
@@ -287,7 +288,10 @@ def _decode_changes(
 def _decode_copy(
     batches: Iterator[pa.RecordBatch], widths: dict[int, tuple[int, int]]
 ) -> Iterator[pa.RecordBatch]:
-    """Worker body: chunks of COPY TEXT rows -> ``(values, +1)`` at LSN 0 (or error rows)."""
+    """Worker body: COPY TEXT payloads -> ``(values, +1)`` at LSN 0 (or error rows).
+
+    A payload is a chunk of rows or one row, each ended by a newline (see ``copy_diffs``).
+    """
     for batch in batches:
         cols = batch.to_pydict()
         out = {name: [] for name in _DIFF_ARROW.names}
@@ -327,10 +331,14 @@ def _decode_copy(
 def snapshot_diffs(copy_rows: DataFrame, copy_widths: dict[int, tuple[int, int]]) -> DataFrame:
     """``table_oid, lsn, payload`` copy records -> diff rows (``DIFF_SCHEMA``), at LSN 0.
 
-    ``copy_widths``: OID -> (columns of its COPY rows, columns of its silver rows); records
-    of other tables are skipped. Decoding runs in Python workers.
+    ``copy_widths``: OID -> (columns of its COPY rows, columns of its silver rows). Decoding is
+    Spark SQL, with the Python decoder for the rows SQL leaves to it (``silver/copy_sql.py``).
     """
-    return copy_rows.mapInArrow(lambda it: _decode_copy(it, copy_widths), DIFF_SCHEMA)
+    return copy_diffs(
+        copy_rows,
+        copy_widths,
+        lambda rows: rows.mapInArrow(lambda it: _decode_copy(it, copy_widths), DIFF_SCHEMA),
+    )
 
 
 def _column_entry(c: dict) -> dict:

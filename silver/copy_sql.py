@@ -1,0 +1,154 @@
+r"""Decode COPY TEXT rows with Spark SQL expressions (code-generated), Python only where needed.
+
+The same decoding as :func:`silver.copy_text.decode_copy_row`, split in two by what a line
+holds:
+
+Spark SQL (nearly every line)
+    A ``copy`` record's payload (valid UTF-8) is split into lines on ``\n``, a line into fields
+    on tab. ``\N`` is NULL, a field without a backslash is taken as it is, and a field with
+    backslashes is unescaped by plain string expressions: every ``\\`` pair becomes a NUL
+    placeholder (PostgreSQL text cannot hold NUL, and a line holding one goes to Python), then
+    ``\b \f \n \r \t \v`` become their control characters, any other ``\c`` becomes ``c``, and
+    the placeholders become single backslashes. A line with the wrong number of fields becomes
+    the same error record (``MissingColumn`` / ``ColumnCountMismatch``, message and raw line)
+    as the Python decoder makes.
+
+Python (:func:`silver.copy_text.decode_copy_row`, in Arrow workers)
+    A payload that is not valid UTF-8 (all of it, so that errors keep their exact messages),
+    and a line with an escape SQL does not resolve: octal ``\NNN`` or hex ``\xNN`` (bytes that
+    may combine into one multibyte character), ``\.`` (an error), a backslash before a raw tab
+    or at the end of the line (an escaped delimiter, or an error), or a NUL. The test is
+    conservative (``\\x``, a literal backslash and an ``x``, goes to Python too, which decodes
+    it correctly), so it only costs speed.
+
+Both halves read the bronze rows once each; the Python half keeps only the records whose
+payload holds one of those escapes (or is not UTF-8), usually none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+NUL = "\u0000"
+# An escape left to Python, within one line: octal, hex, end-of-data, escaped tab, a backslash
+# ending the line, or a NUL (which the placeholder needs absent).
+HARD_LINE = r"\\(?:[0-7x.\t]|\z)|\x00"
+# The same within a whole payload (a line's end is a newline or the payload's end).
+HARD_PAYLOAD = r"\\(?:[0-7x.\t\n]|\z)|\x00"
+_CONTROL = (("b", "\b"), ("f", "\f"), ("n", "\n"), ("r", "\r"), ("t", "\t"), ("v", "\v"))
+
+
+def unescape_field(field: Column) -> Column:
+    """A field (neither NULL marker nor holding a hard escape) with its escapes resolved."""
+    s = F.replace(field, F.lit("\\\\"), F.lit(NUL))
+    for code, char in _CONTROL:
+        s = F.replace(s, F.lit("\\" + code), F.lit(char))
+    s = F.regexp_replace(s, r"(?s)\\(.)", "$1")
+    return F.replace(s, F.lit(NUL), F.lit("\\"))
+
+
+def decode_field(field: Column) -> Column:
+    return (
+        F.when(field == F.lit("\\N"), F.lit(None).cast("string"))
+        .when(~field.contains("\\"), field)
+        .otherwise(unescape_field(field))
+    )
+
+
+def _lookup(mapping: Mapping[int, int], key: Column) -> Column:
+    pairs = []
+    for k, v in mapping.items():
+        pairs += [F.lit(k).cast("bigint"), F.lit(v).cast("int")]
+    return F.create_map(*pairs)[key]
+
+
+def _lines(text: Column) -> Column:
+    """A payload's lines without their newlines (a final empty piece dropped, as copy_lines)."""
+    pieces = F.split(text, "\n", -1)
+    return F.when(
+        F.element_at(pieces, -1) == F.lit(""), F.slice(pieces, 1, F.size(pieces) - 1)
+    ).otherwise(pieces)
+
+
+def copy_diffs(
+    copy_rows: DataFrame,
+    widths: Mapping[int, tuple[int, int]],
+    python_decode: Callable[[DataFrame], DataFrame],
+) -> DataFrame:
+    """``table_oid, lsn, payload`` copy records -> diff rows (silver's ``DIFF_SCHEMA``).
+
+    ``widths`` maps a followed table's OID to ``(columns in its COPY rows, columns of the
+    row out)``, the extra ones NULL; records of other tables are skipped. ``python_decode``
+    turns ``table_oid, lsn, payload`` records (whole payloads, or single lines ended by a
+    newline) into diff rows with the Python decoder.
+    """
+    if not widths:
+        return python_decode(copy_rows.where(F.lit(False)))
+    followed = copy_rows.where(F.col("table_oid").isin(list(widths)))
+    copy_width = _lookup({oid: w[0] for oid, w in widths.items()}, F.col("table_oid"))
+    width = _lookup({oid: w[1] for oid, w in widths.items()}, F.col("table_oid"))
+    text = F.col("payload").cast("string")
+    valid = F.is_valid_utf8(text)
+
+    # Spark SQL: the lines of valid payloads that hold no hard escape.
+    lines = followed.where(valid).select(
+        "table_oid",
+        "lsn",
+        copy_width.alias("_cw"),
+        width.alias("_w"),
+        F.explode(_lines(text)).alias("_line"),
+    )
+    lines = lines.where(~F.col("_line").rlike(HARD_LINE)).select(
+        "*", F.split("_line", "\t", -1).alias("_fields")
+    )
+    fields = F.col("_fields")
+    count = F.size(fields)
+    most = max(w for _, w in widths.values())
+    values = F.slice(
+        F.array(*(decode_field(F.get(fields, i)) for i in range(most))).cast("array<string>"),
+        1,
+        F.col("_w"),
+    )
+    empty_row = (F.col("_cw") == 0) & (F.col("_line") == F.lit(""))
+    ok = (count == F.col("_cw")) | empty_row
+    null = F.lit(None)
+    fast = lines.select(
+        "table_oid",
+        F.when(ok, F.lit(0)).otherwise(F.col("lsn")).cast("bigint").alias("lsn"),
+        null.cast("bigint").alias("ordinal"),
+        F.when(ok, F.lit(1)).otherwise(F.lit(0)).cast("bigint").alias("diff"),
+        F.when(ok, values).alias("values"),
+        F.when(ok, null)
+        .when(count < F.col("_cw"), F.lit("MissingColumn"))
+        .otherwise(F.lit("ColumnCountMismatch"))
+        .cast("string")
+        .alias("code"),
+        F.when(ok, null)
+        .otherwise(F.format_string("COPY row has %d fields, expected %d", count, F.col("_cw")))
+        .cast("string")
+        .alias("message"),
+        F.when(ok, null).otherwise(F.col("_line")).cast("string").alias("raw"),
+    )
+
+    # Python: payloads that are not UTF-8, whole; the lines of the others with a hard escape.
+    suspect = followed.where(~valid | text.rlike(HARD_PAYLOAD)).select(
+        "table_oid",
+        "lsn",
+        "payload",
+        F.when(valid, _lines(text)).otherwise(F.array(F.lit(None).cast("string"))).alias("_ls"),
+    )
+    slow = (
+        suspect.select("table_oid", "lsn", "payload", F.explode("_ls").alias("_line"))
+        .where(F.col("_line").isNull() | F.col("_line").rlike(HARD_LINE))
+        .select(
+            "table_oid",
+            "lsn",
+            F.when(F.col("_line").isNull(), F.col("payload"))
+            .otherwise(F.concat(F.col("_line"), F.lit("\n")).cast("binary"))
+            .alias("payload"),
+        )
+    )
+    return fast.unionByName(python_decode(slow))
