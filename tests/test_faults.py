@@ -26,7 +26,13 @@ from psycopg import sql
 from pyspark.sql import functions as F
 
 from bronze.land import RetryPolicy, StreamLimits
-from capture.errors import PublicationDropped, SlotMissing, TransientError
+from capture.errors import (
+    PublicationDropped,
+    SlotCompacted,
+    SlotInvalidated,
+    SlotMissing,
+    TransientError,
+)
 from gold.build import run_gold
 from gold.quality import GoldQualityError
 from pgmedallion.config import TablePolicy
@@ -330,3 +336,66 @@ def test_publication_dropped_is_definite(spark, own_db):
     rows = spark.table(cfg.qualified("silver", "_errors")).collect()
     dropped = [r["table_name"] for r in rows if r["code"] == "PublicationDropped"]
     assert sorted(dropped) == ["events", "ledger"]  # once per table
+
+
+def slot_status(conninfo: dict, slot: str) -> str | None:
+    rows = execute(
+        conninfo, "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", params=(slot,)
+    )
+    return rows[0][0] if rows else None
+
+
+@pytest.mark.slow
+def test_slot_invalidated_for_removed_wal_is_definite(spark, own_db):
+    """``max_slot_wal_keep_size`` lets PostgreSQL remove WAL the slot still needs: the slot is
+    invalidated (``wal_status = 'lost'``), and the changes it held are gone."""
+    wl = Workload(own_db, 36, tables=SMALL, initial_rows=40)
+    wl.create()
+    cfg = make_config(own_db, "faultlost")
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    wl.burst(transactions=5)  # held by the slot, never read
+    execute(own_db, "CREATE TABLE filler (x text)")  # not published
+    try:
+        execute(
+            own_db, "ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'", "SELECT pg_reload_conf()"
+        )
+
+        def lost() -> bool:
+            execute(
+                own_db,
+                "INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 3000)",
+                "SELECT pg_switch_wal()",
+                "CHECKPOINT",
+            )
+            return slot_status(own_db, cfg.source.slot) == "lost"
+
+        wait_for(lost, "the slot to be invalidated", timeout_s=120)
+    finally:
+        execute(own_db, "ALTER SYSTEM RESET max_slot_wal_keep_size", "SELECT pg_reload_conf()")
+    with pytest.raises(SlotInvalidated, match="invalidated"):
+        run_stages(spark, cfg)
+    run_stages(spark, cfg, ("silver", "gold"))
+    assert {("events", "SlotInvalidated"), ("ledger", "SlotInvalidated")} <= errors(spark, cfg)
+    assert slot_status(own_db, cfg.source.slot) == "lost"  # kept for the user to inspect
+
+
+@pytest.mark.slow
+def test_slot_advanced_past_bronze_is_definite(spark, own_db):
+    """Another client advances the slot beyond what bronze holds: the changes in between were
+    never landed and can no longer be read (``SlotCompacted``)."""
+    wl = Workload(own_db, 37, tables=SMALL, initial_rows=40)
+    wl.create()
+    cfg = make_config(own_db, "faultadvance")
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    wl.burst(transactions=5)
+    execute(
+        own_db,
+        "SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())",
+        params=(cfg.source.slot,),
+    )
+    with pytest.raises(SlotCompacted, match="past the resume point"):
+        run_stages(spark, cfg)
+    run_stages(spark, cfg, ("silver", "gold"))
+    assert {("events", "SlotCompacted"), ("ledger", "SlotCompacted")} <= errors(spark, cfg)

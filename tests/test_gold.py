@@ -207,3 +207,19 @@ def test_no_completed_silver_run_means_nothing_to_do(spark, request):
     SilverCrafter(spark, cfg).ensure()
     result = run_gold(spark, cfg)
     assert (result.silver_run, result.frontier, result.tables) == (None, None, [])
+
+
+def test_a_run_whose_changes_cancel_out_still_records_its_gold_commit(spark, request):
+    cfg = make_cfg(spark, request)
+    silver = SilverCrafter(spark, cfg).ensure()
+    silver.add_table(CraftedTable("customers", CUSTOMERS, ("id",), (), 16503))
+    silver.diffs("customers", [(1, "Ada", d("10.00"), 0, 1)], 1)
+    silver.complete_run(1, 100)
+    run_gold(spark, cfg)
+    silver.diffs("customers", [(7, "Tmp", None, 120, 1), (7, "Tmp", None, 130, -1)], run=2)
+    silver.complete_run(2, 200)
+    result = run_gold(spark, cfg)
+    assert result.table("customers").mode == "incremental"
+    applied = applied_state(spark, cfg.qualified("gold", "customers"))
+    assert (applied.silver_run, applied.frontier, applied.rows) == (2, 200, 1)
+    assert_gold(spark, cfg, "customers", CUSTOMERS, [(1, "Ada", d("10.00"), 0)])
