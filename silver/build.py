@@ -11,7 +11,7 @@ One run ``R`` reads a window of bronze and appends to the tables of the contract
              │
              ├─ Relation messages ──> per-table column layouts (kept in ``_relations``)
              ├─ Insert/Update/Delete ──> (values, lsn, ±1)       [Python workers, Arrow]
-             ├─ COPY rows ──> (values, 0, +1)                    [Python workers, Arrow]
+             ├─ COPY rows ──> (values, 0, +1)          [Spark SQL; rare escapes: Python]
              ├─ casts (Spark SQL) ──> typed rows; values that do not cast ──> ``_errors``
              ├─ rewinds: changes with lsn <= snapshot LSN again at 0 with the diff negated
              ├─ TRUNCATE: an error, or (policy ``delete``) every row retracted at its LSN

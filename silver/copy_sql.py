@@ -65,9 +65,9 @@ def _lookup(mapping: Mapping[int, int], key: Column) -> Column:
     return F.create_map(*pairs)[key]
 
 
-def _lines(text: Column) -> Column:
-    """A payload's lines without their newlines (a final empty piece dropped, as copy_lines)."""
-    pieces = F.split(text, "\n", -1)
+def _lines(pieces: Column) -> Column:
+    """A payload's lines without their newlines from its pieces split on newlines (a final
+    empty piece dropped, as ``copy_lines``); the pieces should be a column computed once."""
     return F.when(
         F.element_at(pieces, -1) == F.lit(""), F.slice(pieces, 1, F.size(pieces) - 1)
     ).otherwise(pieces)
@@ -93,15 +93,20 @@ def copy_diffs(
     text = F.col("payload").cast("string")
     valid = F.is_valid_utf8(text)
 
-    # Spark SQL: the lines of valid payloads that hold no hard escape.
-    lines = followed.where(valid).select(
+    # Spark SQL: the lines of valid payloads that hold no hard escape (a line is looked at
+    # only in a payload that holds one). Each payload is split once, before the explode.
+    chunks = followed.where(valid).select(
         "table_oid",
         "lsn",
         copy_width.alias("_cw"),
         width.alias("_w"),
-        F.explode(_lines(text)).alias("_line"),
+        text.rlike(HARD_PAYLOAD).alias("_hard"),
+        F.split(text, "\n", -1).alias("_pieces"),
     )
-    lines = lines.where(~F.col("_line").rlike(HARD_LINE)).select(
+    lines = chunks.select(
+        "table_oid", "lsn", "_cw", "_w", "_hard", F.explode(_lines(F.col("_pieces"))).alias("_line")
+    )
+    lines = lines.where(~(F.col("_hard") & F.col("_line").rlike(HARD_LINE))).select(
         "*", F.split("_line", "\t", -1).alias("_fields")
     )
     fields = F.col("_fields")
@@ -134,11 +139,22 @@ def copy_diffs(
     )
 
     # Python: payloads that are not UTF-8, whole; the lines of the others with a hard escape.
-    suspect = followed.where(~valid | text.rlike(HARD_PAYLOAD)).select(
-        "table_oid",
-        "lsn",
-        "payload",
-        F.when(valid, _lines(text)).otherwise(F.array(F.lit(None).cast("string"))).alias("_ls"),
+    suspect = (
+        followed.where(~valid | text.rlike(HARD_PAYLOAD))
+        .select(
+            "table_oid",
+            "lsn",
+            "payload",
+            F.when(valid, F.split(text, "\n", -1)).alias("_pieces"),
+        )
+        .select(
+            "table_oid",
+            "lsn",
+            "payload",
+            F.when(F.col("_pieces").isNotNull(), _lines(F.col("_pieces")))
+            .otherwise(F.array(F.lit(None).cast("string")))
+            .alias("_ls"),
+        )
     )
     slow = (
         suspect.select("table_oid", "lsn", "payload", F.explode("_ls").alias("_line"))
