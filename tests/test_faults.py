@@ -73,6 +73,16 @@ def own_db(own_pg, request):
     return own_pg.conninfo(dbname=name)
 
 
+def landed(spark, conninfo: dict, seed: int, name: str, rows: int = 40):
+    """The two small workload tables, created, and a first run of every stage over them."""
+    wl = Workload(conninfo, seed, tables=SMALL, initial_rows=rows)
+    wl.create()
+    cfg = make_config(conninfo, name)
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    return wl, cfg
+
+
 def errors(spark, cfg) -> set[tuple]:
     rows = spark.table(cfg.qualified("silver", "_errors")).collect()
     return {(r["table_name"], r["code"]) for r in rows}
@@ -208,11 +218,7 @@ def test_definite_errors_stay_with_their_tables(spark, db):
 @pytest.mark.slow
 def test_walsender_terminated_and_server_restarted_mid_stream(spark, own_pg, own_db, caplog):
     caplog.set_level(logging.WARNING)
-    wl = Workload(own_db, 32, tables=SMALL, initial_rows=80)
-    wl.create()
-    cfg = make_config(own_db, "faultrestart")
-    drop_schemas(spark, cfg)
-    run_stages(spark, cfg)
+    wl, cfg = landed(spark, own_db, 32, "faultrestart", rows=80)
     capture = Continuous(spark, cfg)
     try:
         wait_for(lambda: streaming_pid(own_db, cfg.source.slot), "the stream to start")
@@ -277,11 +283,7 @@ def test_connection_refused_at_start_is_retried_then_exact(spark, own_pg, own_db
 
 @pytest.mark.slow
 def test_slot_dropped_while_running_is_definite_and_not_recreated(spark, own_db):
-    wl = Workload(own_db, 34, tables=SMALL, initial_rows=40)
-    wl.create()
-    cfg = make_config(own_db, "faultslot")
-    drop_schemas(spark, cfg)
-    run_stages(spark, cfg)
+    wl, cfg = landed(spark, own_db, 34, "faultslot")
     assert_exact(verify(spark, cfg), wl.counts())
     capture = Continuous(spark, cfg)
     try:
@@ -316,11 +318,7 @@ def test_slot_dropped_while_running_is_definite_and_not_recreated(spark, own_db)
 
 @pytest.mark.slow
 def test_publication_dropped_is_definite(spark, own_db):
-    wl = Workload(own_db, 35, tables=SMALL, initial_rows=40)
-    wl.create()
-    cfg = make_config(own_db, "faultpub")
-    drop_schemas(spark, cfg)
-    run_stages(spark, cfg)
+    wl, cfg = landed(spark, own_db, 35, "faultpub")
     wl.burst(transactions=5)
     execute(own_db, "DROP PUBLICATION pub")
     wl.burst(transactions=5)
@@ -349,11 +347,7 @@ def slot_status(conninfo: dict, slot: str) -> str | None:
 def test_slot_invalidated_for_removed_wal_is_definite(spark, own_db):
     """``max_slot_wal_keep_size`` lets PostgreSQL remove WAL the slot still needs: the slot is
     invalidated (``wal_status = 'lost'``), and the changes it held are gone."""
-    wl = Workload(own_db, 36, tables=SMALL, initial_rows=40)
-    wl.create()
-    cfg = make_config(own_db, "faultlost")
-    drop_schemas(spark, cfg)
-    run_stages(spark, cfg)
+    wl, cfg = landed(spark, own_db, 36, "faultlost")
     wl.burst(transactions=5)  # held by the slot, never read
     execute(own_db, "CREATE TABLE filler (x text)")  # not published
     try:
@@ -384,11 +378,7 @@ def test_slot_invalidated_for_removed_wal_is_definite(spark, own_db):
 def test_slot_advanced_past_bronze_is_definite(spark, own_db):
     """Another client advances the slot beyond what bronze holds: the changes in between were
     never landed and can no longer be read (``SlotCompacted``)."""
-    wl = Workload(own_db, 37, tables=SMALL, initial_rows=40)
-    wl.create()
-    cfg = make_config(own_db, "faultadvance")
-    drop_schemas(spark, cfg)
-    run_stages(spark, cfg)
+    wl, cfg = landed(spark, own_db, 37, "faultadvance")
     wl.burst(transactions=5)
     execute(
         own_db,
