@@ -18,9 +18,13 @@ history (the newest commit whose ``userMetadata`` carries gold's JSON tag):
                  gold for old rows and the MERGE carry a range predicate on the touched keys, so
                  Delta's min/max statistics skip the files that cannot hold them (a full build
                  writes keyed tables range-partitioned and sorted by key, so files hold key
-                 ranges); the touched keys are broadcast, so gold is scanned, never shuffled;
+                 ranges), and a bitmap of the touched keys' hashes (``key_filter``), so that
+                 of the rows those files hold only the touched keys' (and ~12% others) reach
+                 the joins: the MERGE's rewrite joins gold as the inner side of the source's
+                 outer join, which Spark shuffles and sorts, and without the bitmap that was
+                 every row of every touched file. The touched keys are broadcast elsewhere;
                  deletion vectors keep the rewrite proportional to the changed rows. What stays
-                 proportional to the table is the scan of the files whose key range the changes
+                 proportional to the table is scanning the files whose key range the changes
                  fall in: changes spread uniformly over the key space touch every file.
 ``unchanged``    gold already holds run R at this frontier: nothing is written.
 
@@ -83,8 +87,13 @@ from pgmedallion.failpoints import failpoint
 TAG = "pgmedallion_gold"
 GOLD_PROPERTIES = {**COLUMN_MAPPING, "delta.enableDeletionVectors": "true"}
 SAMPLE_ROWS = 5
+HISTORY_FIRST = 20  # gold commits are looked for among this many newest commits first
 ROWS_PER_FILE = 1_000_000  # a full build's file size, in rows
 BROADCAST_KEYS = 1_000_000  # up to this many touched keys, joins with gold broadcast them
+# Up to this many touched keys, gold's reads and MERGEs also filter gold's rows by a bitmap of
+# the touched keys' hashes (see ``key_filter``), of this many bits per key.
+KEY_FILTER_KEYS = 100_000
+KEY_FILTER_BITS = 8
 _RANGE_TYPES = (
     T.NumericType,
     T.StringType,
@@ -272,15 +281,23 @@ def table_exists(spark: SparkSession, name: str) -> bool:
 
 
 def applied_state(spark: SparkSession, gold: str) -> Applied | None:
-    """The newest gold commit of ``gold``, from its Delta history (None: nothing applied)."""
-    rows = (
-        spark.sql(f"DESCRIBE HISTORY {gold}")
-        .filter(F.col("userMetadata").contains(TAG))
-        .orderBy(F.col("version").desc())
-        .select("version", "userMetadata")
-        .limit(1)
-        .collect()
-    )
+    """The newest gold commit of ``gold``, from its Delta history (None: nothing applied).
+
+    The newest commits are looked at first (Delta reads one commit file per version of
+    history), the whole history only when none of them is gold's.
+    """
+    rows = []
+    for limit in (HISTORY_FIRST, None):
+        history = spark.sql(f"DESCRIBE HISTORY {gold}" + (f" LIMIT {limit}" if limit else ""))
+        rows = (
+            history.filter(F.col("userMetadata").contains(TAG))
+            .orderBy(F.col("version").desc())
+            .select("version", "userMetadata")
+            .limit(1)
+            .collect()
+        )
+        if rows:
+            break
     if not rows:
         return None
     meta = json.loads(rows[0]["userMetadata"])[TAG]
@@ -550,13 +567,47 @@ def small(t: _Table, df: DataFrame) -> DataFrame:
     return F.broadcast(df) if t.touched <= BROADCAST_KEYS else df
 
 
+def key_filter(t: _Table, keys: DataFrame, count: int) -> tuple[Column, Column] | None:
+    """A filter on gold's rows, on the bare column names and on the MERGE target alias ``t``,
+    true for every row whose key is in ``keys`` and for few others (None: too many keys).
+
+    Delta's MERGE joins gold with its source as the source's outer join (it has an insert
+    clause), and Spark cannot broadcast the preserved side of an outer join, so without a
+    filter every row of every touched file is shuffled and sorted (with random keys, the whole
+    table). The filter is a bitmap of the touched keys' 64-bit hashes, ``KEY_FILTER_BITS`` bits
+    per key (about 12% of other rows pass), looked up per row with integer expressions. Delta
+    records a MERGE's condition, this literal included, in the commit: about 2.5 bytes per
+    touched key (an exact set of hashes would be 20).
+    """
+    if count > KEY_FILTER_KEYS:
+        return None
+    words = [0] * max(1, -(-count * KEY_FILTER_BITS // 64))
+    size = 64 * len(words)
+    for (h,) in keys.select(F.xxhash64(*[c(k) for k in t.key])).collect():
+        bit = h % size
+        words[bit >> 6] |= 1 << (bit & 63)
+    bitmap = ",".join(str(w - (1 << 64) if w >= 1 << 63 else w) for w in words)
+    filters = []
+    for alias in (None, "t"):
+        cols = ", ".join(f"{alias}.{q(k)}" if alias else q(k) for k in t.key)
+        bit = f"pmod(xxhash64({cols}), {size})"
+        filters.append(
+            F.expr(
+                f"getbit(element_at(array({bitmap}), int(shiftright({bit}, 6)) + 1), "
+                f"int({bit} & 63)) = 1"
+            )
+        )
+    return filters[0], filters[1]
+
+
 def key_ranges(t: _Table, keys: DataFrame) -> tuple[Column, Column, int]:
     """A predicate on target columns only, true for every row whose key is in ``keys``: on
     the bare column names, and on the MERGE target alias ``t``.
 
     Built from the touched keys' min and max (and whether NULL is among them), it lets Delta
     skip the files whose statistics rule those keys out. Key-less tables use their first
-    columns the same way.
+    columns the same way. When the run touches at most ``KEY_FILTER_KEYS`` keys, it also holds
+    ``key_filter``'s bitmap test.
     """
     types = {f.name: f.dataType for f in t.columns}
     cols = [k for k in t.key if isinstance(types[k], _RANGE_TYPES)][:3]
@@ -568,8 +619,9 @@ def key_ranges(t: _Table, keys: DataFrame) -> tuple[Column, Column, int]:
             F.max(c(k).isNull().cast("int")).alias(f"null{i}"),
         ]
     row = keys.agg(*aggs).collect()[0]
+    filters = key_filter(t, keys, int(row["n"]))
     preds = []
-    for alias in (None, "t"):
+    for j, alias in enumerate((None, "t")):
         pred = F.lit(True)
         for i, k in enumerate(cols):
             lo, hi, nulls = row[f"lo{i}"], row[f"hi{i}"], row[f"null{i}"]
@@ -578,6 +630,8 @@ def key_ranges(t: _Table, keys: DataFrame) -> tuple[Column, Column, int]:
             if nulls:
                 term = term | col.isNull()
             pred = pred & term
+        if filters is not None:
+            pred = pred & filters[j]
         preds.append(pred)
     return preds[0], preds[1], int(row["n"])
 
@@ -587,7 +641,8 @@ def _incremental_state(t: _Table, applied: Applied) -> tuple[DataFrame, DataFram
     many quarantined rows they had, and how many gold rows."""
     spark = t.spark
     updates = t.updates(applied.silver_run)
-    keys = updates.select(*[c(k) for k in t.key]).distinct()
+    # Checkpointed: the touched keys are read several times below, silver once.
+    keys = updates.select(*[c(k) for k in t.key]).distinct().localCheckpoint()
     t.range_pred, t.range_pred_target, t.touched = key_ranges(t, keys)
     old_gold = null_safe_join(
         spark.table(t.gold).filter(t.range_pred), small(t, keys), t.key, "left_semi"
