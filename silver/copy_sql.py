@@ -22,7 +22,9 @@ Python (:func:`silver.copy_text.decode_copy_row`, in Arrow workers)
     it correctly), so it only costs speed.
 
 Both halves read the bronze rows once each; the Python half keeps only the records whose
-payload holds one of those escapes (or is not UTF-8), usually none.
+payload holds one of those escapes (or is not UTF-8), usually none. The escape test's regular
+expression runs only over a payload that holds a backslash or a NUL (a byte search first),
+since every match starts with one.
 """
 
 from __future__ import annotations
@@ -92,6 +94,10 @@ def copy_diffs(
     width = _lookup({oid: w[1] for oid, w in widths.items()}, F.col("table_oid"))
     text = F.col("payload").cast("string")
     valid = F.is_valid_utf8(text)
+    # Every match of HARD_PAYLOAD starts with a backslash or a NUL: the regex runs only over
+    # the payloads holding one (two byte searches), not over every whole payload.
+    maybe_hard = text.contains("\\") | text.contains(NUL)
+    hard = F.when(maybe_hard, text.rlike(HARD_PAYLOAD)).otherwise(F.lit(False))
 
     # Spark SQL: the lines of valid payloads that hold no hard escape (a line is looked at
     # only in a payload that holds one). Each payload is split once, before the explode.
@@ -100,7 +106,7 @@ def copy_diffs(
         "lsn",
         copy_width.alias("_cw"),
         width.alias("_w"),
-        text.rlike(HARD_PAYLOAD).alias("_hard"),
+        hard.alias("_hard"),
         F.split(text, "\n", -1).alias("_pieces"),
     )
     lines = chunks.select(
@@ -140,7 +146,7 @@ def copy_diffs(
 
     # Python: payloads that are not UTF-8, whole; the lines of the others with a hard escape.
     suspect = (
-        followed.where(~valid | text.rlike(HARD_PAYLOAD))
+        followed.where(~valid | hard)
         .select(
             "table_oid",
             "lsn",
