@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
 from capture.connection import connect_replication
@@ -181,3 +182,53 @@ def test_a_run_with_nothing_new_writes_nothing(spark, shop):
     again = run_silver(spark, cfg)
     assert again.run is None
     assert spark.table(cfg.qualified("silver", "_progress")).count() == 1
+
+
+ODD = """
+CREATE TABLE odd (id int PRIMARY KEY, d date, n numeric(6,2));
+INSERT INTO odd VALUES (1, '2024-01-01', 1.5), (2, 'infinity', 2), (3, '2024-01-03', 'NaN');
+CREATE TABLE fine (id int PRIMARY KEY, v text);
+INSERT INTO fine VALUES (1, 'a'), (2, 'b');
+CREATE PUBLICATION pub FOR ALL TABLES;
+"""
+
+
+def test_snapshot_errors_are_exact_records(spark, db):
+    """A value that does not cast and COPY rows with the wrong number of fields give their
+    exact error records; the good rows land, and the other table is unaffected."""
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute(ODD)
+    cfg = make_config(db, "sv5")
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg, ("capture",))
+    bronze = spark.table(cfg.qualified("bronze", "bronze"))
+    record = bronze.where("kind = 'copy' AND table_name = 'odd'").limit(1)
+    too_few, too_many = "4\t2024-01-04", "5\t2024-01-05\t1\textra"
+    date_range = "date infinity is outside DateType's range (years 1 to 9999)"
+    bad_lines = spark.createDataFrame(
+        [((too_few + "\n").encode(),), ((too_many + "\n").encode(),)], "payload binary"
+    )
+    injected = bad_lines.crossJoin(record.drop("payload")).select(*bronze.columns)
+    injected.write.format("delta").mode("append").saveAsTable(cfg.qualified("bronze", "bronze"))
+    (copy_lsn,) = {r["lsn"] for r in record.collect()}
+
+    result = run_silver(spark, cfg)
+    errors = spark.table(cfg.qualified("silver", "_errors"))
+    got = errors.select("table_name", "lsn", "code", "column_name", "raw", "message")
+    count = "COPY row has {} fields, expected 3"
+    expected = [
+        ("odd", 0, "CastError", "d", "infinity", date_range),
+        ("odd", 0, "CastError", "n", "NaN", "numeric NaN does not fit DecimalType(6,2)"),
+        ("odd", copy_lsn, "ColumnCountMismatch", None, too_many, count.format(4)),
+        ("odd", copy_lsn, "MissingColumn", None, too_few, count.format(2)),
+    ]
+    assert_df_equality(
+        got,
+        spark.createDataFrame(expected, got.schema),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+    assert result.errors == 4
+    odd = silver_now(spark, cfg, "odd").select("id").collect()
+    assert sorted(r["id"] for r in odd) == [1]
+    assert sorted(r["id"] for r in silver_now(spark, cfg, "fine").collect()) == [1, 2]
