@@ -36,6 +36,7 @@ from databricks.bundles.jobs import Job, JobRunAs
 
 from pgmedallion.cli import build_parser
 from pgmedallion.config import LakehouseConfig, SourceConfig, load_config
+from pgmedallion.spark import JVM_OPTIONS, spark_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE_FILE = ROOT / "databricks.yml"
@@ -560,6 +561,24 @@ def test_job_environment_configures_pgmedallion(bundle, target):
             values["secret_scope"],
             values["secret_key"],
         )
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_job_clusters_compile_huge_methods(bundle, target):
+    """Every job cluster's JVMs get the options local Spark gets (silver's generated code is
+    over HotSpot's huge-method limit)."""
+    config, _ = resolved(bundle, target)
+    clusters = [
+        c["new_cluster"]
+        for job in config["resources"]["jobs"].values()
+        for c in job.get("job_clusters", [])
+    ]
+    assert clusters
+    for cluster in clusters:
+        conf = cluster.get("spark_conf") or {}
+        for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+            assert JVM_OPTIONS in conf.get(key, ""), (target, key)
+    assert JVM_OPTIONS in spark_settings(Path("unused"))["spark.driver.extraJavaOptions"]
 
 
 def test_misspelt_config_variable_is_caught():
