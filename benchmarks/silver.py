@@ -258,14 +258,10 @@ def decode_and_cast(spark, cfg: Config) -> tuple[int, int, float]:
             StorageLevel.MEMORY_AND_DISK
         )
         decode_errors = diffs.where(F.col("code").isNotNull()).collect()
-        typed, cast_errors = cast_diffs(info, diffs.where(F.col("code").isNull()))
-        (
-            typed.where(F.size("_cast_errors") == 0)
-            .select(*data_columns(info))
-            .write.format("delta")
-            .saveAsTable(target)
-        )
-        typed.unpersist()
+        cast = cast_diffs(info, diffs.where(F.col("code").isNull()))
+        cast.rows.select(*data_columns(info)).write.format("delta").saveAsTable(target)
+        cast_errors = cast.errors
+        cast.unpersist()
         diffs.unpersist()
     rows = spark.table(target).count()
     return rows, len(decode_errors) + len(cast_errors), stage.seconds

@@ -43,7 +43,15 @@ from bronze.table import bronze_frontier, copy_lines
 from pgmedallion.config import Config
 from pgmedallion.failpoints import failpoint
 from pgmedallion.pgoutput import Relation, Truncate, decode, format_lsn
-from silver.casts import PgType, cast_values, pg_type_of, spark_type
+from silver.casts import (
+    CAST_ERRORS_COLUMN,
+    SUSPECT_COLUMN,
+    PgType,
+    cast_values,
+    pg_type_of,
+    plain_cast,
+    spark_type,
+)
 from silver.changes import ChangeError, LayoutIndex, TableColumn, change_diffs, plan_columns
 from silver.copy_sql import copy_diffs
 from silver.copy_text import CopyDecodeError, InvalidCopyInput, decode_copy_row
@@ -604,25 +612,56 @@ def data_columns(info: TableInfo) -> list:
     return [F.col(f"`{c['name'].replace('`', '``')}`") for c in info.columns]
 
 
-def cast_diffs(info: TableInfo, diffs: DataFrame) -> tuple[DataFrame, list[tuple]]:
+@dataclass
+class CastRows:
+    """One table's diff rows after the cast (see :func:`cast_diffs`)."""
+
+    rows: DataFrame
+    """The rows that cast: one column per table column, then ``_pgm_lsn`` and ``_pgm_diff``."""
+    errors: list[tuple]
+    """``CastError`` records ``(table_oid, lsn, code, column, raw, message)``."""
+    cached: list[DataFrame]
+
+    def unpersist(self) -> None:
+        for df in self.cached:
+            df.unpersist()
+
+
+def cast_diffs(info: TableInfo, diffs: DataFrame) -> CastRows:
     """One table's good diff rows cast to its types, and the values that did not cast.
 
-    Returns the typed rows, persisted (the caller unpersists them): one column per table
-    column, then ``_pgm_lsn``, ``_pgm_diff`` and ``_cast_errors`` (empty when the row cast);
-    and the ``CastError`` records ``(table_oid, lsn, code, column, raw, message)``.
+    Every value is first cast by plain (code-generated) expressions (``plain_cast``); only the
+    rows those leave unsettled, usually none, take the full cast with its error messages
+    (``cast_values``), whose clean rows join the others. The rows are persisted once, by the
+    query that collects the errors; the caller calls ``unpersist`` when it has written them.
     """
-    typed = cast_values(
-        diffs.select("values", F.col("lsn").alias(_LSN), F.col("diff").alias(_DIFF)),
-        "values",
-        _typed_columns(info),
-    ).persist(StorageLevel.MEMORY_AND_DISK)
-    errors = [
+    columns = _typed_columns(info)
+    base = diffs.select("values", F.col("lsn").alias(_LSN), F.col("diff").alias(_DIFF))
+    out = [*data_columns(info), F.col(_LSN), F.col(_DIFF)]
+    staged = plain_cast(base, "values", columns)
+    if staged is None:
+        full = cast_values(base, "values", columns).persist(StorageLevel.MEMORY_AND_DISK)
+        rows = full.where(F.size(CAST_ERRORS_COLUMN) == 0).select(*out)
+        return CastRows(rows, _cast_errors(info, full), [full])
+    staged = staged.persist(StorageLevel.MEMORY_AND_DISK)
+    suspect = staged.where(F.col(SUSPECT_COLUMN)).select("values", _LSN, _DIFF)
+    full = cast_values(suspect, "values", columns).persist(StorageLevel.MEMORY_AND_DISK)
+    errors = _cast_errors(info, full)
+    rows = (
+        staged.where(~F.col(SUSPECT_COLUMN))
+        .select(*out)
+        .unionByName(full.where(F.size(CAST_ERRORS_COLUMN) == 0).select(*out))
+    )
+    return CastRows(rows, errors, [full, staged])
+
+
+def _cast_errors(info: TableInfo, typed: DataFrame) -> list[tuple]:
+    return [
         (info.oid, r[_LSN], "CastError", r["e"]["column_name"], r["e"]["raw"], r["e"]["message"])
-        for r in typed.where(F.size("_cast_errors") > 0)
-        .select(_LSN, F.explode("_cast_errors").alias("e"))
+        for r in typed.where(F.size(CAST_ERRORS_COLUMN) > 0)
+        .select(_LSN, F.explode(CAST_ERRORS_COLUMN).alias("e"))
         .collect()
     ]
-    return typed, errors
 
 
 def _table_run(
@@ -637,8 +676,8 @@ def _table_run(
     truncates: list[int],
 ) -> tuple[int, list[tuple]]:
     """Cast, rewind, truncate, consolidate and append one table's diffs of this run."""
-    typed, errors = cast_diffs(info, diffs)
-    ok = typed.where(F.size("_cast_errors") == 0).drop("_cast_errors")
+    cast = cast_diffs(info, diffs)
+    ok, errors = cast.rows, cast.errors
     data = data_columns(info)
     parts = [ok.select(*data, F.col(_LSN).alias("_lsn"), F.col(_DIFF).alias("_diff"))]
     target = n.table(info.silver_table)
@@ -683,7 +722,7 @@ def _table_run(
         _create_diff_table(spark, target, consolidated.schema)
     _append(consolidated, target, cfg.source.name, run, merge_schema=True)
     count = spark.table(target).where(F.col("_run") == run).count()
-    typed.unpersist()
+    cast.unpersist()
     return count, errors
 
 

@@ -692,7 +692,7 @@ def _plain_value(t: PgType) -> Callable[[Column], Column] | None:
     target = spark_type(t)
     if oid == NUMERIC:
         assert isinstance(target, DecimalType)
-        return lambda text: _numeric_value(text, target).cast(target)
+        return functools.partial(_canonical_numeric, target=target)
     if oid == BOOL:
         return _bool_value
     if oid in (INT2, INT4, INT8, OID):
@@ -739,8 +739,21 @@ def _simple_text_array(text: Column) -> Column:
     )
 
 
-_PARTIAL = (_simple_text_array,)
-"""Plain values that are NULL for texts they do not handle (the full cast decides those)."""
+def _canonical_numeric(text: Column, target: DecimalType) -> Column:
+    """The decimal of a numeric text that is exactly the decimal's own text form (what
+    ``numeric(p,s)`` output is: ``-?digits.digits`` with ``s`` decimals), else NULL, for the full
+    cast to decide. One parse and one format instead of the full cast's four regular expressions:
+    a text that reads back as itself holds nothing that was rounded or cut."""
+    value = text.try_cast(target)
+    return F.when(value.cast(StringType()) == text, value)
+
+
+def _is_partial(plain: Callable[[Column], Column] | None) -> bool:
+    """Whether a plain value is NULL for texts it does not handle (the full cast decides those)
+    rather than only for texts that do not cast."""
+    return plain is _simple_text_array or (
+        isinstance(plain, functools.partial) and plain.func is _canonical_numeric
+    )
 
 
 def cast_pair(text: Column, t: PgType) -> Column:
@@ -838,7 +851,7 @@ def cast_values(df: DataFrame, values_col: str, columns: Sequence[tuple[str, PgT
     for t, group in positions.items():
         for k, position in enumerate(group):
             pair = F.get(column(group_names[t]), k)
-            if plain[t] in _PARTIAL:
+            if _is_partial(plain[t]):
                 value_at[position] = F.coalesce(
                     column(value_names[position]), F.when(failed(position), pair["value"])
                 )
@@ -881,6 +894,58 @@ def cast_values(df: DataFrame, values_col: str, columns: Sequence[tuple[str, PgT
         output.extend(typed if name == values_col else [column(name)])
     output.append(cast_errors.cast(CAST_ERROR_TYPE).alias(CAST_ERRORS_COLUMN))
     return staged.select(*output)
+
+
+SUSPECT_COLUMN = "_pgm_suspect"
+
+
+def plain_cast(
+    df: DataFrame, values_col: str, columns: Sequence[tuple[str, PgType]]
+) -> DataFrame | None:
+    """The fast half of :func:`cast_values`: plain expressions only, so Spark generates code for
+    all of it (a lambda function anywhere in a projection leaves the projection uncompiled).
+
+    Returns ``df``'s other columns, one typed column per ``(name, type)`` from its plain value,
+    ``values_col`` only where the row is suspect (NULL elsewhere), and ``_pgm_suspect``: whether
+    the plain values do not settle the row (a value did not cast or was left to the full cast,
+    or the row has fewer values than ``columns``, or none). The typed columns of a row that is
+    not suspect are exactly what :func:`cast_values` gives it, with no errors; cast the suspect
+    rows' ``values_col`` with :func:`cast_values` for theirs.
+
+    None when some type has no plain value (arrays of other element types than text, interval)
+    or when a column is named ``values_col`` or ``_pgm_suspect``: use :func:`cast_values`.
+    """
+    if values_col not in df.columns:
+        raise ValueError(f"no column {values_col!r} in the DataFrame")
+    names = [name for name, _ in columns]
+    if values_col in names or SUSPECT_COLUMN in names:
+        return None
+    outputs = [n for n in df.columns if n != values_col] + names + [values_col, SUSPECT_COLUMN]
+    clashes = sorted({name for name in outputs if outputs.count(name) > 1})
+    if clashes:
+        raise ValueError(f"plain_cast would produce duplicate columns: {clashes}")
+    plain = [_plain_value(t) for _, t in columns]
+    if any(p is None for p in plain):
+        return None
+    values = column(values_col)
+    prefix = _unused_prefix(df.columns)
+    typed = df.select(
+        *(column(n) for n in df.columns),
+        *(fn(F.get(values, p)).alias(f"{prefix}{p}") for p, fn in enumerate(plain)),
+    )
+    failed = [
+        F.get(values, p).isNotNull() & column(f"{prefix}{p}").isNull() for p in range(len(plain))
+    ]
+    suspect = functools.reduce(
+        lambda a, b: a | b, [values.isNull(), F.size(values) < len(names), *failed]
+    )
+    others = [column(n) for n in df.columns if n != values_col]
+    return typed.select(
+        *others,
+        *(column(f"{prefix}{p}").alias(name) for p, name in enumerate(names)),
+        F.when(suspect, values).alias(values_col),
+        suspect.alias(SUSPECT_COLUMN),
+    )
 
 
 @functools.lru_cache(maxsize=1024)

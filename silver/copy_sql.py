@@ -22,7 +22,8 @@ Python (:func:`silver.copy_text.decode_copy_row`, in Arrow workers)
     it correctly), so it only costs speed.
 
 Both halves read the bronze rows once each; the Python half keeps only the records whose
-payload holds one of those escapes (or is not UTF-8), usually none. The escape test's regular
+payload holds one of those escapes (or is not UTF-8), usually none, and is left out of the plan
+when a first query finds none. The escape test's regular
 expression runs only over a payload that holds a backslash or a NUL (a byte search first),
 since every match starts with one.
 """
@@ -145,22 +146,23 @@ def copy_diffs(
     )
 
     # Python: payloads that are not UTF-8, whole; the lines of the others with a hard escape.
-    suspect = (
-        followed.where(~valid | hard)
-        .select(
-            "table_oid",
-            "lsn",
-            "payload",
-            F.when(valid, F.split(text, "\n", -1)).alias("_pieces"),
-        )
-        .select(
-            "table_oid",
-            "lsn",
-            "payload",
-            F.when(F.col("_pieces").isNotNull(), _lines(F.col("_pieces")))
-            .otherwise(F.array(F.lit(None).cast("string")))
-            .alias("_ls"),
-        )
+    # Usually there are none, and a query that finds that (one scan of the payloads, two byte
+    # searches each) costs a third of what running an empty Python branch does.
+    suspect = followed.where(~valid | hard)
+    if suspect.isEmpty():  # (a Python branch on an empty relation is optimized away)
+        return fast.unionByName(python_decode(copy_rows.where(F.lit(False))))
+    suspect = suspect.select(
+        "table_oid",
+        "lsn",
+        "payload",
+        F.when(valid, F.split(text, "\n", -1)).alias("_pieces"),
+    ).select(
+        "table_oid",
+        "lsn",
+        "payload",
+        F.when(F.col("_pieces").isNotNull(), _lines(F.col("_pieces")))
+        .otherwise(F.array(F.lit(None).cast("string")))
+        .alias("_ls"),
     )
     slow = (
         suspect.select("table_oid", "lsn", "payload", F.explode("_ls").alias("_line"))
