@@ -237,7 +237,7 @@ def decode_and_cast(spark, cfg: Config) -> tuple[int, int, float]:
     Returns (typed rows written, decode and cast errors, seconds). Runs after a silver run,
     which recorded the table's columns in ``_tables``.
     """
-    from silver.build import cast_diffs, data_columns, load_tables, snapshot_diffs
+    from silver.build import cast_diffs, data_columns, decoded_rows, load_tables, snapshot_diffs
 
     [info] = [t for t in load_tables(spark, cfg).values() if t.name == TABLE]
     width = len(info.columns)
@@ -254,14 +254,14 @@ def decode_and_cast(spark, cfg: Config) -> tuple[int, int, float]:
     target = "bench_silver_silver.stage_typed"
     spark.sql(f"DROP TABLE IF EXISTS {target}")
     with Stopwatch() as stage:
-        diffs = snapshot_diffs(copy_rows, {info.oid: (width, width)}).persist(
-            StorageLevel.MEMORY_AND_DISK
-        )
-        decode_errors = diffs.where(F.col("code").isNotNull()).collect()
-        cast = cast_diffs(info, diffs.where(F.col("code").isNull()))
+        widths = {info.oid: (width, width)}
+        diffs = snapshot_diffs(copy_rows, widths, mark=True).persist(StorageLevel.MEMORY_AND_DISK)
+        good, decode_errors, python_rows = decoded_rows(diffs, copy_rows, widths)
+        cast = cast_diffs(info, good)
         cast.rows.select(*data_columns(info)).write.format("delta").saveAsTable(target)
         cast_errors = cast.errors
         cast.unpersist()
-        diffs.unpersist()
+        for df in [diffs, *python_rows]:
+            df.unpersist()
     rows = spark.table(target).count()
     return rows, len(decode_errors) + len(cast_errors), stage.seconds

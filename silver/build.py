@@ -53,7 +53,7 @@ from silver.casts import (
     spark_type,
 )
 from silver.changes import ChangeError, LayoutIndex, TableColumn, change_diffs, plan_columns
-from silver.copy_sql import copy_diffs
+from silver.copy_sql import PYTHON_CODE, copy_diffs, python_diffs
 from silver.copy_text import CopyDecodeError, InvalidCopyInput, decode_copy_row
 
 log = logging.getLogger(__name__)
@@ -336,17 +336,44 @@ def _decode_copy(
         yield pa.RecordBatch.from_pydict(out, schema=_DIFF_ARROW)
 
 
-def snapshot_diffs(copy_rows: DataFrame, copy_widths: dict[int, tuple[int, int]]) -> DataFrame:
+def snapshot_diffs(
+    copy_rows: DataFrame, copy_widths: dict[int, tuple[int, int]], *, mark: bool = False
+) -> DataFrame:
     """``table_oid, lsn, payload`` copy records -> diff rows (``DIFF_SCHEMA``), at LSN 0.
 
     ``copy_widths``: OID -> (columns of its COPY rows, columns of its silver rows). Decoding is
     Spark SQL, with the Python decoder for the rows SQL leaves to it (``silver/copy_sql.py``).
+    With ``mark``, those rows are left out and marked instead (see :func:`decoded_rows`).
     """
-    return copy_diffs(
-        copy_rows,
-        copy_widths,
-        lambda rows: rows.mapInArrow(lambda it: _decode_copy(it, copy_widths), DIFF_SCHEMA),
+    return copy_diffs(copy_rows, copy_widths, _python_copy(copy_widths), mark=mark)
+
+
+def _python_copy(widths: dict[int, tuple[int, int]]):
+    return lambda rows: rows.mapInArrow(lambda it: _decode_copy(it, widths), DIFF_SCHEMA)
+
+
+def decoded_rows(
+    diffs: DataFrame, copy_rows: DataFrame, copy_widths: dict[int, tuple[int, int]]
+) -> tuple[DataFrame, list, list[DataFrame]]:
+    """Split persisted diff rows (from ``snapshot_diffs(..., mark=True)``, maybe with others)
+    into good rows and error rows, and decode the rows SQL left to Python.
+
+    One collect finds both the errors and the marker rows; only when there are markers does
+    the Python decoder run, on the marked tables' ``copy_rows``, persisted. Returns (good
+    rows, error rows with ``table_oid, lsn, code, raw, message``, the frames to unpersist).
+    """
+    flagged = diffs.where(F.col("code").isNotNull()).collect()
+    errors = [r for r in flagged if r["code"] != PYTHON_CODE]
+    good = diffs.where(F.col("code").isNull())
+    marked = sorted({r["table_oid"] for r in flagged if r["code"] == PYTHON_CODE})
+    if not marked:
+        return good, errors, []
+    widths = {oid: copy_widths[oid] for oid in marked}
+    python = python_diffs(copy_rows, widths, _python_copy(widths)).persist(
+        StorageLevel.MEMORY_AND_DISK
     )
+    errors += python.where(F.col("code").isNotNull()).collect()
+    return good.unionByName(python.where(F.col("code").isNull())), errors, [python]
 
 
 def _column_entry(c: dict) -> dict:
@@ -520,13 +547,12 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
     changes = wal.where(F.col("mtype").isin("49", "55", "44")).select("lsn", "ordinal", "payload")
     wal_diffs = changes.mapInArrow(lambda it: _decode_changes(it, layouts), DIFF_SCHEMA)
     copy_rows = in_batches.where(F.col("kind") == "copy").select("table_oid", "lsn", "payload")
-    diffs = wal_diffs.unionByName(snapshot_diffs(copy_rows, copy_widths)).persist(
+    diffs = wal_diffs.unionByName(snapshot_diffs(copy_rows, copy_widths, mark=True)).persist(
         StorageLevel.MEMORY_AND_DISK
     )
-
-    for r in diffs.where(F.col("code").isNotNull()).collect():
+    good, decode_errors, python_rows = decoded_rows(diffs, copy_rows, copy_widths)
+    for r in decode_errors:
         errors.append((r["table_oid"], r["lsn"], r["code"], None, r["raw"], r["message"]))
-    good = diffs.where(F.col("code").isNull())
 
     rows: dict[str, int] = {}
     truncate_lsns: dict[int, list[int]] = defaultdict(list)
@@ -589,6 +615,8 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
     _append(done, n.progress, source, run)
     wal.unpersist()
     diffs.unpersist()
+    for df in python_rows:
+        df.unpersist()
     log.info("silver run %d done: frontier %s, %d errors", run, format_lsn(f_to), len(errors))
     return SilverResult(run, f_to, rows, len(errors))
 

@@ -76,10 +76,16 @@ def _lines(pieces: Column) -> Column:
     ).otherwise(pieces)
 
 
+PYTHON_CODE = "_pgm_python"
+"""The ``code`` of a marker row (see :func:`copy_diffs`): a record that holds rows for Python."""
+
+
 def copy_diffs(
     copy_rows: DataFrame,
     widths: Mapping[int, tuple[int, int]],
     python_decode: Callable[[DataFrame], DataFrame],
+    *,
+    mark: bool = False,
 ) -> DataFrame:
     """``table_oid, lsn, payload`` copy records -> diff rows (silver's ``DIFF_SCHEMA``).
 
@@ -87,6 +93,12 @@ def copy_diffs(
     row out)``, the extra ones NULL; records of other tables are skipped. ``python_decode``
     turns ``table_oid, lsn, payload`` records (whole payloads, or single lines ended by a
     newline) into diff rows with the Python decoder.
+
+    With ``mark``, the Python half is not run: each record holding rows for it gives instead one
+    marker row (``code`` :data:`PYTHON_CODE`, the record's ``table_oid`` and ``lsn``, ``diff``
+    0), found in the same scan as the SQL half. A caller that persists the rows and finds
+    markers runs :func:`python_diffs` on those tables' records. Without ``mark``, a first query
+    looks for such records, and the Python half joins the plan only when there are some.
     """
     if not widths:
         return python_decode(copy_rows.where(F.lit(False)))
@@ -95,27 +107,38 @@ def copy_diffs(
     width = _lookup({oid: w[1] for oid, w in widths.items()}, F.col("table_oid"))
     text = F.col("payload").cast("string")
     valid = F.is_valid_utf8(text)
-    # Every match of HARD_PAYLOAD starts with a backslash or a NUL: the regex runs only over
-    # the payloads holding one (two byte searches), not over every whole payload.
-    maybe_hard = text.contains("\\") | text.contains(NUL)
-    hard = F.when(maybe_hard, text.rlike(HARD_PAYLOAD)).otherwise(F.lit(False))
 
     # Spark SQL: the lines of valid payloads that hold no hard escape (a line is looked at
-    # only in a payload that holds one). Each payload is split once, before the explode.
-    chunks = followed.where(valid).select(
+    # only in a payload that holds one), and a NULL line after the lines of a payload that
+    # needs Python (the marker). Each payload is split once, before the explode.
+    chunks = followed.select(
         "table_oid",
         "lsn",
         copy_width.alias("_cw"),
         width.alias("_w"),
-        hard.alias("_hard"),
-        F.split(text, "\n", -1).alias("_pieces"),
+        _needs_python(text, valid).alias("_hard"),
+        F.when(valid, F.split(text, "\n", -1)).alias("_pieces"),
     )
+    marker = F.array(F.lit(None).cast("string"))
     lines = chunks.select(
-        "table_oid", "lsn", "_cw", "_w", "_hard", F.explode(_lines(F.col("_pieces"))).alias("_line")
+        "table_oid",
+        "lsn",
+        "_cw",
+        "_w",
+        "_hard",
+        F.explode(
+            F.when(
+                F.col("_hard"),
+                F.concat(
+                    F.coalesce(_lines(F.col("_pieces")), F.array().cast("array<string>")), marker
+                ),
+            ).otherwise(_lines(F.col("_pieces")))
+        ).alias("_line"),
     )
-    lines = lines.where(~(F.col("_hard") & F.col("_line").rlike(HARD_LINE))).select(
-        "*", F.split("_line", "\t", -1).alias("_fields")
-    )
+    line = F.col("_line")
+    kept = line.isNull() if mark else F.lit(False)
+    lines = lines.where(kept | ~(F.col("_hard") & (line.isNull() | line.rlike(HARD_LINE))))
+    lines = lines.select("*", F.split("_line", "\t", -1).alias("_fields"))
     fields = F.col("_fields")
     count = F.size(fields)
     most = max(w for _, w in widths.values())
@@ -124,8 +147,8 @@ def copy_diffs(
         1,
         F.col("_w"),
     )
-    empty_row = (F.col("_cw") == 0) & (F.col("_line") == F.lit(""))
-    ok = (count == F.col("_cw")) | empty_row
+    empty_row = (F.col("_cw") == 0) & (line == F.lit(""))
+    ok = line.isNotNull() & ((count == F.col("_cw")) | empty_row)
     null = F.lit(None)
     fast = lines.select(
         "table_oid",
@@ -134,45 +157,60 @@ def copy_diffs(
         F.when(ok, F.lit(1)).otherwise(F.lit(0)).cast("bigint").alias("diff"),
         F.when(ok, values).alias("values"),
         F.when(ok, null)
+        .when(line.isNull(), F.lit(PYTHON_CODE))
         .when(count < F.col("_cw"), F.lit("MissingColumn"))
         .otherwise(F.lit("ColumnCountMismatch"))
         .cast("string")
         .alias("code"),
-        F.when(ok, null)
+        F.when(ok | line.isNull(), null)
         .otherwise(F.format_string("COPY row has %d fields, expected %d", count, F.col("_cw")))
         .cast("string")
         .alias("message"),
-        F.when(ok, null).otherwise(F.col("_line")).cast("string").alias("raw"),
+        F.when(ok, null).otherwise(line).cast("string").alias("raw"),
     )
-
-    # Python: payloads that are not UTF-8, whole; the lines of the others with a hard escape.
-    # Usually there are none, and a query that finds that (one scan of the payloads, two byte
-    # searches each) costs a third of what running an empty Python branch does.
-    suspect = followed.where(~valid | hard)
-    if suspect.isEmpty():  # (a Python branch on an empty relation is optimized away)
+    # A query that finds no record for Python (one scan of the payloads, two byte searches
+    # each) costs a third of what running an empty Python branch does. (The Python branch on
+    # an empty relation runs no task; it keeps the output's schema that of the Python half.)
+    if mark or followed.where(_needs_python(text, valid)).isEmpty():
         return fast.unionByName(python_decode(copy_rows.where(F.lit(False))))
-    suspect = suspect.select(
-        "table_oid",
-        "lsn",
-        "payload",
-        F.when(valid, F.split(text, "\n", -1)).alias("_pieces"),
-    ).select(
-        "table_oid",
-        "lsn",
-        "payload",
-        F.when(F.col("_pieces").isNotNull(), _lines(F.col("_pieces")))
-        .otherwise(F.array(F.lit(None).cast("string")))
-        .alias("_ls"),
-    )
-    slow = (
-        suspect.select("table_oid", "lsn", "payload", F.explode("_ls").alias("_line"))
-        .where(F.col("_line").isNull() | F.col("_line").rlike(HARD_LINE))
+    return fast.unionByName(python_diffs(copy_rows, widths, python_decode))
+
+
+def _needs_python(text: Column, valid: Column) -> Column:
+    """Whether a payload is not UTF-8 or holds a hard escape. Every match of HARD_PAYLOAD
+    starts with a backslash or a NUL: the regex runs only over the payloads holding one (two
+    byte searches), not over every whole payload."""
+    maybe_hard = text.contains("\\") | text.contains(NUL)
+    return ~valid | F.when(maybe_hard, text.rlike(HARD_PAYLOAD)).otherwise(F.lit(False))
+
+
+def python_diffs(
+    copy_rows: DataFrame,
+    widths: Mapping[int, tuple[int, int]],
+    python_decode: Callable[[DataFrame], DataFrame],
+) -> DataFrame:
+    """The Python half of :func:`copy_diffs`: the diff rows of the payloads that are not UTF-8
+    (whole) and of the lines of the others that hold a hard escape."""
+    followed = copy_rows.where(F.col("table_oid").isin(list(widths)))
+    text = F.col("payload").cast("string")
+    valid = F.is_valid_utf8(text)
+    suspect = (
+        followed.where(_needs_python(text, valid))
         .select(
             "table_oid",
             "lsn",
-            F.when(F.col("_line").isNull(), F.col("payload"))
-            .otherwise(F.concat(F.col("_line"), F.lit("\n")).cast("binary"))
-            .alias("payload"),
+            "payload",
+            F.when(valid, _lines(F.split(text, "\n", -1)))
+            .otherwise(F.array(F.lit(None).cast("string")))
+            .alias("_ls"),
         )
+        .select("table_oid", "lsn", "payload", F.explode("_ls").alias("_line"))
     )
-    return fast.unionByName(python_decode(slow))
+    slow = suspect.where(F.col("_line").isNull() | F.col("_line").rlike(HARD_LINE)).select(
+        "table_oid",
+        "lsn",
+        F.when(F.col("_line").isNull(), F.col("payload"))
+        .otherwise(F.concat(F.col("_line"), F.lit("\n")).cast("binary"))
+        .alias("payload"),
+    )
+    return python_decode(slow)

@@ -39,10 +39,12 @@ from silver.casts import (
     CAST_ERRORS_COLUMN,
     INTERVAL_TYPE,
     NON_COMMA_DELIMITED,
+    SUSPECT_COLUMN,
     UNCONSTRAINED_NUMERIC,
     PgType,
     cast_values,
     pg_type_of,
+    plain_cast,
     spark_type,
 )
 from silver.copy_text import decode_copy_row
@@ -670,6 +672,72 @@ def test_malformed_text_and_missing_values(spark):
     ]
     assert (got[1]["b"], got[1]["f"], got[1]["by"]) == (True, 1.5, bytearray(b"\x00"))
     assert len(messages[2]) == len(columns)
+
+
+PLAIN_COLUMNS = [
+    ("i", PgType(23)),
+    ("n", PgType(1700, typmod=(12 << 16 | 2) + 4)),
+    ("nu", PgType(1700)),
+    ("f", PgType(701)),
+    ("b", PgType(16)),
+    ("d", PgType(1082)),
+    ("tz", PgType(1184)),
+    ("t", PgType(25)),
+    ("at", PgType(1009, element_type_oid=25, category="A")),
+]
+PLAIN_ROWS = [
+    # (id, texts, suspect): the plain values settle a row of canonical texts on their own
+    (
+        1,
+        ["1", "12.50", None, "NaN", "t", "2024-02-29", "2024-01-01 10:00:00+00", "x", '{a,"b c"}'],
+        False,
+    ),
+    (2, ["-7", "-0.05", None, "-0", "f", None, None, "", "{}"], False),
+    (3, [None] * 9, False),
+    # texts the full cast still casts cleanly, or that it turns into errors
+    (4, ["1", "12.5", None, None, None, None, None, None, None], True),  # not numeric's form
+    (5, ["1", None, "1.5", None, None, None, None, None, None], True),  # unconstrained numeric
+    (6, ["1", None, None, None, None, None, None, None, "{a,NULL}"], True),
+    (7, ["1", "NaN", None, None, None, None, None, None, None], True),
+    (8, ["x1", None, None, None, None, None, None, None, None], True),
+    (9, ["1", None, None, None, None, "infinity", None, None, None], True),
+    (10, ["1", "1.00"], True),  # too few values
+    (11, None, True),
+]
+
+
+def test_plain_cast_settles_exactly_what_it_can(spark):
+    """A row plain_cast does not mark suspect gets exactly cast_values' typed columns, and every
+    row with a cast error (or left to the full cast) is suspect."""
+    df = text_frame(spark, [(i, texts) for i, texts, _ in PLAIN_ROWS])
+    staged = plain_cast(df, "payload", PLAIN_COLUMNS)
+    assert staged is not None
+    names = [name for name, _ in PLAIN_COLUMNS]
+    assert staged.columns == ["id", *names, "payload", SUSPECT_COLUMN]
+    suspect = {r["id"]: r[SUSPECT_COLUMN] for r in staged.collect()}
+    assert suspect == {i: expected for i, _, expected in PLAIN_ROWS}
+    # suspect rows keep their texts for the full cast, the others do not
+    kept = {r["id"]: r["payload"] for r in staged.collect()}
+    assert {i for i, texts in kept.items() if texts is not None} == {
+        i for i, _, s in PLAIN_ROWS if s and i != 11
+    }
+
+    full = cast_values(df, "payload", PLAIN_COLUMNS)
+    clean = [r["id"] for r in full.collect() if not r[CAST_ERRORS_COLUMN]]
+    assert set(clean) == {1, 2, 3, 4, 5, 6}  # 4, 5, 6 cast cleanly, through the full cast
+    assert_df_equality(
+        staged.where(~staged[SUSPECT_COLUMN]).select("id", *names),
+        full.where("id IN (1, 2, 3)").select("id", *names),
+        ignore_nullable=True,
+        allow_nan_equality=True,
+        ignore_row_order=True,
+    )
+    first = staged.where("id = 1").first()
+    assert (first["n"], first["at"]) == (Decimal("12.50"), ["a", "b c"])
+    assert math.isnan(staged.where("id = 1").select("f").first()[0]) is True
+    # a type without a plain value (interval), or a column named like the texts: no plain half
+    assert plain_cast(df, "payload", [*PLAIN_COLUMNS, ("iv", PgType(1186))]) is None
+    assert plain_cast(df, "payload", [("payload", PgType(25))]) is None
 
 
 def test_hostile_column_names_and_column_order(spark):

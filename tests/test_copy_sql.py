@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
-from silver.build import DIFF_SCHEMA, _decode_copy, snapshot_diffs
-from silver.copy_sql import HARD_LINE, HARD_PAYLOAD
+from silver.build import DIFF_SCHEMA, _decode_copy, decoded_rows, snapshot_diffs
+from silver.copy_sql import HARD_LINE, HARD_PAYLOAD, PYTHON_CODE
 from silver.copy_text import encode_copy_row
 
 RECORDS = "table_oid bigint, lsn bigint, payload binary"
@@ -69,11 +69,26 @@ def _key(row) -> tuple:
     return tuple(tuple(v) if isinstance(v, list) else v for v in row)
 
 
-def _compare(spark, records, widths) -> list[tuple]:
+def _compare(spark, records, widths, markers: bool | None = None) -> list[tuple]:
+    """Both ways of running the SQL decoder give what the Python decoder gives: whole, and
+    with marker rows resolved as silver's run does (``decoded_rows``). ``markers``: whether
+    some record must have needed Python."""
     df = spark.createDataFrame(records, RECORDS)
     got = [_key(r) for r in snapshot_diffs(df, widths).collect()]
     want = [_key(r) for r in _python(records, widths)]
     assert sorted(got, key=repr) == sorted(want, key=repr)
+
+    marked = snapshot_diffs(df, widths, mark=True)
+    found = marked.where(F.col("code") == PYTHON_CODE).select("table_oid", "lsn", "diff").collect()
+    assert all(r["diff"] == 0 and r["table_oid"] in widths for r in found)
+    if markers is not None:
+        assert bool(found) is markers
+    good, errors, cached = decoded_rows(marked, df, widths)
+    resolved = [_key(r) for r in good.collect()] + [_key(r) for r in errors]
+    assert sorted(resolved, key=repr) == sorted(want, key=repr)
+    assert len(cached) == (1 if found else 0)
+    for frame in cached:
+        frame.unpersist()
     return got
 
 
@@ -90,7 +105,7 @@ def test_sql_decoding_matches_python_on_tricky_lines(spark):
     records.append((2, 2, valid))
     records.append((1, 3, b""))
     records.append((1, 4, b"\n\n"))
-    got = _compare(spark, records, {1: (3, 3), 2: (3, 5)})
+    got = _compare(spark, records, {1: (3, 3), 2: (3, 5)}, markers=True)
     assert ("MissingColumn" in {r[5] for r in got}) and ("InvalidCopyInput" in {r[5] for r in got})
     assert (1, 0, None, 1, ("\\N", "xN", "NN"), None, None, None) in got
     assert (2, 0, None, 1, ("\\N", "xN", "NN", None, None), None, None, None) in got
@@ -99,7 +114,7 @@ def test_sql_decoding_matches_python_on_tricky_lines(spark):
 
 def test_sql_decoding_of_zero_and_one_column_tables(spark):
     records = [(1, 1, b"\n\nx\n"), (2, 2, b"\n\\N\n\\\\N\nx\ty\n")]
-    got = _compare(spark, records, {1: (0, 0), 2: (1, 2)})
+    got = _compare(spark, records, {1: (0, 0), 2: (1, 2)}, markers=False)
     assert (1, 0, None, 1, (), None, None, None) in got
     assert (2, 0, None, 1, ("", None), None, None, None) in got
 
@@ -121,7 +136,7 @@ def test_sql_decoding_matches_python_on_random_rows(spark):
         lines.append(line)
     records = [(1, i, b"\n".join(lines[i : i + 50]) + b"\n") for i in range(0, 400, 50)]
     records += [(2, 1000 + i, line) for i, line in enumerate(lines[:100])]
-    got = _compare(spark, records, {1: (3, 3), 2: (3, 4)})
+    got = _compare(spark, records, {1: (3, 3), 2: (3, 4)}, markers=True)
     assert sum(1 for r in got if r[3] == 1) > 300
 
 
@@ -138,3 +153,4 @@ def test_diff_schema_is_the_output(spark):
     df = spark.createDataFrame([(1, 1, b"a\tb\n")], RECORDS)
     assert snapshot_diffs(df, {1: (2, 2)}).schema == DIFF_SCHEMA
     assert snapshot_diffs(df, {}).count() == 0
+    assert snapshot_diffs(df, {1: (2, 2)}, mark=True).schema == DIFF_SCHEMA
