@@ -9,9 +9,11 @@ Setup
 What is compared
     Ours, the result's figure: silver's decode-and-cast stage, from the bronze table's COPY
     records to one Delta table of typed rows. It runs the functions ``run_silver`` runs for a
-    table's snapshot rows (``snapshot_diffs``: COPY TEXT decoding as Spark SQL expressions,
-    Python only for rows with rare escapes; ``cast_diffs``: casts as Spark SQL expressions with
-    an error check per value), and collects the decode and cast errors as a run does.
+    table's rows (``table_diffs``: COPY TEXT decoding as Spark SQL expressions, the rows with
+    rare escapes marked for the Python decoder; ``cast_diffs``: casts as plain Spark SQL
+    expressions first, persisted once, then the full cast with its error messages for the rows
+    those leave unsettled), collects the decode and cast errors as a run does, and writes the
+    rows.
     The peer: ``spark.read.csv`` with the equivalent explicit schema (arrays as strings: CSV
     has no arrays, so the peer does less), written as one Delta table. Both sides read their
     input from local disk and write Delta in the same session; rates are source rows per
@@ -32,7 +34,6 @@ import shutil
 from dataclasses import replace
 
 from psycopg import sql
-from pyspark import StorageLevel
 from pyspark.sql import functions as F
 
 from benchmarks.common import BenchEnv, Result, Stopwatch, Timing, say
@@ -237,7 +238,7 @@ def decode_and_cast(spark, cfg: Config) -> tuple[int, int, float]:
     Returns (typed rows written, decode and cast errors, seconds). Runs after a silver run,
     which recorded the table's columns in ``_tables``.
     """
-    from silver.build import cast_diffs, data_columns, decoded_rows, load_tables, snapshot_diffs
+    from silver.build import DIFF_SCHEMA, cast_diffs, data_columns, load_tables, table_diffs
 
     [info] = [t for t in load_tables(spark, cfg).values() if t.name == TABLE]
     width = len(info.columns)
@@ -251,17 +252,13 @@ def decode_and_cast(spark, cfg: Config) -> tuple[int, int, float]:
         )
         .select("table_oid", "lsn", "payload")
     )
+    empty_wal = spark.createDataFrame([], DIFF_SCHEMA)  # a snapshot-only run decodes no changes
     target = "bench_silver_silver.stage_typed"
     spark.sql(f"DROP TABLE IF EXISTS {target}")
     with Stopwatch() as stage:
-        widths = {info.oid: (width, width)}
-        diffs = snapshot_diffs(copy_rows, widths, mark=True).persist(StorageLevel.MEMORY_AND_DISK)
-        good, decode_errors, python_rows = decoded_rows(diffs, copy_rows, widths)
-        cast = cast_diffs(info, good)
+        cast = cast_diffs(info, table_diffs(info.oid, empty_wal, copy_rows, (width, width)))
         cast.rows.select(*data_columns(info)).write.format("delta").saveAsTable(target)
-        cast_errors = cast.errors
+        errors = cast.errors
         cast.unpersist()
-        for df in [diffs, *python_rows]:
-            df.unpersist()
     rows = spark.table(target).count()
-    return rows, len(decode_errors) + len(cast_errors), stage.seconds
+    return rows, len(errors), stage.seconds

@@ -26,11 +26,12 @@ immutable bronze rows. Every append carries ``txnAppId = pgmedallion-silver-<sou
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -343,37 +344,13 @@ def snapshot_diffs(
 
     ``copy_widths``: OID -> (columns of its COPY rows, columns of its silver rows). Decoding is
     Spark SQL, with the Python decoder for the rows SQL leaves to it (``silver/copy_sql.py``).
-    With ``mark``, those rows are left out and marked instead (see :func:`decoded_rows`).
+    With ``mark``, those rows are left out and marked instead (see :func:`cast_diffs`).
     """
     return copy_diffs(copy_rows, copy_widths, _python_copy(copy_widths), mark=mark)
 
 
 def _python_copy(widths: dict[int, tuple[int, int]]):
     return lambda rows: rows.mapInArrow(lambda it: _decode_copy(it, widths), DIFF_SCHEMA)
-
-
-def decoded_rows(
-    diffs: DataFrame, copy_rows: DataFrame, copy_widths: dict[int, tuple[int, int]]
-) -> tuple[DataFrame, list, list[DataFrame]]:
-    """Split persisted diff rows (from ``snapshot_diffs(..., mark=True)``, maybe with others)
-    into good rows and error rows, and decode the rows SQL left to Python.
-
-    One collect finds both the errors and the marker rows; only when there are markers does
-    the Python decoder run, on the marked tables' ``copy_rows``, persisted. Returns (good
-    rows, error rows with ``table_oid, lsn, code, raw, message``, the frames to unpersist).
-    """
-    flagged = diffs.where(F.col("code").isNotNull()).collect()
-    errors = [r for r in flagged if r["code"] != PYTHON_CODE]
-    good = diffs.where(F.col("code").isNull())
-    marked = sorted({r["table_oid"] for r in flagged if r["code"] == PYTHON_CODE})
-    if not marked:
-        return good, errors, []
-    widths = {oid: copy_widths[oid] for oid in marked}
-    python = python_diffs(copy_rows, widths, _python_copy(widths)).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
-    errors += python.where(F.col("code").isNotNull()).collect()
-    return good.unionByName(python.where(F.col("code").isNull())), errors, [python]
 
 
 def _column_entry(c: dict) -> dict:
@@ -545,14 +522,13 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
         copy_widths[oid] = (copy_width, len(final))
 
     changes = wal.where(F.col("mtype").isin("49", "55", "44")).select("lsn", "ordinal", "payload")
-    wal_diffs = changes.mapInArrow(lambda it: _decode_changes(it, layouts), DIFF_SCHEMA)
-    copy_rows = in_batches.where(F.col("kind") == "copy").select("table_oid", "lsn", "payload")
-    diffs = wal_diffs.unionByName(snapshot_diffs(copy_rows, copy_widths, mark=True)).persist(
+    wal_diffs = changes.mapInArrow(lambda it: _decode_changes(it, layouts), DIFF_SCHEMA).persist(
         StorageLevel.MEMORY_AND_DISK
     )
-    good, decode_errors, python_rows = decoded_rows(diffs, copy_rows, copy_widths)
-    for r in decode_errors:
+    for r in wal_diffs.where(F.col("code").isNotNull()).collect():
         errors.append((r["table_oid"], r["lsn"], r["code"], None, r["raw"], r["message"]))
+    wal_good = wal_diffs.where(F.col("code").isNull())
+    copy_rows = in_batches.where(F.col("kind") == "copy").select("table_oid", "lsn", "payload")
 
     rows: dict[str, int] = {}
     truncate_lsns: dict[int, list[int]] = defaultdict(list)
@@ -573,7 +549,7 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
             cfg,
             n,
             info,
-            good.where(F.col("table_oid") == oid),
+            table_diffs(oid, wal_good, copy_rows, copy_widths[oid]),
             run,
             new_snapshot=oid in new_snapshots,
             truncates=truncate_lsns.get(oid, []) if policy == "delete" else [],
@@ -614,9 +590,7 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
     ).withColumn("completed_at", F.current_timestamp())
     _append(done, n.progress, source, run)
     wal.unpersist()
-    diffs.unpersist()
-    for df in python_rows:
-        df.unpersist()
+    wal_diffs.unpersist()
     log.info("silver run %d done: frontier %s, %d errors", run, format_lsn(f_to), len(errors))
     return SilverResult(run, f_to, rows, len(errors))
 
@@ -633,6 +607,7 @@ def _typed_columns(info: TableInfo) -> list[tuple[str, PgType]]:
 # Internal names while a table's rows are cast: no PostgreSQL column can be one of these
 # without also colliding with silver's own _lsn/_diff/_run, which the README reserves.
 _LSN, _DIFF = "_pgm_lsn", "_pgm_diff"
+_CODE, _RAW, _MESSAGE = "_pgm_code", "_pgm_raw", "_pgm_message"
 
 
 def data_columns(info: TableInfo) -> list:
@@ -655,32 +630,86 @@ class CastRows:
             df.unpersist()
 
 
-def cast_diffs(info: TableInfo, diffs: DataFrame) -> CastRows:
-    """One table's good diff rows cast to its types, and the values that did not cast.
+@dataclass
+class TableDiffs:
+    """One table's diff rows of a run, before the cast (see :func:`table_diffs`)."""
 
-    Every value is first cast by plain (code-generated) expressions (``plain_cast``); only the
-    rows those leave unsettled, usually none, take the full cast with its error messages
-    (``cast_values``), whose clean rows join the others. The rows are persisted once, by the
-    query that collects the errors; the caller calls ``unpersist`` when it has written them.
+    rows: DataFrame
+    """``DIFF_SCHEMA`` rows: good ones, decode errors (``code`` set) and :data:`PYTHON_CODE`
+    markers, one per COPY record that holds rows for the Python decoder."""
+    python: Callable[[], DataFrame]
+    """The Python decoder's diff rows of the marked records (run only when there are some)."""
+
+
+def table_diffs(
+    oid: int, wal_good: DataFrame, copy_rows: DataFrame, copy_width: tuple[int, int]
+) -> TableDiffs:
+    """Table ``oid``'s diff rows of a run: its decoded changes (from ``wal_good``, good rows
+    only) and its COPY records (from ``copy_rows``: ``table_oid, lsn, payload``) decoded in
+    Spark SQL, the rows left to Python marked."""
+    own = copy_rows.where(F.col("table_oid") == oid)
+    widths = {oid: copy_width}
+    rows = wal_good.where(F.col("table_oid") == oid).unionByName(
+        snapshot_diffs(own, widths, mark=True)
+    )
+    return TableDiffs(rows, lambda: python_diffs(own, widths, _python_copy(widths)))
+
+
+def cast_diffs(info: TableInfo, diffs: TableDiffs) -> CastRows:
+    """One table's diff rows cast to its types; the decode errors and the values that did not
+    cast.
+
+    Every value is first cast by plain (code-generated) expressions (``plain_cast``), and the
+    result persisted. One count over it finds the rows those leave unsettled; usually there are
+    none and that is all. Otherwise the decode errors among them are collected, the rows left
+    to Python are decoded, and those and the rest take the full cast with its error messages
+    (``cast_values``); its clean rows join the others. The caller calls ``unpersist`` when it
+    has written the rows.
     """
     columns = _typed_columns(info)
-    base = diffs.select("values", F.col("lsn").alias(_LSN), F.col("diff").alias(_DIFF))
+    base = diffs.rows.select(
+        "values",
+        F.col("lsn").alias(_LSN),
+        F.col("diff").alias(_DIFF),
+        F.col("code").alias(_CODE),
+        F.col("raw").alias(_RAW),
+        F.col("message").alias(_MESSAGE),
+    )
     out = [*data_columns(info), F.col(_LSN), F.col(_DIFF)]
     staged = plain_cast(base, "values", columns)
-    if staged is None:
-        full = cast_values(base, "values", columns).persist(StorageLevel.MEMORY_AND_DISK)
-        rows = full.where(F.size(CAST_ERRORS_COLUMN) == 0).select(*out)
-        return CastRows(rows, _cast_errors(info, full), [full])
+    plain = staged is not None
+    if staged is None:  # some type has no plain value: every row takes the full cast
+        staged = base.withColumn(SUSPECT_COLUMN, F.lit(True))
     staged = staged.persist(StorageLevel.MEMORY_AND_DISK)
-    suspect = staged.where(F.col(SUSPECT_COLUMN)).select("values", _LSN, _DIFF)
-    full = cast_values(suspect, "values", columns).persist(StorageLevel.MEMORY_AND_DISK)
-    errors = _cast_errors(info, full)
-    rows = (
-        staged.where(~F.col(SUSPECT_COLUMN))
-        .select(*out)
-        .unionByName(full.where(F.size(CAST_ERRORS_COLUMN) == 0).select(*out))
-    )
-    return CastRows(rows, errors, [full, staged])
+    cached, errors, parts = [staged], [], []
+    if plain:
+        parts.append(staged.where(~F.col(SUSPECT_COLUMN)).select(*out))
+    suspect = staged.where(F.col(SUSPECT_COLUMN))
+    if suspect.count():
+        flagged = suspect.where(F.col(_CODE).isNotNull()).select(_LSN, _CODE, _RAW, _MESSAGE)
+        flagged = flagged.collect()
+        errors += [(info.oid, *r[:2], None, *r[2:]) for r in flagged if r[_CODE] != PYTHON_CODE]
+        texts = suspect.where(F.col(_CODE).isNull()).select("values", _LSN, _DIFF)
+        if any(r[_CODE] == PYTHON_CODE for r in flagged):
+            python = diffs.python().persist(StorageLevel.MEMORY_AND_DISK)
+            cached.append(python)
+            errors += [
+                (info.oid, r["lsn"], r["code"], None, r["raw"], r["message"])
+                for r in python.where(F.col("code").isNotNull()).collect()
+            ]
+            texts = texts.unionByName(
+                python.where(F.col("code").isNull()).select(
+                    "values", F.col("lsn").alias(_LSN), F.col("diff").alias(_DIFF)
+                )
+            )
+        full = cast_values(texts, "values", columns).persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(full)
+        errors += _cast_errors(info, full)
+        parts.append(full.where(F.size(CAST_ERRORS_COLUMN) == 0).select(*out))
+    if not parts:  # no rows at all, and no plain values to give the typed columns' schema
+        empty = base.where(F.lit(False)).select("values", _LSN, _DIFF)
+        parts.append(cast_values(empty, "values", columns).select(*out))
+    return CastRows(functools.reduce(DataFrame.unionByName, parts), errors, cached)
 
 
 def _cast_errors(info: TableInfo, typed: DataFrame) -> list[tuple]:
@@ -697,7 +726,7 @@ def _table_run(
     cfg: Config,
     n: _Names,
     info: TableInfo,
-    diffs: DataFrame,
+    diffs: TableDiffs,
     run: int,
     *,
     new_snapshot: bool,

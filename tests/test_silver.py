@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import date
+from decimal import Decimal
+
 import psycopg
 import pytest
 from chispa import assert_df_equality
@@ -204,9 +207,13 @@ def test_snapshot_errors_are_exact_records(spark, db):
     bronze = spark.table(cfg.qualified("bronze", "bronze"))
     record = bronze.where("kind = 'copy' AND table_name = 'odd'").limit(1)
     too_few, too_many = "4\t2024-01-04", "5\t2024-01-05\t1\textra"
+    # lines only the Python decoder reads (octal and hex escapes): one good row, one whose
+    # date does not cast, and one with too few fields
+    octal, hex_date, hex_short = "6\t2024-01-0\\066\t1.25", "7\t\\x41\t1", "\\x38\t1"
     date_range = "date infinity is outside DateType's range (years 1 to 9999)"
     bad_lines = spark.createDataFrame(
-        [((too_few + "\n").encode(),), ((too_many + "\n").encode(),)], "payload binary"
+        [((line + "\n").encode(),) for line in (too_few, too_many, octal, hex_date, hex_short)],
+        "payload binary",
     )
     injected = bad_lines.crossJoin(record.drop("payload")).select(*bronze.columns)
     injected.write.format("delta").mode("append").saveAsTable(cfg.qualified("bronze", "bronze"))
@@ -221,6 +228,8 @@ def test_snapshot_errors_are_exact_records(spark, db):
         ("odd", 0, "CastError", "n", "NaN", "numeric NaN does not fit DecimalType(6,2)"),
         ("odd", copy_lsn, "ColumnCountMismatch", None, too_many, count.format(4)),
         ("odd", copy_lsn, "MissingColumn", None, too_few, count.format(2)),
+        ("odd", 0, "CastError", "d", "A", "invalid date text"),
+        ("odd", copy_lsn, "MissingColumn", None, hex_short, count.format(2)),
     ]
     assert_df_equality(
         got,
@@ -228,7 +237,10 @@ def test_snapshot_errors_are_exact_records(spark, db):
         ignore_row_order=True,
         ignore_nullable=True,
     )
-    assert result.errors == 4
-    odd = silver_now(spark, cfg, "odd").select("id").collect()
-    assert sorted(r["id"] for r in odd) == [1]
+    assert result.errors == 6
+    odd = silver_now(spark, cfg, "odd").select("id", "d", "n").collect()
+    assert sorted(tuple(r) for r in odd) == [
+        (1, date(2024, 1, 1), Decimal("1.50")),
+        (6, date(2024, 1, 6), Decimal("1.25")),
+    ]
     assert sorted(r["id"] for r in silver_now(spark, cfg, "fine").collect()) == [1, 2]
