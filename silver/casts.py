@@ -692,11 +692,11 @@ def _plain_value(t: PgType) -> Callable[[Column], Column] | None:
     target = spark_type(t)
     if oid == NUMERIC:
         assert isinstance(target, DecimalType)
-        return functools.partial(_canonical_numeric, target=target)
+        return functools.partial(_canonical_number, target=target)
     if oid == BOOL:
         return _bool_value
     if oid in (INT2, INT4, INT8, OID):
-        return lambda text: _integer_value(text, target).cast(target)
+        return functools.partial(_canonical_number, target=target)
     if oid in (FLOAT4, FLOAT8):
         return lambda text: _float_value(text, target).cast(target)
     if oid == BYTEA:
@@ -727,7 +727,8 @@ def _simple_text_array(text: Column) -> Column:
         & ~text.startswith("{{")
         & ~inner.contains("\\")
         & ~inner.contains("\u0000")
-        & ~inner.rlike(r"(?i)(^|,)NULL(,|$)")
+        # (the regex runs only where an upper-case copy holds NULL: rarely)
+        & ~(F.upper(inner).contains("NULL") & inner.rlike(r"(?i)(^|,)NULL(,|$)"))
         & (F.array_join(tokens, ",") == inner)
     )
     elements = F.split(F.replace(F.array_join(tokens, "\u0000"), _lit('"'), _lit("")), "\u0000", -1)
@@ -739,11 +740,12 @@ def _simple_text_array(text: Column) -> Column:
     )
 
 
-def _canonical_numeric(text: Column, target: DecimalType) -> Column:
-    """The decimal of a numeric text that is exactly the decimal's own text form (what
-    ``numeric(p,s)`` output is: ``-?digits.digits`` with ``s`` decimals), else NULL, for the full
-    cast to decide. One parse and one format instead of the full cast's four regular expressions:
-    a text that reads back as itself holds nothing that was rounded or cut."""
+def _canonical_number(text: Column, target: DataType) -> Column:
+    """The integer or decimal of a text that is exactly the value's own text form (what
+    PostgreSQL writes: ``-?digits``, and ``-?digits.digits`` with ``s`` decimals for
+    ``numeric(p,s)``), else NULL, for the full cast to decide. One parse and one format instead
+    of the full cast's regular expressions (four for numeric): a text that reads back as itself
+    holds nothing that was rounded, cut or out of range."""
     value = text.try_cast(target)
     return F.when(value.cast(StringType()) == text, value)
 
@@ -752,7 +754,7 @@ def _is_partial(plain: Callable[[Column], Column] | None) -> bool:
     """Whether a plain value is NULL for texts it does not handle (the full cast decides those)
     rather than only for texts that do not cast."""
     return plain is _simple_text_array or (
-        isinstance(plain, functools.partial) and plain.func is _canonical_numeric
+        isinstance(plain, functools.partial) and plain.func is _canonical_number
     )
 
 
