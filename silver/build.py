@@ -622,7 +622,8 @@ class CastRows:
     rows: DataFrame
     """The rows that cast: one column per table column, then ``_pgm_lsn`` and ``_pgm_diff``."""
     errors: list[tuple]
-    """``CastError`` records ``(table_oid, lsn, code, column, raw, message)``."""
+    """The table's decode errors and ``CastError`` records, each ``(table_oid, lsn, code,
+    column, raw, message)``."""
     cached: list[DataFrame]
 
     def unpersist(self) -> None:
