@@ -30,13 +30,14 @@ import functools
 import json
 import logging
 import re
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -161,15 +162,13 @@ def silver_table_name(schema: str, name: str, oid: int, taken: set[str]) -> str:
     return candidate
 
 
-def _append(df: DataFrame, table: str, source: str, run: int, merge_schema: bool = False) -> None:
+def _append(df: DataFrame, table: str, source: str, run: int) -> None:
     writer = (
         df.write.format("delta")
         .mode("append")
         .option("txnAppId", f"pgmedallion-silver-{source}")
         .option("txnVersion", run)
     )
-    if merge_schema:
-        writer = writer.option("mergeSchema", "true")
     failpoint("silver.before_append")
     writer.saveAsTable(table)
     failpoint("silver.after_append")
@@ -635,11 +634,17 @@ class CastRows:
 class TableDiffs:
     """One table's diff rows of a run, before the cast (see :func:`table_diffs`)."""
 
-    rows: DataFrame
-    """``DIFF_SCHEMA`` rows: good ones, decode errors (``code`` set) and :data:`PYTHON_CODE`
-    markers, one per COPY record that holds rows for the Python decoder."""
+    wal: DataFrame
+    """``DIFF_SCHEMA`` rows of the table's decoded changes (good ones only)."""
+    copy: DataFrame
+    """``DIFF_SCHEMA`` rows of its COPY records: good ones, decode errors (``code`` set) and
+    :data:`PYTHON_CODE` markers, one per record that holds rows for the Python decoder."""
     python: Callable[[], DataFrame]
     """The Python decoder's diff rows of the marked records (run only when there are some)."""
+
+    @property
+    def rows(self) -> DataFrame:
+        return self.wal.unionByName(self.copy)
 
 
 def table_diffs(
@@ -650,25 +655,15 @@ def table_diffs(
     Spark SQL, the rows left to Python marked."""
     own = copy_rows.where(F.col("table_oid") == oid)
     widths = {oid: copy_width}
-    rows = wal_good.where(F.col("table_oid") == oid).unionByName(
-        snapshot_diffs(own, widths, mark=True)
+    return TableDiffs(
+        wal_good.where(F.col("table_oid") == oid),
+        snapshot_diffs(own, widths, mark=True),
+        lambda: python_diffs(own, widths, _python_copy(widths)),
     )
-    return TableDiffs(rows, lambda: python_diffs(own, widths, _python_copy(widths)))
 
 
-def cast_diffs(info: TableInfo, diffs: TableDiffs) -> CastRows:
-    """One table's diff rows cast to its types; the decode errors and the values that did not
-    cast.
-
-    Every value is first cast by plain (code-generated) expressions (``plain_cast``), and the
-    result persisted. One count over it finds the rows those leave unsettled; usually there are
-    none and that is all. Otherwise the decode errors among them are collected, the rows left
-    to Python are decoded, and those and the rest take the full cast with its error messages
-    (``cast_values``); its clean rows join the others. The caller calls ``unpersist`` when it
-    has written the rows.
-    """
-    columns = _typed_columns(info)
-    base = diffs.rows.select(
+def _cast_base(rows: DataFrame) -> DataFrame:
+    return rows.select(
         "values",
         F.col("lsn").alias(_LSN),
         F.col("diff").alias(_DIFF),
@@ -676,41 +671,138 @@ def cast_diffs(info: TableInfo, diffs: TableDiffs) -> CastRows:
         F.col("raw").alias(_RAW),
         F.col("message").alias(_MESSAGE),
     )
-    out = [*data_columns(info), F.col(_LSN), F.col(_DIFF)]
+
+
+def _out(info: TableInfo) -> list:
+    return [*data_columns(info), F.col(_LSN), F.col(_DIFF)]
+
+
+def cast_diffs(info: TableInfo, diffs: TableDiffs) -> CastRows:
+    """One table's diff rows cast to its types; the decode errors and the values that did not
+    cast, all known before any row is written.
+
+    Every value is first cast by plain (code-generated) expressions (``plain_cast``), and the
+    result persisted. One count over it finds the rows those leave unsettled; usually there are
+    none and that is all. Otherwise :func:`_cast_unsettled` casts them. The caller calls
+    ``unpersist`` when it has written the rows. :func:`cast_in_one_pass` does the same work
+    without the persisted copy, for a caller that can write the unsettled rows afterwards.
+    """
+    columns = _typed_columns(info)
+    base = _cast_base(diffs.rows)
     staged = plain_cast(base, "values", columns)
     plain = staged is not None
     if staged is None:  # some type has no plain value: every row takes the full cast
         staged = base.withColumn(SUSPECT_COLUMN, F.lit(True))
     staged = staged.persist(StorageLevel.MEMORY_AND_DISK)
-    cached, errors, parts = [staged], [], []
-    if plain:
-        parts.append(staged.where(~F.col(SUSPECT_COLUMN)).select(*out))
-    suspect = staged.where(F.col(SUSPECT_COLUMN))
-    if suspect.count():
-        flagged = suspect.where(F.col(_CODE).isNotNull()).select(_LSN, _CODE, _RAW, _MESSAGE)
-        flagged = flagged.collect()
-        errors += [(info.oid, *r[:2], None, *r[2:]) for r in flagged if r[_CODE] != PYTHON_CODE]
-        texts = suspect.where(F.col(_CODE).isNull()).select("values", _LSN, _DIFF)
-        if any(r[_CODE] == PYTHON_CODE for r in flagged):
-            python = diffs.python().persist(StorageLevel.MEMORY_AND_DISK)
-            cached.append(python)
-            errors += [
-                (info.oid, r["lsn"], r["code"], None, r["raw"], r["message"])
-                for r in python.where(F.col("code").isNotNull()).collect()
-            ]
-            texts = texts.unionByName(
-                python.where(F.col("code").isNull()).select(
-                    "values", F.col("lsn").alias(_LSN), F.col("diff").alias(_DIFF)
-                )
-            )
-        full = cast_values(texts, "values", columns).persist(StorageLevel.MEMORY_AND_DISK)
-        cached.append(full)
-        errors += _cast_errors(info, full)
-        parts.append(full.where(F.size(CAST_ERRORS_COLUMN) == 0).select(*out))
+    parts = [staged.where(~F.col(SUSPECT_COLUMN)).select(*_out(info))] if plain else []
+    cached, errors = [staged], []
+    unsettled = _cast_unsettled(info, diffs, staged.where(F.col(SUSPECT_COLUMN)))
+    if unsettled is not None:
+        parts.append(unsettled.rows)
+        cached += unsettled.cached
+        errors = unsettled.errors
     if not parts:  # no rows at all, and no plain values to give the typed columns' schema
         empty = base.where(F.lit(False)).select("values", _LSN, _DIFF)
-        parts.append(cast_values(empty, "values", columns).select(*out))
+        parts.append(cast_values(empty, "values", columns).select(*_out(info)))
     return CastRows(functools.reduce(DataFrame.unionByName, parts), errors, cached)
+
+
+def _cast_unsettled(info: TableInfo, diffs: TableDiffs, suspect: DataFrame) -> CastRows | None:
+    """The rows the plain cast left unsettled (``suspect``: rows of ``plain_cast``'s output
+    that set ``_pgm_suspect``, read at most three times): their decode errors, the rows of the
+    records marked for Python decoded there, and all the rest cast in full with their error
+    messages (``cast_values``). None when there are no unsettled rows."""
+    columns = _typed_columns(info)
+    if not suspect.count():
+        return None
+    flagged = suspect.where(F.col(_CODE).isNotNull()).select(_LSN, _CODE, _RAW, _MESSAGE)
+    flagged = flagged.collect()
+    errors = [(info.oid, *r[:2], None, *r[2:]) for r in flagged if r[_CODE] != PYTHON_CODE]
+    cached: list[DataFrame] = []
+    texts = suspect.where(F.col(_CODE).isNull()).select("values", _LSN, _DIFF)
+    if any(r[_CODE] == PYTHON_CODE for r in flagged):
+        python = diffs.python().persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(python)
+        errors += [
+            (info.oid, r["lsn"], r["code"], None, r["raw"], r["message"])
+            for r in python.where(F.col("code").isNotNull()).collect()
+        ]
+        texts = texts.unionByName(
+            python.where(F.col("code").isNull()).select(
+                "values", F.col("lsn").alias(_LSN), F.col("diff").alias(_DIFF)
+            )
+        )
+    full = cast_values(texts, "values", columns).persist(StorageLevel.MEMORY_AND_DISK)
+    cached.append(full)
+    errors += _cast_errors(info, full)
+    return CastRows(full.where(F.size(CAST_ERRORS_COLUMN) == 0).select(*_out(info)), errors, cached)
+
+
+@dataclass
+class OnePass:
+    """One table's diff rows cast as part of the job that writes them (see
+    :func:`cast_in_one_pass`)."""
+
+    rows: DataFrame
+    """The rows the plain cast settles, as :attr:`CastRows.rows`. Use it in exactly one action
+    (the write), then call :meth:`finish`."""
+    wal_rows: DataFrame
+    """The same for the table's decoded changes alone (for rewinds; not observed)."""
+    info: TableInfo
+    diffs: TableDiffs
+    observation: Observation
+    unsettled: DataFrame
+    """All of the table's unsettled rows (the decode run again), for :meth:`finish`."""
+
+    def finish(self) -> CastRows | None:
+        """After the action that consumed :attr:`rows`: the rows it left out, cast in full,
+        with the table's errors; None when it left none out (the common case, known from the
+        count the action itself made). When that count is missing (the write was skipped: a
+        run repeated after a crash, whose first write Delta already has), the unsettled rows
+        are counted again."""
+        try:
+            counted = self.observation.get.get("unsettled")
+        except Exception:  # the observed plan did not run: its metrics row is empty
+            counted = None
+        if counted == 0:
+            return None
+        suspect = self.unsettled.persist(StorageLevel.MEMORY_AND_DISK)
+        late = _cast_unsettled(self.info, self.diffs, suspect)
+        if late is None:
+            suspect.unpersist()
+            return None
+        late.cached.insert(0, suspect)
+        return late
+
+
+def cast_in_one_pass(info: TableInfo, diffs: TableDiffs) -> OnePass | None:
+    """The cast of :func:`cast_diffs` in the job that writes the rows, with no persisted copy.
+
+    ``rows`` are the rows the plain cast settles (usually all of them); the write that
+    consumes them also counts the others (an observed metric). :meth:`OnePass.finish` then
+    casts those, when there are some, for a second write. None when some type has no plain
+    value: use :func:`cast_diffs`.
+    """
+    columns = _typed_columns(info)
+    wal = plain_cast(_cast_base(diffs.wal), "values", columns)
+    copy = plain_cast(_cast_base(diffs.copy), "values", columns)
+    if wal is None or copy is None:
+        return None
+    staged = wal.unionByName(copy)
+    observation = Observation(f"pgm_unsettled_{uuid.uuid4().hex}")
+    observed = staged.observe(observation, F.count_if(F.col(SUSPECT_COLUMN)).alias("unsettled"))
+
+    def settled(df: DataFrame) -> DataFrame:
+        return df.where(~F.col(SUSPECT_COLUMN)).select(*_out(info))
+
+    return OnePass(
+        settled(observed),
+        settled(wal),
+        info,
+        diffs,
+        observation,
+        staged.where(F.col(SUSPECT_COLUMN)),
+    )
 
 
 def _cast_errors(info: TableInfo, typed: DataFrame) -> list[tuple]:
@@ -733,31 +825,37 @@ def _table_run(
     new_snapshot: bool,
     truncates: list[int],
 ) -> tuple[int, list[tuple]]:
-    """Cast, rewind, truncate, consolidate and append one table's diffs of this run."""
+    """Cast, rewind, truncate, consolidate and append one table's diffs of this run.
+
+    Usually in one pass: the rows the plain cast settles are rewound, consolidated and written,
+    and that write counts the rows it left out. When there are some (values the plain cast
+    does not settle, decode errors, records for the Python decoder), they are cast in full and
+    written in a second append of the same run (its own Delta transaction id, so a repeated run
+    skips each append it already made). The diffs of the two appends are each consolidated;
+    the same (row, LSN) can then appear in both, which changes no sum. A table with truncates
+    to apply (or a type with no plain cast) is cast whole before anything is written.
+    """
+    target = n.table(info.silver_table)
+    exists = _table_exists(spark, target)
+    earlier = new_snapshot and exists
+    one = None if truncates else cast_in_one_pass(info, diffs)
+    if one is not None:
+        consolidated = _consolidate(info, one.rows, one.wal_rows, run, earlier, spark, target)
+        if not exists:
+            _create_diff_table(spark, target, consolidated.schema)
+        _append_diffs(consolidated, target, cfg.source.name, run)
+        late = one.finish()
+        errors = late.errors if late is not None else []
+        if late is not None:
+            rows = _consolidate(info, late.rows, late.rows, run, False, spark, target)
+            _append_diffs(rows, target, cfg.source.name, run, second=True)
+            late.unpersist()
+        return spark.table(target).where(F.col("_run") == run).count(), errors
+
     cast = cast_diffs(info, diffs)
     ok, errors = cast.rows, cast.errors
     data = data_columns(info)
-    parts = [ok.select(*data, F.col(_LSN).alias("_lsn"), F.col(_DIFF).alias("_diff"))]
-    target = n.table(info.silver_table)
-    exists = _table_exists(spark, target)
-    s = info.snapshot_lsn
-    if s is not None:
-        rewound = ok.where((F.col(_LSN) > 0) & (F.col(_LSN) <= s))
-        parts.append(
-            rewound.select(
-                *data, F.lit(0).cast("bigint").alias("_lsn"), (-F.col(_DIFF)).alias("_diff")
-            )
-        )
-        if new_snapshot and exists:
-            earlier = spark.table(target).where((F.col("_lsn") > 0) & (F.col("_lsn") <= s))
-            parts.append(
-                earlier.select(
-                    *data, F.lit(0).cast("bigint").alias("_lsn"), (-F.col("_diff")).alias("_diff")
-                )
-            )
-    out = parts[0]
-    for p in parts[1:]:
-        out = out.unionByName(p)
+    out = _diff_parts(info, ok, ok, earlier, spark, target)
     for lsn in sorted(truncates):
         before = out.where(F.col("_lsn") < lsn)
         if exists:
@@ -770,18 +868,81 @@ def _table_run(
                 *data, F.lit(lsn).cast("bigint").alias("_lsn"), (-F.col("_diff")).alias("_diff")
             )
         )
-    consolidated = (
-        out.groupBy(*data, "_lsn")
+    consolidated = _consolidated(info, out, run)
+    if not exists:
+        _create_diff_table(spark, target, consolidated.schema)
+    _append_diffs(consolidated, target, cfg.source.name, run)
+    count = spark.table(target).where(F.col("_run") == run).count()
+    cast.unpersist()
+    return count, errors
+
+
+def _diff_parts(
+    info: TableInfo,
+    ok: DataFrame,
+    wal_ok: DataFrame,
+    earlier: bool,
+    spark: SparkSession,
+    target: str,
+) -> DataFrame:
+    """``ok``'s rows as ``data..., _lsn, _diff``, with the rewinds of a snapshot: the changes
+    (from ``wal_ok``) at or below the snapshot's LSN, and with ``earlier`` the target's rows
+    there, negated at LSN 0."""
+    data = data_columns(info)
+    out = ok.select(*data, F.col(_LSN).alias("_lsn"), F.col(_DIFF).alias("_diff"))
+    s = info.snapshot_lsn
+    if s is not None:
+        rewound = wal_ok.where((F.col(_LSN) > 0) & (F.col(_LSN) <= s))
+        out = out.unionByName(
+            rewound.select(
+                *data, F.lit(0).cast("bigint").alias("_lsn"), (-F.col(_DIFF)).alias("_diff")
+            )
+        )
+        if earlier:
+            before = spark.table(target).where((F.col("_lsn") > 0) & (F.col("_lsn") <= s))
+            out = out.unionByName(
+                before.select(
+                    *data, F.lit(0).cast("bigint").alias("_lsn"), (-F.col("_diff")).alias("_diff")
+                )
+            )
+    return out
+
+
+def _consolidated(info: TableInfo, out: DataFrame, run: int) -> DataFrame:
+    return (
+        out.groupBy(*data_columns(info), "_lsn")
         .agg(F.sum("_diff").alias("_diff"))
         .where(F.col("_diff") != 0)
         .withColumn("_run", F.lit(run).cast("bigint"))
     )
-    if not exists:
-        _create_diff_table(spark, target, consolidated.schema)
-    _append(consolidated, target, cfg.source.name, run, merge_schema=True)
-    count = spark.table(target).where(F.col("_run") == run).count()
-    cast.unpersist()
-    return count, errors
+
+
+def _consolidate(
+    info: TableInfo,
+    ok: DataFrame,
+    wal_ok: DataFrame,
+    run: int,
+    earlier: bool,
+    spark: SparkSession,
+    target: str,
+) -> DataFrame:
+    return _consolidated(info, _diff_parts(info, ok, wal_ok, earlier, spark, target), run)
+
+
+def _append_diffs(df: DataFrame, table: str, source: str, run: int, second: bool = False) -> None:
+    """Append a table's diffs of run ``run`` (``second``: the rows its first append left out),
+    as an idempotent Delta commit. Through ``writeTo``: its write fills the metrics a
+    ``DataFrame.observe`` in ``df``'s plan collects (``saveAsTable``'s does not)."""
+    app = f"pgmedallion-silver-{source}" + ("-late" if second else "")
+    writer = (
+        df.writeTo(table)
+        .option("txnAppId", app)
+        .option("txnVersion", str(run))
+        .option("mergeSchema", "true")
+    )
+    failpoint("silver.before_append")
+    writer.append()
+    failpoint("silver.after_append")
 
 
 def _table_exists(spark: SparkSession, qualified: str) -> bool:

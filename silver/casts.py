@@ -926,28 +926,46 @@ def plain_cast(
     clashes = sorted({name for name in outputs if outputs.count(name) > 1})
     if clashes:
         raise ValueError(f"plain_cast would produce duplicate columns: {clashes}")
+    exprs = _plain_exprs(values_col, tuple(columns), tuple(df.columns), is_remote())
+    if exprs is None:
+        return None
+    typed, output = exprs
+    return df.select(*typed).select(*output)
+
+
+@functools.lru_cache(maxsize=256)
+def _plain_exprs(
+    values_col: str, columns: tuple[tuple[str, PgType], ...], taken: tuple[str, ...], remote: bool
+) -> tuple[list[Column], list[Column]] | None:
+    """The two projections of :func:`plain_cast`, or None. Cached: building them costs one
+    call into the JVM per expression node (thousands for a wide table, most of a second), and
+    a run casts the same table's columns for its changes and for its snapshot, as do runs in
+    one process. ``remote`` keeps Spark Connect columns apart from classic ones."""
+    del remote
+    names = [name for name, _ in columns]
     plain = [_plain_value(t) for _, t in columns]
     if any(p is None for p in plain):
         return None
     values = column(values_col)
-    prefix = _unused_prefix(df.columns)
-    typed = df.select(
-        *(column(n) for n in df.columns),
+    prefix = _unused_prefix(taken)
+    typed = [
+        *(column(n) for n in taken),
         *(fn(F.get(values, p)).alias(f"{prefix}{p}") for p, fn in enumerate(plain)),
-    )
+    ]
     failed = [
         F.get(values, p).isNotNull() & column(f"{prefix}{p}").isNull() for p in range(len(plain))
     ]
     suspect = functools.reduce(
         lambda a, b: a | b, [values.isNull(), F.size(values) < len(names), *failed]
     )
-    others = [column(n) for n in df.columns if n != values_col]
-    return typed.select(
+    others = [column(n) for n in taken if n != values_col]
+    output = [
         *others,
         *(column(f"{prefix}{p}").alias(name) for p, name in enumerate(names)),
         F.when(suspect, values).alias(values_col),
         suspect.alias(SUSPECT_COLUMN),
-    )
+    ]
+    return typed, output
 
 
 @functools.lru_cache(maxsize=1024)

@@ -30,10 +30,13 @@ since every match starts with one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.utils import is_remote
 
 NUL = "\u0000"
 # An escape left to Python, within one line: octal, hex, end-of-data, escaped tab, a backslash
@@ -102,30 +105,64 @@ def copy_diffs(
     """
     if not widths:
         return python_decode(copy_rows.where(F.lit(False)))
-    followed = copy_rows.where(F.col("table_oid").isin(list(widths)))
-    copy_width = _lookup({oid: w[0] for oid, w in widths.items()}, F.col("table_oid"))
-    width = _lookup({oid: w[1] for oid, w in widths.items()}, F.col("table_oid"))
+    e = _decode_exprs(tuple(sorted(widths.items())), mark, is_remote())
+    followed = copy_rows.where(e.followed)
+    fast = (
+        followed.select(*e.chunks)
+        .select(*e.lines)
+        .where(e.keep)
+        .select("*", e.fields)
+        .select(*e.out)
+    )
+    # A query that finds no record for Python (one scan of the payloads, two byte searches
+    # each) costs a third of what running an empty Python branch does. (The Python branch on
+    # an empty relation runs no task; it keeps the output's schema that of the Python half.)
+    if mark or followed.where(e.hard).isEmpty():
+        return fast.unionByName(python_decode(copy_rows.where(F.lit(False))))
+    return fast.unionByName(python_diffs(copy_rows, widths, python_decode))
+
+
+@dataclass(frozen=True)
+class _DecodeExprs:
+    """The expressions of :func:`copy_diffs`'s Spark SQL half, stage by stage."""
+
+    followed: Column
+    hard: Column
+    chunks: list[Column]
+    lines: list[Column]
+    keep: Column
+    fields: Column
+    out: list[Column]
+
+
+@functools.lru_cache(maxsize=256)
+def _decode_exprs(
+    widths: tuple[tuple[int, tuple[int, int]], ...], mark: bool, remote: bool
+) -> _DecodeExprs:
+    """Built once per process for each set of tables: building them costs one call into the
+    JVM per expression node, about a quarter of a second. ``remote`` keeps Spark Connect
+    columns apart from classic ones."""
+    del remote
+    oids = [oid for oid, _ in widths]
+    copy_width = _lookup({oid: w[0] for oid, w in widths}, F.col("table_oid"))
+    width = _lookup({oid: w[1] for oid, w in widths}, F.col("table_oid"))
     text = F.col("payload").cast("string")
     valid = F.is_valid_utf8(text)
 
     # Spark SQL: the lines of valid payloads that hold no hard escape (a line is looked at
     # only in a payload that holds one), and a NULL line after the lines of a payload that
     # needs Python (the marker). Each payload is split once, before the explode.
-    chunks = followed.select(
-        "table_oid",
-        "lsn",
+    chunks = [
+        F.col("table_oid"),
+        F.col("lsn"),
         copy_width.alias("_cw"),
         width.alias("_w"),
         _needs_python(text, valid).alias("_hard"),
         F.when(valid, F.split(text, "\n", -1)).alias("_pieces"),
-    )
+    ]
     marker = F.array(F.lit(None).cast("string"))
-    lines = chunks.select(
-        "table_oid",
-        "lsn",
-        "_cw",
-        "_w",
-        "_hard",
+    lines = [
+        *(F.col(c) for c in ("table_oid", "lsn", "_cw", "_w", "_hard")),
         F.explode(
             F.when(
                 F.col("_hard"),
@@ -134,14 +171,13 @@ def copy_diffs(
                 ),
             ).otherwise(_lines(F.col("_pieces")))
         ).alias("_line"),
-    )
+    ]
     line = F.col("_line")
     kept = line.isNull() if mark else F.lit(False)
-    lines = lines.where(kept | ~(F.col("_hard") & (line.isNull() | line.rlike(HARD_LINE))))
-    lines = lines.select("*", F.split("_line", "\t", -1).alias("_fields"))
+    keep = kept | ~(F.col("_hard") & (line.isNull() | line.rlike(HARD_LINE)))
     fields = F.col("_fields")
     count = F.size(fields)
-    most = max(w for _, w in widths.values())
+    most = max(w for _, (_, w) in widths)
     values = F.slice(
         F.array(*(decode_field(F.get(fields, i)) for i in range(most))).cast("array<string>"),
         1,
@@ -150,8 +186,8 @@ def copy_diffs(
     empty_row = (F.col("_cw") == 0) & (line == F.lit(""))
     ok = line.isNotNull() & ((count == F.col("_cw")) | empty_row)
     null = F.lit(None)
-    fast = lines.select(
-        "table_oid",
+    out = [
+        F.col("table_oid"),
         F.when(ok, F.lit(0)).otherwise(F.col("lsn")).cast("bigint").alias("lsn"),
         null.cast("bigint").alias("ordinal"),
         F.when(ok, F.lit(1)).otherwise(F.lit(0)).cast("bigint").alias("diff"),
@@ -167,13 +203,16 @@ def copy_diffs(
         .cast("string")
         .alias("message"),
         F.when(ok, null).otherwise(line).cast("string").alias("raw"),
+    ]
+    return _DecodeExprs(
+        followed=F.col("table_oid").isin(oids),
+        hard=_needs_python(text, valid),
+        chunks=chunks,
+        lines=lines,
+        keep=keep,
+        fields=F.split("_line", "\t", -1).alias("_fields"),
+        out=out,
     )
-    # A query that finds no record for Python (one scan of the payloads, two byte searches
-    # each) costs a third of what running an empty Python branch does. (The Python branch on
-    # an empty relation runs no task; it keeps the output's schema that of the Python half.)
-    if mark or followed.where(_needs_python(text, valid)).isEmpty():
-        return fast.unionByName(python_decode(copy_rows.where(F.lit(False))))
-    return fast.unionByName(python_diffs(copy_rows, widths, python_decode))
 
 
 def _needs_python(text: Column, valid: Column) -> Column:
