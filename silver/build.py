@@ -22,6 +22,13 @@ rerun after a crash redoes the planned run with the same windows, which read the
 immutable bronze rows. Every append carries ``txnAppId = pgmedallion-silver-<source>`` and
 ``txnVersion = R``, so Delta skips the tables the crashed attempt had already committed. The
 ``_progress`` row is the run's last write.
+
+One pass per table. A table's rows are decoded and cast by plain Spark SQL expressions in the
+job that appends them, which also counts (an observed metric) the rows those expressions do not
+settle: decode errors, records left to the Python decoder, values with no plain cast. Usually
+there are none. Otherwise those rows are cast in full, with their error messages, and appended
+in a second commit of the run (``txnAppId = pgmedallion-silver-<source>-late``), each commit's
+diffs consolidated on their own: a (row, LSN) can then appear in both, which changes no sum.
 """
 
 from __future__ import annotations
