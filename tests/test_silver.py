@@ -244,3 +244,22 @@ def test_snapshot_errors_are_exact_records(spark, db):
         (6, date(2024, 1, 6), Decimal("1.25")),
     ]
     assert sorted(r["id"] for r in silver_now(spark, cfg, "fine").collect()) == [1, 2]
+
+    # The rows the plain casts left out came in a second append of the run. A crash after both
+    # appends, before the run's _progress row: the rerun redoes the run, and Delta skips both
+    # appends (and the errors') as done; the rerun still knows the table's errors.
+    odd_table = cfg.qualified("silver", _silver_name(spark, cfg, "odd"))
+    writes = spark.sql(f"DESCRIBE HISTORY {odd_table}").where("operation = 'WRITE'").count()
+    assert writes == 2
+    progress = cfg.qualified("silver", "_progress")
+    spark.sql(f"DELETE FROM {progress} WHERE run = {result.run}")
+    again = run_silver(spark, cfg)
+    assert (again.run, again.errors) == (result.run, 6)
+    assert spark.sql(f"DESCRIBE HISTORY {odd_table}").where("operation = 'WRITE'").count() == 2
+    assert errors.count() == 6
+    assert sorted(
+        tuple(r) for r in silver_now(spark, cfg, "odd").select("id", "d", "n").collect()
+    ) == [
+        (1, date(2024, 1, 1), Decimal("1.50")),
+        (6, date(2024, 1, 6), Decimal("1.25")),
+    ]
