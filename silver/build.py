@@ -27,8 +27,8 @@ One pass per table. A table's rows are decoded and cast by plain Spark SQL expre
 job that appends them, which also counts (an observed metric) the rows those expressions do not
 settle: decode errors, records left to the Python decoder, values with no plain cast. Usually
 there are none. Otherwise those rows are cast in full, with their error messages, and appended
-in a second commit of the run (``txnAppId = pgmedallion-silver-<source>-late``), each commit's
-diffs consolidated on their own: a (row, LSN) can then appear in both, which changes no sum.
+in a second commit of the run (``txnAppId = pgmedallion-silver-<source>-late``) with their
+rewinds: the two commits hold different (row, LSN) pairs (see :func:`_table_run`).
 """
 
 from __future__ import annotations
@@ -838,14 +838,18 @@ def _table_run(
     and that write counts the rows it left out. When there are some (values the plain cast
     does not settle, decode errors, records for the Python decoder), they are cast in full and
     written in a second append of the same run (its own Delta transaction id, so a repeated run
-    skips each append it already made). The diffs of the two appends are each consolidated;
-    the same (row, LSN) can then appear in both, which changes no sum. A table with truncates
-    to apply (or a type with no plain cast) is cast whole before anything is written.
+    skips each append it already made), with its rewinds. The two appends hold different
+    (row, LSN) pairs: whether the plain cast settles a row depends only on its values' text,
+    which is the same in a change and in the snapshot's COPY row (rows the Python decoder
+    reads, with octal or hex escapes PostgreSQL's COPY never writes, are the exception: sums
+    stay right, but such a row and a change of it at the same LSN can then be two rows). A
+    table with truncates to apply, or re-snapshotted (its earlier rows retracted by the
+    rewind), or with a type that has no plain cast, is cast whole before anything is written.
     """
     target = n.table(info.silver_table)
     exists = _table_exists(spark, target)
     earlier = new_snapshot and exists
-    one = None if truncates else cast_in_one_pass(info, diffs)
+    one = None if truncates or earlier else cast_in_one_pass(info, diffs)
     if one is not None:
         consolidated = _consolidate(info, one.rows, one.wal_rows, run, earlier, spark, target)
         if not exists:
