@@ -851,14 +851,14 @@ def _table_run(
     earlier = new_snapshot and exists
     one = None if truncates or earlier else cast_in_one_pass(info, diffs)
     if one is not None:
-        consolidated = _consolidate(info, one.rows, one.wal_rows, run, earlier, spark, target)
+        consolidated = _consolidated(info, _diff_parts(info, one.rows, one.wal_rows), run)
         if not exists:
             _create_diff_table(spark, target, consolidated.schema)
         _append_diffs(consolidated, target, cfg.source.name, run)
         late = one.finish()
         errors = late.errors if late is not None else []
         if late is not None:
-            rows = _consolidate(info, late.rows, late.rows, run, False, spark, target)
+            rows = _consolidated(info, _diff_parts(info, late.rows, late.rows), run)
             _append_diffs(rows, target, cfg.source.name, run, second=True)
             late.unpersist()
         return spark.table(target).where(F.col("_run") == run).count(), errors
@@ -866,7 +866,7 @@ def _table_run(
     cast = cast_diffs(info, diffs)
     ok, errors = cast.rows, cast.errors
     data = data_columns(info)
-    out = _diff_parts(info, ok, ok, earlier, spark, target)
+    out = _diff_parts(info, ok, ok, spark.table(target) if earlier else None)
     for lsn in sorted(truncates):
         before = out.where(F.col("_lsn") < lsn)
         if exists:
@@ -889,16 +889,11 @@ def _table_run(
 
 
 def _diff_parts(
-    info: TableInfo,
-    ok: DataFrame,
-    wal_ok: DataFrame,
-    earlier: bool,
-    spark: SparkSession,
-    target: str,
+    info: TableInfo, ok: DataFrame, wal_ok: DataFrame, earlier: DataFrame | None = None
 ) -> DataFrame:
     """``ok``'s rows as ``data..., _lsn, _diff``, with the rewinds of a snapshot: the changes
-    (from ``wal_ok``) at or below the snapshot's LSN, and with ``earlier`` the target's rows
-    there, negated at LSN 0."""
+    (from ``wal_ok``) at or below the snapshot's LSN, and the ``earlier`` rows there (the
+    target's, when the table is re-snapshotted), negated at LSN 0."""
     data = data_columns(info)
     out = ok.select(*data, F.col(_LSN).alias("_lsn"), F.col(_DIFF).alias("_diff"))
     s = info.snapshot_lsn
@@ -909,8 +904,8 @@ def _diff_parts(
                 *data, F.lit(0).cast("bigint").alias("_lsn"), (-F.col(_DIFF)).alias("_diff")
             )
         )
-        if earlier:
-            before = spark.table(target).where((F.col("_lsn") > 0) & (F.col("_lsn") <= s))
+        if earlier is not None:
+            before = earlier.where((F.col("_lsn") > 0) & (F.col("_lsn") <= s))
             out = out.unionByName(
                 before.select(
                     *data, F.lit(0).cast("bigint").alias("_lsn"), (-F.col("_diff")).alias("_diff")
@@ -926,18 +921,6 @@ def _consolidated(info: TableInfo, out: DataFrame, run: int) -> DataFrame:
         .where(F.col("_diff") != 0)
         .withColumn("_run", F.lit(run).cast("bigint"))
     )
-
-
-def _consolidate(
-    info: TableInfo,
-    ok: DataFrame,
-    wal_ok: DataFrame,
-    run: int,
-    earlier: bool,
-    spark: SparkSession,
-    target: str,
-) -> DataFrame:
-    return _consolidated(info, _diff_parts(info, ok, wal_ok, earlier, spark, target), run)
 
 
 def _append_diffs(df: DataFrame, table: str, source: str, run: int, second: bool = False) -> None:
