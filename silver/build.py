@@ -61,9 +61,17 @@ from silver.casts import (
     plain_cast,
     spark_type,
 )
-from silver.changes import ChangeError, LayoutIndex, TableColumn, change_diffs, plan_columns
+from silver.changes import (
+    RETRACT,
+    ChangeError,
+    LayoutIndex,
+    TableColumn,
+    change_diffs,
+    plan_columns,
+)
 from silver.copy_sql import PYTHON_CODE, copy_diffs, python_diffs
 from silver.copy_text import CopyDecodeError, InvalidCopyInput, decode_copy_row
+from silver.identity import COLUMNS, KIND, ORDINAL, resolve_previous_images
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +124,18 @@ _DIFF_ARROW = pa.schema(
         ("message", pa.string()),
         ("raw", pa.string()),
     ]
+)
+CHANGE_SCHEMA = T.StructType(
+    [
+        *DIFF_SCHEMA.fields,
+        T.StructField("kind", T.IntegerType()),
+        T.StructField("columns", T.ArrayType(T.IntegerType())),
+    ]
+)
+"""A decoded change's diff rows: ``DIFF_SCHEMA`` plus what :mod:`silver.changes` says of a row
+(``kind``: PLAIN, RETRACT or FILL, and its ``columns``)."""
+_CHANGE_ARROW = pa.schema(
+    [*_DIFF_ARROW, pa.field("kind", pa.int32()), pa.field("columns", pa.list_(pa.int32()))]
 )
 
 
@@ -270,9 +290,11 @@ def _decode_changes(
 ) -> Iterator[pa.RecordBatch]:
     """Worker body: Insert/Update/Delete messages -> diff rows (or error rows)."""
     for batch in batches:
-        out = {name: [] for name in _DIFF_ARROW.names}
+        out = {name: [] for name in _CHANGE_ARROW.names}
 
-        def emit(oid, lsn, ordinal, diff, values, code=None, message=None, out=out):
+        def emit(
+            oid, lsn, ordinal, diff, values, code=None, message=None, kind=0, columns=(), out=out
+        ):
             out["table_oid"].append(oid)
             out["lsn"].append(lsn)
             out["ordinal"].append(ordinal)
@@ -281,6 +303,8 @@ def _decode_changes(
             out["code"].append(code)
             out["message"].append(message)
             out["raw"].append(None)
+            out["kind"].append(kind)
+            out["columns"].append(list(columns))
 
         cols = batch.to_pydict()
         for lsn, ordinal, payload in zip(
@@ -293,11 +317,11 @@ def _decode_changes(
                 continue  # a table silver does not follow
             index, width = entry
             try:
-                for diff, values in change_diffs(message, index.at(lsn, ordinal), width):
-                    emit(relid, lsn, ordinal, diff, values)
+                for d in change_diffs(message, index.at(lsn, ordinal), width):
+                    emit(relid, lsn, ordinal, d.diff, d.values, kind=d.kind, columns=d.columns)
             except ChangeError as e:
                 emit(relid, lsn, ordinal, 0, None, e.code, str(e))
-        yield pa.RecordBatch.from_pydict(out, schema=_DIFF_ARROW)
+        yield pa.RecordBatch.from_pydict(out, schema=_CHANGE_ARROW)
 
 
 def _decode_copy(
@@ -456,7 +480,11 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
     window_relations = [
         (r["lsn"], r["ordinal"], bytes(r["payload"])) for r in rel_rows if r["mtype"] == "52"
     ]
-    truncates = [(r["lsn"], decode(bytes(r["payload"]))) for r in rel_rows if r["mtype"] == "54"]
+    truncates = [
+        (r["lsn"], r["ordinal"], decode(bytes(r["payload"])))
+        for r in rel_rows
+        if r["mtype"] == "54"
+    ]
     earlier = (
         spark.table(n.relations)
         .where((F.col("source") == source) & (F.col("run") < run))
@@ -528,24 +556,32 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
         copy_widths[oid] = (copy_width, len(final))
 
     changes = wal.where(F.col("mtype").isin("49", "55", "44")).select("lsn", "ordinal", "payload")
-    wal_diffs = changes.mapInArrow(lambda it: _decode_changes(it, layouts), DIFF_SCHEMA).persist(
+    wal_diffs = changes.mapInArrow(lambda it: _decode_changes(it, layouts), CHANGE_SCHEMA).persist(
         StorageLevel.MEMORY_AND_DISK
     )
     for r in wal_diffs.where(F.col("code").isNotNull()).collect():
         errors.append((r["table_oid"], r["lsn"], r["code"], None, r["raw"], r["message"]))
+    # The tables whose changes need their previous images (REPLICA IDENTITY DEFAULT / USING
+    # INDEX), with their identity's key positions (the first, if the identity changed).
+    identity_keys: dict[int, tuple[int, ...]] = {}
+    for r in (
+        wal_diffs.where(F.col("kind") == RETRACT).select("table_oid", "columns").distinct()
+    ).collect():
+        keys = tuple(r["columns"])
+        identity_keys[r["table_oid"]] = min(identity_keys.get(r["table_oid"], keys), keys)
     wal_good = wal_diffs.where(F.col("code").isNull())
     copy_rows = in_batches.where(F.col("kind") == "copy").select("table_oid", "lsn", "payload")
 
     rows: dict[str, int] = {}
-    truncate_lsns: dict[int, list[int]] = defaultdict(list)
-    for lsn, msg in truncates:
+    truncate_at: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for lsn, ordinal, msg in truncates:
         assert isinstance(msg, Truncate)
         for relid in msg.relids:
             if relid in tables:
-                truncate_lsns[relid].append(lsn)
+                truncate_at[relid].append((lsn, ordinal))
     for oid, info in sorted(tables.items()):
         policy = cfg.policy(info.qualified_name).truncate
-        for lsn in truncate_lsns.get(oid, []):
+        for lsn, _ in truncate_at.get(oid, []):
             if policy == "error":
                 errors.append(
                     (oid, lsn, "TableTruncated", None, None, f"{info.qualified_name} was truncated")
@@ -558,7 +594,8 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
             table_diffs(oid, wal_good, copy_rows, copy_widths[oid]),
             run,
             new_snapshot=oid in new_snapshots,
-            truncates=truncate_lsns.get(oid, []) if policy == "delete" else [],
+            truncates=truncate_at.get(oid, []) if policy == "delete" else [],
+            identity_keys=identity_keys.get(oid),
         )
         rows[info.qualified_name] = count
         errors.extend(cast_errors)
@@ -651,7 +688,7 @@ class TableDiffs:
 
     @property
     def rows(self) -> DataFrame:
-        return self.wal.unionByName(self.copy)
+        return self.wal.unionByName(self.copy, allowMissingColumns=True)
 
 
 def table_diffs(
@@ -669,7 +706,19 @@ def table_diffs(
     )
 
 
-def _cast_base(rows: DataFrame) -> DataFrame:
+def _cast_base(rows: DataFrame, changes: bool = False) -> DataFrame:
+    """The columns a cast works on; with ``changes``, also what :mod:`silver.identity` needs of
+    a change's rows (NULL for snapshot rows)."""
+    extra = []
+    if changes:
+        has = set(rows.columns)
+        extra = [
+            F.col("ordinal").alias(ORDINAL),
+            (F.col("kind") if "kind" in has else F.lit(None).cast("int")).alias(KIND),
+            (F.col("columns") if "columns" in has else F.lit(None).cast("array<int>")).alias(
+                COLUMNS
+            ),
+        ]
     return rows.select(
         "values",
         F.col("lsn").alias(_LSN),
@@ -677,44 +726,53 @@ def _cast_base(rows: DataFrame) -> DataFrame:
         F.col("code").alias(_CODE),
         F.col("raw").alias(_RAW),
         F.col("message").alias(_MESSAGE),
+        *extra,
     )
 
 
-def _out(info: TableInfo) -> list:
-    return [*data_columns(info), F.col(_LSN), F.col(_DIFF)]
+_CHANGE_COLUMNS = (ORDINAL, KIND, COLUMNS)
 
 
-def cast_diffs(info: TableInfo, diffs: TableDiffs) -> CastRows:
+def _out(info: TableInfo, changes: bool = False) -> list:
+    return [*data_columns(info), F.col(_LSN), F.col(_DIFF), *(_CHANGE_COLUMNS if changes else ())]
+
+
+def cast_diffs(info: TableInfo, diffs: TableDiffs, changes: bool = False) -> CastRows:
     """One table's diff rows cast to its types; the decode errors and the values that did not
     cast, all known before any row is written.
 
     Every value is first cast by plain (code-generated) expressions (``plain_cast``), and the
     result persisted. One count over it finds the rows those leave unsettled; usually there are
     none and that is all. Otherwise :func:`_cast_unsettled` casts them. The caller calls
-    ``unpersist`` when it has written the rows. :func:`cast_in_one_pass` does the same work
-    without the persisted copy, for a caller that can write the unsettled rows afterwards.
+    ``unpersist`` when it has written the rows. With ``changes`` the rows keep each change's
+    ordinal, kind and columns (for :mod:`silver.identity`). :func:`cast_in_one_pass` does the
+    same work without the persisted copy, for a caller that can write the unsettled rows
+    afterwards.
     """
     columns = _typed_columns(info)
-    base = _cast_base(diffs.rows)
+    base = _cast_base(diffs.rows, changes)
     staged = plain_cast(base, "values", columns)
     plain = staged is not None
     if staged is None:  # some type has no plain value: every row takes the full cast
         staged = base.withColumn(SUSPECT_COLUMN, F.lit(True))
     staged = staged.persist(StorageLevel.MEMORY_AND_DISK)
-    parts = [staged.where(~F.col(SUSPECT_COLUMN)).select(*_out(info))] if plain else []
+    parts = [staged.where(~F.col(SUSPECT_COLUMN)).select(*_out(info, changes))] if plain else []
     cached, errors = [staged], []
-    unsettled = _cast_unsettled(info, diffs, staged.where(F.col(SUSPECT_COLUMN)))
+    unsettled = _cast_unsettled(info, diffs, staged.where(F.col(SUSPECT_COLUMN)), changes)
     if unsettled is not None:
         parts.append(unsettled.rows)
         cached += unsettled.cached
         errors = unsettled.errors
     if not parts:  # no rows at all, and no plain values to give the typed columns' schema
-        empty = base.where(F.lit(False)).select("values", _LSN, _DIFF)
-        parts.append(cast_values(empty, "values", columns).select(*_out(info)))
+        kept = ("values", _LSN, _DIFF, *(_CHANGE_COLUMNS if changes else ()))
+        empty = base.where(F.lit(False)).select(*kept)
+        parts.append(cast_values(empty, "values", columns).select(*_out(info, changes)))
     return CastRows(functools.reduce(DataFrame.unionByName, parts), errors, cached)
 
 
-def _cast_unsettled(info: TableInfo, diffs: TableDiffs, suspect: DataFrame) -> CastRows | None:
+def _cast_unsettled(
+    info: TableInfo, diffs: TableDiffs, suspect: DataFrame, changes: bool = False
+) -> CastRows | None:
     """The rows the plain cast left unsettled (``suspect``: rows of ``plain_cast``'s output
     that set ``_pgm_suspect``, read at most three times): their decode errors, the rows of the
     records marked for Python decoded there, and all the rest cast in full with their error
@@ -726,7 +784,8 @@ def _cast_unsettled(info: TableInfo, diffs: TableDiffs, suspect: DataFrame) -> C
     flagged = flagged.collect()
     errors = [(info.oid, *r[:2], None, *r[2:]) for r in flagged if r[_CODE] != PYTHON_CODE]
     cached: list[DataFrame] = []
-    texts = suspect.where(F.col(_CODE).isNull()).select("values", _LSN, _DIFF)
+    kept = ("values", _LSN, _DIFF, *(_CHANGE_COLUMNS if changes else ()))
+    texts = suspect.where(F.col(_CODE).isNull()).select(*kept)
     if any(r[_CODE] == PYTHON_CODE for r in flagged):
         python = diffs.python().persist(StorageLevel.MEMORY_AND_DISK)
         cached.append(python)
@@ -735,14 +794,13 @@ def _cast_unsettled(info: TableInfo, diffs: TableDiffs, suspect: DataFrame) -> C
             for r in python.where(F.col("code").isNotNull()).collect()
         ]
         texts = texts.unionByName(
-            python.where(F.col("code").isNull()).select(
-                "values", F.col("lsn").alias(_LSN), F.col("diff").alias(_DIFF)
-            )
+            _cast_base(python.where(F.col("code").isNull()), changes).select(*kept)
         )
     full = cast_values(texts, "values", columns).persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(full)
     errors += _cast_errors(info, full)
-    return CastRows(full.where(F.size(CAST_ERRORS_COLUMN) == 0).select(*_out(info)), errors, cached)
+    rows = full.where(F.size(CAST_ERRORS_COLUMN) == 0).select(*_out(info, changes))
+    return CastRows(rows, errors, cached)
 
 
 @dataclass
@@ -795,7 +853,7 @@ def cast_in_one_pass(info: TableInfo, diffs: TableDiffs) -> OnePass | None:
     copy = plain_cast(_cast_base(diffs.copy), "values", columns)
     if wal is None or copy is None:
         return None
-    staged = wal.unionByName(copy)
+    staged = wal.unionByName(copy, allowMissingColumns=True)
     observation = Observation(f"pgm_unsettled_{uuid.uuid4().hex}")
     observed = staged.observe(observation, F.count_if(F.col(SUSPECT_COLUMN)).alias("unsettled"))
 
@@ -830,7 +888,8 @@ def _table_run(
     run: int,
     *,
     new_snapshot: bool,
-    truncates: list[int],
+    truncates: list[tuple[int, int]],
+    identity_keys: tuple[int, ...] | None = None,
 ) -> tuple[int, list[tuple]]:
     """Cast, rewind, truncate, consolidate and append one table's diffs of this run.
 
@@ -844,12 +903,15 @@ def _table_run(
     reads, with octal or hex escapes PostgreSQL's COPY never writes, are the exception: sums
     stay right, but such a row and a change of it at the same LSN can then be two rows). A
     table with truncates to apply, or re-snapshotted (its earlier rows retracted by the
-    rewind), or with a type that has no plain cast, is cast whole before anything is written.
+    rewind), or with a type that has no plain cast, or with changes that need their previous
+    images (``identity_keys``: the key positions of its REPLICA IDENTITY DEFAULT or USING
+    INDEX, see :mod:`silver.identity`), is cast whole before anything is written.
     """
     target = n.table(info.silver_table)
     exists = _table_exists(spark, target)
     earlier = new_snapshot and exists
-    one = None if truncates or earlier else cast_in_one_pass(info, diffs)
+    resolving = identity_keys is not None
+    one = None if truncates or earlier or resolving else cast_in_one_pass(info, diffs)
     if one is not None:
         consolidated = _consolidated(info, _diff_parts(info, one.rows, one.wal_rows), run)
         if not exists:
@@ -863,11 +925,27 @@ def _table_run(
             late.unpersist()
         return spark.table(target).where(F.col("_run") == run).count(), errors
 
-    cast = cast_diffs(info, diffs)
+    cast = cast_diffs(info, diffs, changes=resolving)
     ok, errors = cast.rows, cast.errors
+    if resolving:
+        images = resolve_previous_images(
+            ok,
+            [c["name"] for c in info.columns],
+            identity_keys,
+            _prior_rows(spark, target, run, info.snapshot_lsn if new_snapshot else None)
+            if exists
+            else None,
+            info.snapshot_lsn,
+            truncates,
+        )
+        ok = images.rows
+        cast.cached += images.cached
+        errors = errors + [
+            (info.oid, lsn, code, None, None, msg) for lsn, code, msg in images.errors
+        ]
     data = data_columns(info)
     out = _diff_parts(info, ok, ok, spark.table(target) if earlier else None)
-    for lsn in sorted(truncates):
+    for lsn, _ in sorted(truncates):
         before = out.where(F.col("_lsn") < lsn)
         if exists:
             before = before.unionByName(
@@ -886,6 +964,16 @@ def _table_run(
     count = spark.table(target).where(F.col("_run") == run).count()
     cast.unpersist()
     return count, errors
+
+
+def _prior_rows(spark: SparkSession, target: str, run: int, snapshot_lsn: int | None) -> DataFrame:
+    """The silver table's rows from before run ``run``: its state at the last frontier. For a
+    table snapshotted again at ``snapshot_lsn`` in this run, without the rows that snapshot's
+    rewind retracts."""
+    rows = spark.table(target).where(F.col("_run") < run)
+    if snapshot_lsn is not None:
+        rows = rows.where(~((F.col("_lsn") > 0) & (F.col("_lsn") <= snapshot_lsn)))
+    return rows
 
 
 def _diff_parts(

@@ -8,10 +8,21 @@ values in the *table's* column order, each with a signed multiplicity::
     DELETE  old ('O')         ->  (old, -1)
     UPDATE  old ('O'), new    ->  (old, -1), (new, +1)      'u' in new = the old value
 
-Under REPLICA IDENTITY DEFAULT or INDEX the stream carries no old row for an update and only
-the key for a delete, so the row to retract is unknown: that is the definite error
-``DefaultReplicaIdentity`` for the table (use ``ALTER TABLE ... REPLICA IDENTITY FULL``). An
-unchanged-TOAST marker with no old value to take it from is ``MissingToast``.
+Under REPLICA IDENTITY DEFAULT or USING INDEX the stream carries no old row for an update (only
+the old key, when the key changed) and only the key for a delete, and an unchanged TOASTed value
+arrives as ``'u'`` with nothing to take it from. Such a change becomes rows that name what they
+need instead of holding it, for :mod:`silver.identity` to resolve against the table's state just
+before the change::
+
+    UPDATE  old key ('K') or none, new   ->  (key, -1) RETRACT,  (new, +1) FILL
+    DELETE  key ('K')                    ->  (key, -1) RETRACT
+
+A ``RETRACT`` row holds the identity's key columns only (the rest NULL) and stands for the whole
+row with that key; a ``FILL`` row is the new row, whose ``'u'`` columns (NULL here, listed in
+``columns``) take the values of the row the same change retracts. A table whose Relation marks
+no key column (REPLICA IDENTITY NOTHING, or DEFAULT without a primary key) cannot resolve
+anything: its updates and deletes are the definite error ``DefaultReplicaIdentity``. Under FULL
+an old row with an unchanged-TOAST marker is ``MissingToast``.
 
 Column layouts. The table's columns are those of its schema record (the catalog at the
 snapshot), extended by columns that later Relation messages add: rows from before an added
@@ -25,7 +36,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from pgmedallion.pgoutput import (
     UNCHANGED_TOAST,
@@ -51,6 +62,21 @@ class Layout:
     positions: tuple[int, ...] | None
     """For each Relation column, its index among the table's columns; None = incompatible."""
     problem: str | None = None
+    keys: tuple[int, ...] = ()
+    """The table positions of the columns the Relation marks as its replica identity's key."""
+
+
+PLAIN, RETRACT, FILL = 0, 1, 2
+"""What a diff row of a change is: a whole row; the row with this key (see the module doc); the
+new row of a change with a RETRACT, whose unchanged-TOAST columns come from the retracted row."""
+
+
+class Diff(NamedTuple):
+    diff: int
+    values: list
+    kind: int = PLAIN
+    columns: tuple[int, ...] = ()
+    """RETRACT: the key's positions; FILL: the positions of the unchanged-TOAST columns."""
 
 
 class ChangeError(ValueError):
@@ -111,7 +137,12 @@ def plan_columns(
             if c.name not in index:
                 index[c.name] = len(columns)
                 columns.append(TableColumn(c.name, c.type_oid, c.type_modifier))
-        layouts.append(Layout(tuple(index[c.name] for c in rel.columns)))
+        layouts.append(
+            Layout(
+                tuple(index[c.name] for c in rel.columns),
+                keys=tuple(index[c.name] for c in rel.columns if c.is_key),
+            )
+        )
     return columns, layouts
 
 
@@ -136,23 +167,25 @@ def _text(value) -> str | None:
     return value.decode("utf-8")
 
 
-def _row(values, layout: Layout, width: int, old: list | None) -> list[str | None]:
+def _row(values, layout: Layout, width: int, old: list | None) -> tuple[list, tuple[int, ...]]:
+    """The tuple in table column order, and the positions of its unchanged-TOAST values that
+    ``old`` could not fill (NULL in the row)."""
     row: list[str | None] = [None] * width
     if len(values) != len(layout.positions):
         raise ChangeError(
             "SchemaIncompatible",
             f"tuple has {len(values)} columns, its Relation {len(layout.positions)}",
         )
+    unfilled = []
     for value, pos in zip(values, layout.positions, strict=True):
         if value is UNCHANGED_TOAST:
             if old is None or old[pos] is UNCHANGED_TOAST:
-                raise ChangeError(
-                    "MissingToast", "unchanged TOAST value without an old value to take it from"
-                )
-            row[pos] = old[pos]
+                unfilled.append(pos)
+            else:
+                row[pos] = old[pos]
         else:
             row[pos] = _text(value)
-    return row
+    return row, tuple(unfilled)
 
 
 def _old_row(values, layout: Layout, width: int) -> list:
@@ -167,32 +200,49 @@ def _old_row(values, layout: Layout, width: int) -> list:
     return row
 
 
+def _key_row(source: list, keys: tuple[int, ...], width: int, what: str) -> list[str | None]:
+    row: list[str | None] = [None] * width
+    for pos in keys:
+        if source[pos] is None or source[pos] is UNCHANGED_TOAST:
+            raise ChangeError("MissingToast", f"{what} has no value in a key column")
+        row[pos] = source[pos]
+    return row
+
+
 def change_diffs(
     message: Insert | Update | Delete, layout: Layout | None, width: int
-) -> list[tuple[int, list[str | None]]]:
-    """``[(diff, values)]`` of one change, values in table column order (``width`` long)."""
+) -> list[Diff]:
+    """The diff rows of one change, values in table column order (``width`` long)."""
     if layout is None:
         raise ChangeError("SchemaIncompatible", "change without a Relation message before it")
     if layout.positions is None:
         raise ChangeError("SchemaIncompatible", layout.problem or "incompatible Relation")
     if isinstance(message, Insert):
-        return [(1, _row(message.new, layout, width, None))]
-    if isinstance(message, Delete):
-        if message.old_kind != "O":
-            raise ChangeError(
-                "DefaultReplicaIdentity",
-                "delete carries only the key: the table needs REPLICA IDENTITY FULL",
-            )
-        old = _old_row(message.old, layout, width)
-        if any(v is UNCHANGED_TOAST for v in old):
-            raise ChangeError("MissingToast", "deleted row has an unchanged TOAST value")
-        return [(-1, old)]
-    if message.old is None or message.old_kind != "O":
+        new, unfilled = _row(message.new, layout, width, None)
+        if unfilled:
+            raise ChangeError("MissingToast", "inserted row has an unchanged TOAST value")
+        return [Diff(1, new)]
+    full = message.old is not None and message.old_kind == "O"
+    if not full and not layout.keys:
+        verb = "delete" if isinstance(message, Delete) else "update"
         raise ChangeError(
             "DefaultReplicaIdentity",
-            "update without the old row: the table needs REPLICA IDENTITY FULL",
+            f"{verb} of a table without a replica identity key: it needs a primary key, "
+            "REPLICA IDENTITY USING INDEX, or REPLICA IDENTITY FULL",
         )
-    old = _old_row(message.old, layout, width)
-    if any(v is UNCHANGED_TOAST for v in old):
-        raise ChangeError("MissingToast", "old row of an update has an unchanged TOAST value")
-    return [(-1, old), (1, _row(message.new, layout, width, old))]
+    old = _old_row(message.old, layout, width) if message.old is not None else None
+    if full and any(v is UNCHANGED_TOAST for v in old):
+        what = "deleted row" if isinstance(message, Delete) else "old row of an update"
+        raise ChangeError("MissingToast", f"{what} has an unchanged TOAST value")
+    if isinstance(message, Delete):
+        if full:
+            return [Diff(-1, old)]
+        return [Diff(-1, _key_row(old, layout.keys, width, "deleted key"), RETRACT, layout.keys)]
+    new, unfilled = _row(message.new, layout, width, old if full else None)
+    if full:
+        return [Diff(-1, old), Diff(1, new)]
+    key = _key_row(old if old is not None else new, layout.keys, width, "updated key")
+    return [
+        Diff(-1, key, RETRACT, layout.keys),
+        Diff(1, new, FILL, unfilled),
+    ]

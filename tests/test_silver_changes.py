@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 
 from pgmedallion.pgoutput import UNCHANGED_TOAST, Delete, Insert, Relation, RelationColumn, Update
-from silver.changes import ChangeError, Layout, LayoutIndex, TableColumn, change_diffs, plan_columns
+from silver.changes import (
+    FILL,
+    RETRACT,
+    ChangeError,
+    Diff,
+    Layout,
+    LayoutIndex,
+    TableColumn,
+    change_diffs,
+    plan_columns,
+)
 
 BASE = [TableColumn("id", 23, -1), TableColumn("body", 25, -1)]
 
@@ -18,35 +28,63 @@ def rel(*cols: tuple[str, int]) -> Relation:
 
 def test_insert_update_delete_become_signed_rows():
     layout = Layout((0, 1))
-    assert change_diffs(Insert(1, (b"1", b"a")), layout, 2) == [(1, ["1", "a"])]
+    assert change_diffs(Insert(1, (b"1", b"a")), layout, 2) == [Diff(1, ["1", "a"])]
     assert change_diffs(Update(1, (b"1", b"a"), "O", (b"1", b"b")), layout, 2) == [
-        (-1, ["1", "a"]),
-        (1, ["1", "b"]),
+        Diff(-1, ["1", "a"]),
+        Diff(1, ["1", "b"]),
     ]
-    assert change_diffs(Delete(1, (b"1", None), "O"), layout, 2) == [(-1, ["1", None])]
+    assert change_diffs(Delete(1, (b"1", None), "O"), layout, 2) == [Diff(-1, ["1", None])]
 
 
 def test_unchanged_toast_takes_the_old_value():
     layout = Layout((0, 1))
     big = b"x" * 10_000
     out = change_diffs(Update(1, (b"1", big), "O", (b"2", UNCHANGED_TOAST)), layout, 2)
-    assert out == [(-1, ["1", big.decode()]), (1, ["2", big.decode()])]
+    assert out == [Diff(-1, ["1", big.decode()]), Diff(1, ["2", big.decode()])]
+
+
+def test_key_only_changes_name_the_row_they_need():
+    """REPLICA IDENTITY DEFAULT: the key stands for the old row; 'u' columns are to be filled."""
+    layout = Layout((0, 1), keys=(0,))
+    assert change_diffs(Update(1, None, None, (b"1", b"b")), layout, 2) == [
+        Diff(-1, ["1", None], RETRACT, (0,)),
+        Diff(1, ["1", "b"], FILL, ()),
+    ]
+    assert change_diffs(Update(1, (b"1", None), "K", (b"2", UNCHANGED_TOAST)), layout, 2) == [
+        Diff(-1, ["1", None], RETRACT, (0,)),
+        Diff(1, ["2", None], FILL, (1,)),
+    ]
+    assert change_diffs(Delete(1, (b"1", None), "K"), layout, 2) == [
+        Diff(-1, ["1", None], RETRACT, (0,))
+    ]
 
 
 @pytest.mark.parametrize(
-    "message, code",
+    "message, layout, code",
     [
-        (Update(1, None, None, (b"1", b"b")), "DefaultReplicaIdentity"),
-        (Update(1, (b"1", None), "K", (b"2", b"b")), "DefaultReplicaIdentity"),
-        (Delete(1, (b"1", None), "K"), "DefaultReplicaIdentity"),
-        (Update(1, (b"1", UNCHANGED_TOAST), "O", (b"1", UNCHANGED_TOAST)), "MissingToast"),
-        (Insert(1, (b"1",)), "SchemaIncompatible"),
+        (Update(1, None, None, (b"1", b"b")), Layout((0, 1)), "DefaultReplicaIdentity"),
+        (Delete(1, (b"1", None), "K"), Layout((0, 1)), "DefaultReplicaIdentity"),
+        (
+            Update(1, (b"1", UNCHANGED_TOAST), "O", (b"1", UNCHANGED_TOAST)),
+            Layout((0, 1)),
+            "MissingToast",
+        ),
+        (Update(1, None, None, (UNCHANGED_TOAST, b"b")), Layout((0, 1), keys=(0,)), "MissingToast"),
+        (Insert(1, (b"1", UNCHANGED_TOAST)), Layout((0, 1)), "MissingToast"),
+        (Insert(1, (b"1",)), Layout((0, 1)), "SchemaIncompatible"),
     ],
 )
-def test_definite_errors(message, code):
+def test_definite_errors(message, layout, code):
     with pytest.raises(ChangeError) as err:
-        change_diffs(message, Layout((0, 1)), 2)
+        change_diffs(message, layout, 2)
     assert err.value.code == code
+
+
+def test_relation_key_flags_give_the_layout_its_key():
+    key = RelationColumn(1, "id", 23, -1)
+    relation = Relation(16384, "public", "t", "d", (RelationColumn(0, "body", 25, -1), key))
+    _, layouts = plan_columns(BASE, [(10, relation)])
+    assert layouts[0].positions == (1, 0) and layouts[0].keys == (0,)
 
 
 def test_added_column_widens_the_table_and_earlier_rows_get_null():
@@ -54,8 +92,8 @@ def test_added_column_widens_the_table_and_earlier_rows_get_null():
         BASE, [(10, rel(("id", 23), ("body", 25))), (20, rel(("id", 23), ("body", 25), ("n", 20)))]
     )
     assert [c.name for c in columns] == ["id", "body", "n"]
-    assert change_diffs(Insert(1, (b"1", b"a")), layouts[0], 3) == [(1, ["1", "a", None])]
-    assert change_diffs(Insert(1, (b"1", b"a", b"7")), layouts[1], 3) == [(1, ["1", "a", "7"])]
+    assert change_diffs(Insert(1, (b"1", b"a")), layouts[0], 3) == [Diff(1, ["1", "a", None])]
+    assert change_diffs(Insert(1, (b"1", b"a", b"7")), layouts[1], 3) == [Diff(1, ["1", "a", "7"])]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,304 @@
+"""Previous images for REPLICA IDENTITY DEFAULT and USING INDEX: exact diffs from key-only changes.
+
+Under those identities an UPDATE carries the new row only (plus the old key when the key
+changed), a DELETE only the key, and an unchanged TOASTed value arrives as ``'u'`` with no old
+value. :mod:`silver.changes` turns such a change into a ``RETRACT`` row (the key) and, for an
+update, a ``FILL`` row (the new row, some columns still to fill). This module replaces them with
+whole rows, taken from the table's state just before the change::
+
+    state(before c) = silver's state at the last frontier         (the keys the run looks up)
+                    + this run's snapshot rows                     (a table snapshotted now)
+                    + the run's earlier changes, by (commit LSN, ordinal)
+
+    RETRACT key  ->  (state[key], -1), and state loses key
+    FILL new     ->  (new with its 'u' columns from the row the same change retracted, +1)
+
+Every other change keeps its rows and only moves the state (a whole row in or out by its key).
+The state at the last frontier is the sum of the silver table's rows of earlier runs (never
+this run's: a rerun after a crash between two commits resolves against the same state, so it
+produces the same rows), read only for the keys the run retracts, so the cost follows the run's
+changes, not the table: a filter on each key column's range lets Delta skip files by their
+statistics, then a semi-join keeps the keys themselves.
+
+A change at or below the table's snapshot LSN S is already in the snapshot. With a whole old
+row it is kept and rewound (see ``silver/build.py``); a key-only one is dropped with all its
+rows instead: the state it would need is the one *before* the snapshot, which nobody has, and
+the change and its rewind sum to nothing at every time from S on. So for such a table time 0
+holds the state at S rather than at the slot's start, and every time from S on is exact.
+
+A key that is not in the state (its row never reached silver, say it had a ``CastError``)
+cannot be retracted: that change is the definite error ``UnknownPreviousRow`` for the table,
+and a ``FILL`` with columns to fill from it is ``MissingToast``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from silver.changes import FILL, PLAIN, RETRACT
+
+
+@dataclass(frozen=True)
+class Change:
+    """One diff row of a change, typed: ``values`` in table column order."""
+
+    lsn: int
+    ordinal: int
+    diff: int
+    kind: int
+    columns: tuple[int, ...]
+    values: list
+
+
+@dataclass(frozen=True)
+class Resolved:
+    lsn: int
+    diff: int
+    values: list
+
+
+@dataclass(frozen=True)
+class Unresolved:
+    lsn: int
+    code: str
+    message: str
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, Decimal):
+        return value.normalize()
+    return value
+
+
+class _State:
+    """Rows by key. The key is the one of the table's identity (``keys``); a change of the
+    identity within one run (rare) looks rows up under its own key columns by a scan."""
+
+    def __init__(self, keys: tuple[int, ...]) -> None:
+        self.keys = keys
+        self.rows: dict[tuple, list] = {}
+
+    def _key(self, values: Sequence, keys: tuple[int, ...]) -> tuple:
+        return tuple(_hashable(values[p]) for p in keys)
+
+    def put(self, values: list) -> None:
+        self.rows[self._key(values, self.keys)] = values
+
+    def pop(self, values: Sequence, keys: tuple[int, ...]) -> list | None:
+        if keys == self.keys:
+            return self.rows.pop(self._key(values, keys), None)
+        wanted = self._key(values, keys)
+        for k, row in self.rows.items():
+            if self._key(row, keys) == wanted:
+                return self.rows.pop(k)
+        return None
+
+
+def resolve(
+    base: Iterable[list],
+    changes: Iterable[Change],
+    keys: tuple[int, ...],
+    truncates: Iterable[tuple[int, int]] = (),
+) -> tuple[list[Resolved], list[Unresolved]]:
+    """The whole rows of the ``RETRACT`` and ``FILL`` rows among ``changes`` (any order; all of
+    the table's changes of the run above its snapshot LSN), given ``base``: the table's rows at
+    the last frontier with the keys the run retracts (and its snapshot rows, if any). ``keys``:
+    the identity's key positions. ``truncates``: ``(lsn, ordinal)`` where the table was emptied
+    (the ``delete`` policy). Pure and deterministic."""
+    state = _State(keys)
+    for values in base:
+        state.put(values)
+    events = sorted(
+        [((c.lsn, c.ordinal, c.diff), c) for c in changes]
+        + [((lsn, ordinal, -2), None) for lsn, ordinal in truncates],
+        key=lambda e: e[0],
+    )
+    retracted: dict[tuple[int, int], list | None] = {}
+    out: list[Resolved] = []
+    errors: list[Unresolved] = []
+    for _, c in events:
+        if c is None:
+            state.rows.clear()
+        elif c.kind == PLAIN:
+            if c.diff < 0:
+                state.pop(c.values, keys)
+            else:
+                state.put(c.values)
+        elif c.kind == RETRACT:
+            previous = state.pop(c.values, c.columns)
+            retracted[(c.lsn, c.ordinal)] = previous
+            if previous is None:
+                key = ", ".join(repr(c.values[p]) for p in c.columns)
+                errors.append(
+                    Unresolved(
+                        c.lsn,
+                        "UnknownPreviousRow",
+                        f"no row with key ({key}) before this change: its earlier image never "
+                        "reached silver (see the table's earlier errors)",
+                    )
+                )
+            else:
+                out.append(Resolved(c.lsn, -1, previous))
+        elif c.kind == FILL:
+            previous = retracted.get((c.lsn, c.ordinal))
+            values = list(c.values)
+            if c.columns:
+                if previous is None:
+                    errors.append(
+                        Unresolved(
+                            c.lsn,
+                            "MissingToast",
+                            "unchanged TOAST value, and the row before the change is unknown",
+                        )
+                    )
+                    continue
+                for p in c.columns:
+                    values[p] = previous[p]
+            out.append(Resolved(c.lsn, 1, values))
+            state.put(values)
+    return out, errors
+
+
+# --- on Spark -----------------------------------------------------------------------------------
+
+ORDINAL, KIND, COLUMNS = "_pgm_ordinal", "_pgm_kind", "_pgm_columns"
+_LSN, _DIFF = "_pgm_lsn", "_pgm_diff"
+_SIDE = "_pgm_side"  # 0: a base row, 1: a change
+_CODE, _MESSAGE = "_pgm_code", "_pgm_message"
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _key_filter(keys_df: DataFrame, names: Sequence[str], types: Sequence[T.DataType]) -> Any:
+    """A range on each key column of an atomic type (what Delta's file statistics skip by)."""
+    ranged = (T.NumericType, T.StringType, T.DateType, T.TimestampType, T.TimestampNTZType)
+    names = [n if isinstance(t, ranged) else None for n, t in zip(names, types, strict=True)]
+    bounds = keys_df.agg(
+        *(F.min(f"_pgm_key{i}").alias(f"lo{i}") for i in range(len(names))),
+        *(F.max(f"_pgm_key{i}").alias(f"hi{i}") for i in range(len(names))),
+    ).first()
+    conditions = [
+        F.col(_quoted(n)).between(F.lit(bounds[f"lo{i}"]), F.lit(bounds[f"hi{i}"]))
+        for i, n in enumerate(names)
+        if n is not None and bounds[f"lo{i}"] is not None
+    ]
+    return functools.reduce(lambda a, b: a & b, conditions, F.lit(True))
+
+
+@dataclass
+class Images:
+    rows: DataFrame
+    """The run's rows, every ``RETRACT`` and ``FILL`` row replaced by a whole row."""
+    errors: list[tuple[int, str, str]]
+    """``(lsn, code, message)`` of the changes that could not be resolved."""
+    cached: list[DataFrame]
+
+
+def resolve_previous_images(
+    typed: DataFrame,
+    names: Sequence[str],
+    keys: tuple[int, ...],
+    prior: DataFrame | None,
+    floor: int | None,
+    truncates: Sequence[tuple[int, int]] = (),
+) -> Images:
+    """A table's cast rows of one run with every ``RETRACT`` and ``FILL`` row replaced by whole
+    rows, and the changes that could not be resolved.
+
+    ``typed``: the run's cast rows (data columns ``names``, then ``_pgm_lsn``, ``_pgm_diff``,
+    ``_pgm_ordinal``, ``_pgm_kind``, ``_pgm_columns``; the last three NULL for snapshot rows).
+    ``prior``: the silver table's rows of earlier runs, None if there are none to count (a
+    table (re)snapshotted in this run: then only its rows above the snapshot LSN, ``floor``).
+    The resolved rows are computed once (one Python task for the table) and kept in
+    ``cached`` until the caller has written them.
+    """
+    data = [_quoted(n) for n in names]
+    key_names = [names[p] for p in keys]
+    key_types = [typed.schema[n].dataType for n in key_names]
+    above = F.col(_LSN) > F.lit(-1 if floor is None else floor)
+    changes = typed.where(F.col(KIND).isNotNull() & above)
+    wanted = (
+        changes.where(F.col(KIND) == RETRACT)
+        .select(*(F.col(_quoted(n)).alias(f"_pgm_key{i}") for i, n in enumerate(key_names)))
+        .distinct()
+    )
+    base = typed.where(F.col(KIND).isNull()).select(*data, F.col(_DIFF))
+    if prior is not None:
+        base = base.unionByName(prior.select(*data, F.col("_diff").alias(_DIFF)))
+    if key_names:
+        on = functools.reduce(
+            lambda a, b: a & b,
+            [F.col(_quoted(n)) == F.col(f"_pgm_key{i}") for i, n in enumerate(key_names)],
+        )
+        base = base.where(_key_filter(wanted, key_names, key_types)).join(
+            F.broadcast(wanted), on, "left_semi"
+        )
+    base = base.groupBy(*data).agg(F.sum(_DIFF).alias(_DIFF)).where(F.col(_DIFF) > 0)
+    combined = base.select(
+        *data,
+        F.lit(0).cast("bigint").alias(_LSN),
+        F.col(_DIFF),
+        F.lit(None).cast("bigint").alias(ORDINAL),
+        F.lit(None).cast("int").alias(KIND),
+        F.lit(None).cast("array<int>").alias(COLUMNS),
+        F.lit(0).alias(_SIDE),
+    ).unionByName(changes.select(*data, _LSN, _DIFF, ORDINAL, KIND, COLUMNS, F.lit(1).alias(_SIDE)))
+    schema = T.StructType(
+        [f for f in typed.schema.fields if f.name in set(names)]
+        + [
+            T.StructField(_LSN, T.LongType()),
+            T.StructField(_DIFF, T.LongType()),
+            T.StructField(_CODE, T.StringType()),
+            T.StructField(_MESSAGE, T.StringType()),
+        ]
+    )
+    truncates = list(truncates)
+
+    def run(table: pa.Table) -> pa.Table:
+        rows = table.to_pylist()
+        base_rows, changes_ = [], []
+        for r in rows:
+            values = [r[n] for n in names]
+            if r[_SIDE] == 0:
+                base_rows.append(values)
+            else:
+                changes_.append(
+                    Change(r[_LSN], r[ORDINAL], r[_DIFF], r[KIND], tuple(r[COLUMNS] or ()), values)
+                )
+        out, errors = resolve(base_rows, changes_, keys, truncates)
+        records = [
+            {**dict(zip(names, o.values, strict=True)), _LSN: o.lsn, _DIFF: o.diff} for o in out
+        ] + [{_LSN: e.lsn, _DIFF: 0, _CODE: e.code, _MESSAGE: e.message} for e in errors]
+        return pa.Table.from_pylist(records, schema=_arrow_schema(schema))
+
+    resolved = combined.groupBy(F.lit(0).alias("_pgm_group")).applyInArrow(run, schema)
+    resolved = resolved.persist(StorageLevel.MEMORY_AND_DISK)
+    errors = [
+        (r[0], r[1], r[2])
+        for r in resolved.where(F.col(_CODE).isNotNull()).select(_LSN, _CODE, _MESSAGE).collect()
+    ]
+    whole = typed.where(F.col(KIND).isNull() | (F.col(KIND) == PLAIN)).select(*data, _LSN, _DIFF)
+    good = resolved.where(F.col(_CODE).isNull()).select(*data, _LSN, _DIFF)
+    return Images(whole.unionByName(good), errors, [resolved])
+
+
+def _arrow_schema(schema: T.StructType) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema)

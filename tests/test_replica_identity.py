@@ -1,0 +1,211 @@
+"""REPLICA IDENTITY DEFAULT and USING INDEX: exact diffs from changes that carry only keys.
+
+The pure resolver first (no Spark), then the whole pipeline against a real PostgreSQL, where
+every edge case ends with ``verify`` exact: PostgreSQL is the oracle.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from pgmedallion.pipeline import run_stages
+from pgmedallion.verify import verify
+from silver.build import run_silver
+from silver.changes import FILL, PLAIN, RETRACT
+from silver.identity import Change, Resolved, Unresolved, resolve
+from tests.workload import assert_exact, drop_schemas, make_config
+
+KEY = (0,)
+
+
+def c(lsn, ordinal, diff, kind, columns, *values):
+    return Change(lsn, ordinal, diff, kind, tuple(columns), list(values))
+
+
+def test_update_takes_the_previous_row_from_the_state():
+    out, errors = resolve(
+        [[1, "a", "toast"]],
+        [c(10, 1, -1, RETRACT, KEY, 1, None, None), c(10, 1, 1, FILL, (2,), 1, "b", None)],
+        KEY,
+    )
+    assert errors == []
+    assert out == [Resolved(10, -1, [1, "a", "toast"]), Resolved(10, 1, [1, "b", "toast"])]
+
+
+def test_changes_of_one_run_chain_in_commit_order():
+    """Insert, two updates (one a key change, both leaving the TOAST column alone) and a delete
+    of one row in one run, handed over out of order."""
+    changes = [
+        c(30, 1, -1, RETRACT, KEY, 2, None, None),
+        c(20, 2, 1, FILL, (2,), 2, "c", None),
+        c(20, 2, -1, RETRACT, KEY, 1, None, None),
+        c(10, 1, 1, PLAIN, (), 1, "a", "big"),
+        c(20, 1, 1, FILL, (2,), 1, "b", None),
+        c(20, 1, -1, RETRACT, KEY, 1, None, None),
+    ]
+    out, errors = resolve([], changes, KEY)
+    assert errors == []
+    assert out == [
+        Resolved(20, -1, [1, "a", "big"]),
+        Resolved(20, 1, [1, "b", "big"]),
+        Resolved(20, -1, [1, "b", "big"]),
+        Resolved(20, 1, [2, "c", "big"]),
+        Resolved(30, -1, [2, "c", "big"]),
+    ]
+
+
+def test_full_rows_move_the_state_too():
+    changes = [
+        c(10, 1, -1, PLAIN, (), 1, "a", "x"),
+        c(10, 1, 1, PLAIN, (), 1, "b", "x"),
+        c(20, 1, -1, RETRACT, KEY, 1, None, None),
+    ]
+    assert resolve([[1, "a", "x"]], changes, KEY)[0] == [Resolved(20, -1, [1, "b", "x"])]
+
+
+def test_an_unknown_key_is_a_definite_error_and_nothing_is_made_up():
+    out, errors = resolve(
+        [],
+        [c(10, 1, -1, RETRACT, KEY, 7, None), c(10, 1, 1, FILL, (1,), 7, None)],
+        KEY,
+    )
+    assert out == []
+    assert [(e.lsn, e.code) for e in errors] == [(10, "UnknownPreviousRow"), (10, "MissingToast")]
+    assert all(isinstance(e, Unresolved) for e in errors)
+
+
+def test_a_truncate_empties_the_state():
+    out, errors = resolve(
+        [[1, "a"]], [c(20, 2, -1, RETRACT, KEY, 1, None)], KEY, truncates=[(20, 1)]
+    )
+    assert out == [] and [e.code for e in errors] == ["UnknownPreviousRow"]
+
+
+def test_composite_and_changed_identity_keys():
+    base = [[1, 1, "a"], [1, 2, "b"]]
+    changes = [
+        c(10, 1, -1, RETRACT, (0, 1), 1, 2, None),
+        c(10, 1, 1, FILL, (), 1, 3, "b2"),
+        # the identity changed to a unique index on column 2 within the run
+        c(20, 1, -1, RETRACT, (2,), None, None, "a"),
+    ]
+    out, errors = resolve(base, changes, (0, 1))
+    assert errors == []
+    assert out == [
+        Resolved(10, -1, [1, 2, "b"]),
+        Resolved(10, 1, [1, 3, "b2"]),
+        Resolved(20, -1, [1, 1, "a"]),
+    ]
+
+
+# --- end to end ---------------------------------------------------------------------------------
+
+SCHEMA = """
+CREATE TABLE docs (id int PRIMARY KEY, title text NOT NULL, body text, n int);
+CREATE TABLE lines (
+    "orderId" bigint, "lineNo" int, qty int, note text, PRIMARY KEY ("orderId", "lineNo"));
+CREATE TABLE coded (code text NOT NULL, v int);
+CREATE UNIQUE INDEX coded_code ON coded (code);
+ALTER TABLE coded REPLICA IDENTITY USING INDEX coded_code;
+INSERT INTO docs SELECT g, 'doc ' || g, CASE WHEN g % 3 = 0 THEN repeat(md5(g::text), 2000) END, g
+    FROM generate_series(1, 60) g;
+INSERT INTO lines SELECT g / 4, g % 4, g, 'line' FROM generate_series(4, 83) g;
+INSERT INTO coded SELECT 'c' || g, g FROM generate_series(1, 30) g;
+CREATE PUBLICATION pub FOR ALL TABLES;
+"""
+
+
+@pytest.fixture
+def shop(any_db):
+    with psycopg.connect(**any_db, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    return any_db
+
+
+def _counts(conninfo) -> dict[str, int]:
+    with psycopg.connect(**conninfo) as conn:
+        return {
+            f"public.{t}": conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+            for t in ("docs", "lines", "coded")
+        }
+
+
+def test_default_identity_edge_cases_are_exact(spark, shop):
+    """Unchanged TOAST, key changes, several updates of one key in one transaction and across
+    the transactions of one run, insert-update-delete of one key in one run, a composite key,
+    an index identity: silver and gold equal the source after every run, with no errors."""
+    cfg = make_config(shop, "ri15" if "pg15" in shop["dbname"] else "ri18")
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    with psycopg.connect(**shop, autocommit=True) as conn:
+        conn.execute("UPDATE docs SET n = n + 100 WHERE id <= 9")  # TOAST of 3, 6, 9 unchanged
+        conn.execute("UPDATE docs SET id = id + 1000 WHERE id IN (12, 15)")  # key change + 'u'
+        with conn.transaction():
+            for i in range(3):
+                conn.execute("UPDATE docs SET title = %s WHERE id = 18", (f"t{i}",))
+            conn.execute("UPDATE docs SET id = 2018 WHERE id = 18")
+            conn.execute("UPDATE docs SET n = -1 WHERE id = 2018")
+        conn.execute("UPDATE docs SET title = 'again' WHERE id = 2018")
+        conn.execute("UPDATE docs SET body = NULL WHERE id = 21")  # TOAST value replaced
+        conn.execute("INSERT INTO docs VALUES (500, 'new', repeat('x', 9000), 0)")
+        conn.execute("UPDATE docs SET n = 1 WHERE id = 500")
+        conn.execute("UPDATE docs SET id = 501 WHERE id = 500")
+        conn.execute("DELETE FROM docs WHERE id = 501")
+        with conn.transaction():
+            conn.execute("INSERT INTO docs VALUES (600, 'in and out', NULL, 0)")
+            conn.execute("UPDATE docs SET n = 2 WHERE id = 600")
+            conn.execute("DELETE FROM docs WHERE id = 600")
+        conn.execute("DELETE FROM docs WHERE id BETWEEN 40 AND 45")
+        conn.execute('UPDATE lines SET qty = qty * 2 WHERE "orderId" = 3')
+        conn.execute('UPDATE lines SET "lineNo" = "lineNo" + 10 WHERE "orderId" = 4')
+        conn.execute('DELETE FROM lines WHERE "orderId" = 5 AND "lineNo" = 1')
+        conn.execute("UPDATE coded SET v = -v WHERE code IN ('c1', 'c2')")
+        conn.execute("UPDATE coded SET code = 'z' || code WHERE code = 'c3'")
+        conn.execute("DELETE FROM coded WHERE code = 'c4'")
+    run_stages(spark, cfg)
+    assert_exact(verify(spark, cfg), _counts(shop))
+    assert spark.table(cfg.qualified("silver", "_errors")).count() == 0
+    with psycopg.connect(**shop, autocommit=True) as conn:  # a run that builds on the last one
+        conn.execute("UPDATE docs SET n = n + 1 WHERE id IN (3, 1015, 2018)")
+        conn.execute("DELETE FROM docs WHERE id = 6")
+        conn.execute('UPDATE lines SET note = NULL WHERE "orderId" = 4')
+    run_stages(spark, cfg)
+    assert_exact(verify(spark, cfg), _counts(shop))
+    assert spark.table(cfg.qualified("silver", "_errors")).count() == 0
+
+
+def test_a_crash_between_silver_commits_resolves_the_same_way(spark, db, monkeypatch):
+    """Silver dies after its first table's append, before the DEFAULT table's: the rerun redoes
+    the run against the same earlier state (never its own half-written commit) and is exact."""
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    cfg = make_config(db, "ricrash")
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg, ("capture", "silver"))
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("UPDATE coded SET v = v + 1")
+        conn.execute("UPDATE docs SET n = n + 1 WHERE id <= 30")
+        conn.execute("UPDATE docs SET id = id + 100 WHERE id <= 10")
+        conn.execute('UPDATE lines SET qty = 0 WHERE "orderId" <= 3')
+    run_stages(spark, cfg, ("capture",))
+
+    class Crash(Exception):
+        pass
+
+    appends = []
+
+    def crash_on_second(name):
+        if name == "silver.after_append":
+            appends.append(name)
+            if len(appends) == 2:
+                raise Crash(name)
+
+    monkeypatch.setattr("silver.build.failpoint", crash_on_second)
+    with pytest.raises(Crash):
+        run_silver(spark, cfg)
+    monkeypatch.undo()
+    again = run_silver(spark, cfg)
+    assert again.errors == 0
+    run_stages(spark, cfg, ("gold",))
+    assert_exact(verify(spark, cfg), _counts(db))
