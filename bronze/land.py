@@ -151,6 +151,7 @@ from capture.snapshot import (
     exported_snapshot,
     lock_for_snapshot,
     publication_tables,
+    publishes_stored_generated,
     table_schema_at_snapshot,
     use_snapshot,
     worker_ctid_ranges,
@@ -339,10 +340,13 @@ def land_snapshot(
         conn = connect(target.conninfo)
         try:
             use_snapshot(conn, point.snapshot_name)
+            stored_generated = publishes_stored_generated(conn, target.publication)
             schemas = []
             for table in wanted:
                 try:
-                    schema = table_schema_at_snapshot(conn, table.oid)
+                    schema = table_schema_at_snapshot(
+                        conn, table.oid, stored_generated=stored_generated
+                    )
                     lock_for_snapshot(conn, table.oid, (schema.schema, schema.name))
                 except TableDropped as exc:
                     dropped[table] = exc

@@ -32,7 +32,7 @@ from psycopg import sql
 from capture.connection import connect, connect_replication
 from capture.errors import CaptureError, SlotMissing, server_errors
 from capture.slot import PLUGIN, identify_system, slot_state
-from capture.snapshot import TID_RANGE_SCAN_MIN_VERSION
+from capture.snapshot import TID_RANGE_SCAN_MIN_VERSION, publishes_stored_generated
 
 RESTART_NOTE = "-- then restart PostgreSQL: this setting only changes at server start"
 
@@ -71,6 +71,12 @@ class TableInfo:
     schema_usage: bool
     row_security_active: bool
     """Row-level security filters what the current role reads from this table."""
+    identity_index: str | None = None
+    """A unique index that can be the replica identity (not partial, not deferrable, no
+    expressions, NOT NULL columns only), if there is one."""
+    stored_generated: bool = False
+    virtual_generated: bool = False
+    """The table has stored / virtual (PostgreSQL 18) generated columns."""
 
     @property
     def identifier(self) -> sql.Identifier:
@@ -118,17 +124,41 @@ def run_checks(
             return [result]
 
         results += _guarded("tables", resolve)
+        advice: list[IdentityAdvice] = []
+        try:
+            advice = identity_advice_for(conn, publication, found)
+        except CaptureError:
+            pass  # the replica identity check reports it
+        # Publishing a table whose identity cannot carry updates makes PostgreSQL reject the
+        # application's UPDATEs and DELETEs on it: such tables join after their fix.
+        unsafe = {(a.table.schema, a.table.name) for a in advice if a.table.replica_identity != "f"}
+        held_back = [t for t in found if (t.schema, t.name) in unsafe]
         results += _guarded(
             "publication",
             check_publication,
             conn,
             publication,
-            found,
+            [t for t in found if (t.schema, t.name) not in unsafe],
             role,
             create_publication,
+            held_back,
         )
+        published = set()
+        try:
+            published = set(_published_tables(conn, publication))
+        except CaptureError:
+            pass
+        held_back = [t for t in held_back if (t.schema, t.name) not in published]
         results += _guarded("select privilege", check_select_privilege, conn, role, found)
-        results += _guarded("replica identity", check_replica_identity, conn, found)
+        results += _guarded(
+            "replica identity",
+            check_replica_identity,
+            conn,
+            found,
+            advice,
+            held_back,
+            publication,
+        )
         results += _guarded("row-level security", check_row_security, conn, role, found)
         results += _guarded("slot", check_slot, conn, slot)
     return results
@@ -299,7 +329,17 @@ def table_info(
                 " c.relreplident::text,"
                 " EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),"
                 " has_table_privilege(c.oid, 'SELECT'), has_schema_privilege(n.oid, 'USAGE'),"
-                " row_security_active(c.oid)"
+                " row_security_active(c.oid),"
+                " (SELECT ic.relname FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid"
+                "  WHERE i.indrelid = c.oid AND i.indisunique AND i.indimmediate"
+                "  AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL"
+                "  AND NOT EXISTS (SELECT 1 FROM pg_attribute a"
+                "   WHERE a.attrelid = c.oid AND a.attnum = ANY(i.indkey) AND NOT a.attnotnull)"
+                "  ORDER BY i.indisprimary DESC, ic.relname LIMIT 1),"
+                " EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0"
+                "  AND NOT a.attisdropped AND a.attgenerated = 's'),"
+                " EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0"
+                "  AND NOT a.attisdropped AND a.attgenerated = 'v')"
                 " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
                 " WHERE c.relkind IN ('r', 'p') AND (n.nspname, c.relname) IN ({})"
             ).format(keys)
@@ -313,16 +353,19 @@ def check_publication(
     tables: Sequence[TableInfo],
     role: Role,
     create: bool,
+    held_back: Sequence[TableInfo] = (),
 ) -> list[CheckResult]:
     """The publication exists, publishes every change kind and covers ``tables``.
 
     With ``create`` it is created or extended when the role may: superusers, or owners of every
     table (and of the publication, to extend it). Anything else gets the SQL to run.
+    ``held_back``: tables to capture that join only after their replica identity is fixed (see
+    :func:`check_replica_identity`); the publication is created for the others, if any.
     """
     name = sql.Identifier(publication)
     row = _publication(conn, publication)
     if row is None:
-        if not tables:
+        if not tables and not held_back:
             return [
                 CheckResult(
                     "publication",
@@ -331,8 +374,12 @@ def check_publication(
                     "create it for",
                 )
             ]
-        statement = sql.SQL("CREATE PUBLICATION {} FOR TABLE {};").format(
-            name, sql.SQL(", ").join(table.identifier for table in tables)
+        statement = (
+            sql.SQL("CREATE PUBLICATION {} FOR TABLE {};").format(
+                name, sql.SQL(", ").join(table.identifier for table in tables)
+            )
+            if tables
+            else sql.SQL("CREATE PUBLICATION {};").format(name)
         )
         allowed = role.superuser or (all(t.owned for t in tables) and _can_create_in_db(conn))
         return [
@@ -410,33 +457,162 @@ def check_select_privilege(
     )
 
 
-def check_replica_identity(
-    conn: psycopg.Connection | None, tables: Sequence[TableInfo]
-) -> CheckResult:
-    """FULL or an index identity is fine, DEFAULT only with a primary key; NOTHING never.
+@dataclass(frozen=True)
+class IdentityAdvice:
+    """Why a table's replica identity does not work for capture, and what to run about it."""
 
-    Without an identity the server rejects UPDATE and DELETE on a published table, and
-    DEFAULT without a key sends deletes with no old tuple at all.
+    table: TableInfo
+    reason: str
+    statements: tuple[str, ...]
+    """SQL that is safe to run against production (comments where none is), in order."""
+
+    @property
+    def fixable(self) -> bool:
+        return any(not line.startswith("--") for line in self.statements)
+
+
+def identity_advice(
+    conn: psycopg.Connection | None,
+    table: TableInfo,
+    *,
+    server_version: int,
+    publication: str,
+    publishes_generated: bool,
+) -> IdentityAdvice | None:
+    """None when ``table``'s replica identity lets capture read its updates and deletes and
+    lets the application write them; otherwise the cheapest safe change, cheapest first:
+
+    - NOTHING on a table with a primary key: back to DEFAULT (the key identifies a row);
+    - no key: ``USING INDEX`` a unique index on NOT NULL columns, if the table has one;
+    - else FULL, which makes every UPDATE and DELETE write the whole old row to the WAL.
+
+    PostgreSQL 18 rejects UPDATE and DELETE when the identity includes a generated column the
+    publication does not publish; FULL includes every column. So FULL is never advised for a
+    table with a virtual generated column (those are never published), nor for one with a stored
+    generated column unless the publication publishes them: then the advice publishes them
+    first (``publish_generated_columns = stored``, which capture reads as ordinary columns). A
+    FULL table already broken that way goes back to its key.
     """
-    bad = [
-        t
+
+    def q(statement: sql.Composable) -> str:
+        return statement.as_string(conn)
+
+    ident = table.identifier
+    has_key = table.has_primary_key
+    generated_trap = server_version >= 180000 and (
+        table.virtual_generated or (table.stored_generated and not publishes_generated)
+    )
+    if table.replica_identity == "i" or (table.replica_identity == "d" and has_key):
+        return None
+    if table.replica_identity == "f" and not generated_trap:
+        return None
+    if table.replica_identity == "f":
+        reason = "FULL includes generated columns the publication does not publish"
+    elif table.replica_identity == "n":
+        reason = "NOTHING" + ("" if has_key else ", no primary key")
+    else:
+        reason = "DEFAULT, no primary key"
+    if has_key:
+        fix = q(sql.SQL("ALTER TABLE {} REPLICA IDENTITY DEFAULT;").format(ident))
+        return IdentityAdvice(table, reason, (fix,))
+    if table.identity_index:
+        index = sql.Identifier(table.identity_index)
+        fix = q(sql.SQL("ALTER TABLE {} REPLICA IDENTITY USING INDEX {};").format(ident, index))
+        return IdentityAdvice(table, reason, (fix,))
+    if server_version >= 180000 and table.virtual_generated:
+        return IdentityAdvice(
+            table,
+            reason + ", virtual generated columns",
+            (
+                f"-- {table.qualified_name}: add a primary key, or a unique index on NOT NULL "
+                "columns and REPLICA IDENTITY USING INDEX; FULL would include its virtual "
+                "generated columns and PostgreSQL 18 would reject its UPDATEs and DELETEs",
+            ),
+        )
+    cost = (
+        f"-- {table.qualified_name} has no primary key or usable unique index: with FULL every "
+        "UPDATE and DELETE writes the whole old row to the WAL (a primary key avoids that)"
+    )
+    full = q(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL;").format(ident))
+    if generated_trap:
+        publish = q(
+            sql.SQL("ALTER PUBLICATION {} SET (publish_generated_columns = stored);").format(
+                sql.Identifier(publication)
+            )
+        )
+        return IdentityAdvice(
+            table,
+            reason + ", stored generated columns",
+            (
+                f"-- {table.qualified_name}: publish stored generated columns first, or "
+                "PostgreSQL 18 rejects its UPDATEs under FULL",
+                publish,
+                cost,
+                full,
+            ),
+        )
+    return IdentityAdvice(table, reason, (cost, full))
+
+
+def identity_advice_for(
+    conn: psycopg.Connection, publication: str, tables: Sequence[TableInfo]
+) -> list[IdentityAdvice]:
+    version = conn.info.server_version
+    publishes = publishes_stored_generated(conn, publication) if tables else False
+    advice = (
+        identity_advice(
+            conn,
+            t,
+            server_version=version,
+            publication=publication,
+            publishes_generated=publishes,
+        )
         for t in tables
-        if t.replica_identity == "n" or (t.replica_identity == "d" and not t.has_primary_key)
-    ]
-    if not bad:
+    )
+    return [a for a in advice if a is not None]
+
+
+def check_replica_identity(
+    conn: psycopg.Connection | None,
+    tables: Sequence[TableInfo],
+    advice: Sequence[IdentityAdvice] | None = None,
+    add_to_publication: Sequence[TableInfo] = (),
+    publication: str = "",
+) -> CheckResult:
+    """Every table's identity lets capture read its changes exactly (see
+    :func:`identity_advice`): FULL, an index, or DEFAULT with a primary key.
+
+    ``add_to_publication``: tables the publication check left out because publishing them
+    before their identity is fixed would make PostgreSQL reject their UPDATEs; the remediation
+    adds them after the fix.
+    """
+    if advice is None:
+        advice = [
+            a
+            for a in (
+                identity_advice(
+                    conn, t, server_version=0, publication=publication, publishes_generated=False
+                )
+                for t in tables
+            )
+            if a is not None
+        ]
+    if not advice:
         return CheckResult("replica identity", True, "every table has a usable replica identity")
-    reasons = [
-        f"{t.qualified_name} ({'NOTHING' if t.replica_identity == 'n' else 'DEFAULT, no PK'})"
-        for t in bad
-    ]
+    reasons = [f"{a.table.qualified_name} ({a.reason})" for a in advice]
+    lines = [line for a in advice for line in a.statements]
+    later = [t for t in add_to_publication if any(a.table == t and a.fixable for a in advice)]
+    if later:
+        lines.append(
+            sql.SQL("ALTER PUBLICATION {} ADD TABLE {};")
+            .format(sql.Identifier(publication), sql.SQL(", ").join(t.identifier for t in later))
+            .as_string(conn)
+        )
     return CheckResult(
         "replica identity",
         False,
         f"updates and deletes cannot be captured for: {', '.join(reasons)}",
-        "\n".join(
-            sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL;").format(t.identifier).as_string(conn)
-            for t in bad
-        ),
+        "\n".join(lines),
     )
 
 

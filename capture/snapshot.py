@@ -81,7 +81,9 @@ class Column:
     not_null: bool
     type_name: str
     generated: bool
-    """A stored generated column: PostgreSQL < 18 never sends it in replication tuples."""
+    """A generated column the stream does not carry, so capture leaves it out of the snapshot
+    too: a virtual one (never published), or a stored one unless the publication publishes
+    them (PostgreSQL 18's ``publish_generated_columns = stored``; older servers never do)."""
     base_type_oid: int = 0
     """For a domain (or a domain over a domain): the underlying base type's oid; else 0."""
     element_type_oid: int = 0
@@ -180,13 +182,29 @@ _BASE_TYPE = (
 """A subquery for the type ``{start}`` after following its chain of domains to the end."""
 
 
-def table_schema_at_snapshot(conn: psycopg.Connection, oid: int) -> TableSchema:
+def publishes_stored_generated(conn: psycopg.Connection, publication: str) -> bool:
+    """Whether ``publication`` sends stored generated columns (PostgreSQL 18+)."""
+    if conn.info.server_version < 180000:
+        return False
+    with server_errors():
+        row = conn.execute(
+            "SELECT pubgencols::text = 's' FROM pg_publication WHERE pubname = %s", (publication,)
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def table_schema_at_snapshot(
+    conn: psycopg.Connection, oid: int, *, stored_generated: bool = False
+) -> TableSchema:
     """The table's columns (in order), primary key and replica identity, as ``conn`` sees them.
 
     Inside :func:`use_snapshot` that is the schema at the snapshot, which is the schema the
     snapshot rows have; a table dropped by then raises :class:`TableDropped`.
+    ``stored_generated``: the publication publishes stored generated columns (see
+    :func:`publishes_stored_generated`), so they are captured like any other column.
     """
     oid_literal = sql.Literal(int(oid))
+    left_out = "a.attgenerated = 'v'" if stored_generated else "a.attgenerated <> ''"
     with server_errors():
         table = conn.execute(
             sql.SQL(
@@ -199,7 +217,7 @@ def table_schema_at_snapshot(conn: psycopg.Connection, oid: int) -> TableSchema:
         columns = conn.execute(
             sql.SQL(
                 "SELECT a.attname, a.atttypid::int8, a.atttypmod, a.attnotnull,"
-                " format_type(a.atttypid, a.atttypmod), a.attgenerated <> '',"
+                " format_type(a.atttypid, a.atttypmod), " + left_out + ","
                 " CASE WHEN t.typtype = 'd' THEN b.oid::int8 ELSE 0 END,"
                 " CASE WHEN b.typcategory = 'A' THEN e.oid::int8 ELSE 0 END,"
                 " b.typcategory::text"

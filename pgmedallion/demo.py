@@ -50,11 +50,6 @@ CREATE TABLE "OrderItems" (
     "unitPrice" numeric(12,2) NOT NULL,
     PRIMARY KEY ("orderId", "lineNo")
 );
--- Updates and deletes must carry the whole old row (see the README's error model).
-ALTER TABLE customers REPLICA IDENTITY FULL;
-ALTER TABLE products REPLICA IDENTITY FULL;
-ALTER TABLE orders REPLICA IDENTITY FULL;
-ALTER TABLE "OrderItems" REPLICA IDENTITY FULL;
 """
 
 

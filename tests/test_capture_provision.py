@@ -14,6 +14,7 @@ from capture.provision import (
     format_report,
     free_slots_result,
     free_wal_senders_result,
+    identity_advice,
     run_checks,
     server_version_result,
     wal_level_result,
@@ -148,11 +149,13 @@ def test_replica_identity_nothing_and_default_without_key_fail(db):
     results = run_checks(db, publication="pub", slot="main", tables=[], create_publication=False)
     assert failed(results) == {"replica identity"}
     identity = by_name(results)["replica identity"]
-    assert "public.keyless (DEFAULT, no PK)" in identity.message
+    assert "public.keyless (DEFAULT, no primary key)" in identity.message
     assert "public.nothing (NOTHING)" in identity.message
     assert identity.remediation_sql.splitlines() == [
+        "-- public.keyless has no primary key or usable unique index: with FULL every UPDATE and"
+        " DELETE writes the whole old row to the WAL (a primary key avoids that)",
         'ALTER TABLE "public"."keyless" REPLICA IDENTITY FULL;',
-        'ALTER TABLE "public"."nothing" REPLICA IDENTITY FULL;',
+        'ALTER TABLE "public"."nothing" REPLICA IDENTITY DEFAULT;',
     ]
 
 
@@ -264,14 +267,14 @@ def test_hostile_table_name_is_quoted_in_remediation(db):
     )
     checks = by_name(results)
     quoted = '"public"."we""ird ; DROP TABLE t; --"'
-    assert checks["replica identity"].remediation_sql == (
-        f"ALTER TABLE {quoted} REPLICA IDENTITY FULL;"
-    )
-    assert checks["publication"].remediation_sql == (
-        f'CREATE PUBLICATION "p""ub ; x" FOR TABLE {quoted};'
-    )
+    # the table joins the publication only once its identity can carry its updates
+    assert checks["replica identity"].remediation_sql.splitlines()[1:] == [
+        f"ALTER TABLE {quoted} REPLICA IDENTITY FULL;",
+        f'ALTER PUBLICATION "p""ub ; x" ADD TABLE {quoted};',
+    ]
+    assert checks["publication"].remediation_sql == 'CREATE PUBLICATION "p""ub ; x";'
     # The remediation is valid SQL that fixes exactly what was reported.
-    execute(db, checks["replica identity"].remediation_sql, checks["publication"].remediation_sql)
+    execute(db, checks["publication"].remediation_sql, checks["replica identity"].remediation_sql)
     results = run_checks(
         db,
         publication='p"ub ; x',
@@ -354,3 +357,91 @@ def test_format_report_marks_and_indents():
         "    SELECT 2;",
         "1 check(s) failed",
     ]
+
+
+ORDINARY_SCHEMA = """
+CREATE TABLE keyed (id int PRIMARY KEY, v text);
+CREATE TABLE keyless (v text);
+CREATE TABLE by_unique (code text NOT NULL UNIQUE, v text);
+CREATE TABLE nothing (id int PRIMARY KEY, v text);
+ALTER TABLE nothing REPLICA IDENTITY NOTHING;
+CREATE TABLE gen_keyless (a int, doubled int GENERATED ALWAYS AS (a * 2) STORED);
+CREATE TABLE gen_full (id int PRIMARY KEY, a int, doubled int GENERATED ALWAYS AS (a * 2) STORED);
+"""
+PG18_SCHEMA = """
+ALTER TABLE gen_full REPLICA IDENTITY FULL;
+CREATE TABLE virt_keyed (
+    id int PRIMARY KEY, a int, tripled int GENERATED ALWAYS AS (a * 3) VIRTUAL);
+"""
+TABLES = ("keyed", "keyless", "by_unique", "nothing", "gen_keyless", "gen_full")
+
+
+def test_every_remediation_is_safe_to_run_in_production(any_db):
+    """Doctor's whole remediation, pasted as it is, then the application's own INSERTs,
+    UPDATEs and DELETEs on every table from an ordinary session: none may fail (PostgreSQL 18
+    rejects them when the identity holds unpublished generated columns, any server when a
+    published table has no identity). Afterwards every table is published and doctor has
+    nothing left to say about identities."""
+    with psycopg.connect(**any_db) as conn:
+        pg18 = conn.info.server_version >= 180000
+    tables = TABLES + (("virt_keyed",) if pg18 else ())
+    execute(any_db, ORDINARY_SCHEMA + (PG18_SCHEMA if pg18 else ""))
+
+    def doctor():
+        return run_checks(
+            any_db,
+            publication="pub",
+            slot="main",
+            tables=[f"public.{t}" for t in tables],
+            create_publication=False,
+        )
+
+    results = doctor()
+    assert "replica identity" in failed(results)
+    with psycopg.connect(**any_db, autocommit=True) as conn:
+        for result in results:
+            if result.remediation_sql and result.name in ("publication", "replica identity"):
+                conn.execute(result.remediation_sql)
+    with psycopg.connect(**any_db, autocommit=True) as app:
+        app.execute("INSERT INTO keyed VALUES (1, 'a'); INSERT INTO keyless VALUES ('a')")
+        app.execute("INSERT INTO by_unique VALUES ('c', 'a'); INSERT INTO nothing VALUES (1, 'a')")
+        app.execute("INSERT INTO gen_keyless (a) VALUES (1); INSERT INTO gen_full VALUES (1, 1)")
+        if pg18:
+            app.execute("INSERT INTO virt_keyed (id, a) VALUES (1, 1)")
+        for t in tables:
+            column, value = ("a", "2") if t.startswith(("gen", "virt")) else ("v", "'b'")
+            app.execute(f"UPDATE {t} SET {column} = {value}")
+            app.execute(f"DELETE FROM {t}")
+        published = {
+            r[0] for r in app.execute("SELECT tablename FROM pg_publication_tables").fetchall()
+        }
+    assert published == set(tables)
+    after = by_name(doctor())
+    assert after["replica identity"].ok, after["replica identity"]
+    assert after["publication"].ok, after["publication"]
+
+
+def test_full_is_never_advised_where_postgresql_18_would_reject_updates():
+    def table(name, identity="d", key=False, index=None, stored=False, virtual=False):
+        return TableInfo("s", name, True, identity, key, True, True, False, index, stored, virtual)
+
+    def advice(t, version=180006, publishes=False):
+        result = identity_advice(
+            None, t, server_version=version, publication="p", publishes_generated=publishes
+        )
+        return None if result is None else result.statements
+
+    assert advice(table("keyed", key=True)) is None
+    assert advice(table("by_index", index="t_code_key")) == (
+        'ALTER TABLE "s"."by_index" REPLICA IDENTITY USING INDEX "t_code_key";',
+    )
+    stored = advice(table("g", stored=True))
+    assert stored[1] == 'ALTER PUBLICATION "p" SET (publish_generated_columns = stored);'
+    assert stored[-1] == 'ALTER TABLE "s"."g" REPLICA IDENTITY FULL;'
+    assert advice(table("g", stored=True), publishes=True)[-1].endswith("IDENTITY FULL;")
+    assert advice(table("g", stored=True), version=170000)[-1].endswith("IDENTITY FULL;")
+    assert all(line.startswith("--") for line in advice(table("v", virtual=True)))
+    assert advice(table("f", "f", key=True, stored=True)) == (
+        'ALTER TABLE "s"."f" REPLICA IDENTITY DEFAULT;',
+    )
+    assert advice(table("f", "f", stored=True), publishes=True) is None
