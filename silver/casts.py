@@ -104,6 +104,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -241,6 +242,74 @@ class PgType:
     """For arrays: the element type's oid (0 = not an array)."""
     category: str = ""
     """``pg_type.typcategory`` of the (base) type: ``E`` enum, ``A`` array, ..."""
+    target: str = ""
+    """A type override from the configuration (see :func:`override_type`), or "" for the
+    mapping's own type."""
+    infinity: str = ""
+    """Dates and timestamps: what ``infinity`` and ``-infinity`` become (see
+    :data:`INFINITY_POLICIES`); "" is :data:`DEFAULT_INFINITY`."""
+
+
+INFINITY_POLICIES = ("clamp", "null", "error")
+"""``clamp``: Spark's largest and smallest value of the type (9999-12-31 23:59:59.999999 and
+0001-01-01); ``null``: NULL; ``error``: a ``CastError``. Clamped and nulled values are counted
+(see :func:`adjustments`)."""
+DEFAULT_INFINITY = "clamp"
+
+_OVERRIDES = {
+    "string": StringType(),
+    "double": DoubleType(),
+    "float": FloatType(),
+    "bigint": LongType(),
+    "long": LongType(),
+    "int": IntegerType(),
+    "integer": IntegerType(),
+    "smallint": ShortType(),
+    "short": ShortType(),
+}
+_DECIMAL_OVERRIDE = re.compile(r"decimal\((\d{1,2})\s*,\s*(\d{1,2})\)")
+
+
+def override_type(text: str) -> DataType | None:
+    """The Spark type a configured override names (``string``, ``double``, ``float``,
+    ``bigint``, ``int``, ``smallint``, ``decimal(p,s)`` with 1 <= p <= 38 and s <= p), or None."""
+    name = text.strip().lower()
+    if name in _OVERRIDES:
+        return _OVERRIDES[name]
+    match = _DECIMAL_OVERRIDE.fullmatch(name)
+    if match:
+        precision, scale = int(match[1]), int(match[2])
+        if 1 <= precision <= _MAX_DECIMAL_PRECISION and scale <= precision:
+            return DecimalType(precision, scale)
+    return None
+
+
+def override_problem(t: PgType, text: str) -> str | None:
+    """Why a column of type ``t`` cannot be read as the override ``text``; None if it can.
+    Any type reads as ``string``; numbers (numeric, integers, floats) as ``double`` or
+    ``float``; numeric and integers as ``decimal(p,s)``; integers as another integer type."""
+    target = override_type(text)
+    if target is None:
+        return (
+            f"unknown type {text!r} (string, double, float, bigint, int, smallint or "
+            "decimal(p,s) with p <= 38)"
+        )
+    if isinstance(target, StringType):
+        return None
+    oid = _base_oid(t)
+    source = t.type_name or str(oid)
+    if _element(t) is not None:
+        return f"an array ({source}) can only be read as string"
+    integer = oid in (INT2, INT4, INT8, OID)
+    if isinstance(target, (DoubleType, FloatType)) and (
+        integer or oid in (NUMERIC, FLOAT4, FLOAT8)
+    ):
+        return None
+    if isinstance(target, DecimalType) and (integer or oid == NUMERIC):
+        return None
+    if isinstance(target, (LongType, IntegerType, ShortType)) and integer:
+        return None
+    return f"{source} cannot be read as {text}"
 
 
 def pg_type_of(column: Any) -> PgType:
@@ -260,6 +329,8 @@ def pg_type_of(column: Any) -> PgType:
         base_type_oid=int(get("base_type_oid", 0)),
         element_type_oid=int(get("element_type_oid", 0)),
         category=str(get("category", "")),
+        target=str(get("target", "")),
+        infinity=str(get("infinity", "")),
     )
 
 
@@ -311,6 +382,11 @@ def decimal_type(typmod: int) -> DecimalType:
 
 def spark_type(t: PgType) -> DataType:
     """The Spark type a column of PostgreSQL type ``t`` becomes."""
+    if t.target:
+        target = override_type(t.target)
+        if target is None:
+            raise ValueError(override_problem(t, t.target))
+        return target
     element = _element(t)
     if element is not None:
         if _base_oid(element) in NON_COMMA_DELIMITED:
@@ -443,23 +519,38 @@ def _float_caster(target: DataType) -> Caster:
     return cast
 
 
-def _numeric_value(text: Column, target: DecimalType) -> Column:
+def _significant_decimals(text: Column) -> Column:
+    return F.length(F.regexp_replace(F.regexp_extract(text, r"\.([0-9]*)\z", 1), r"0+\z", ""))
+
+
+def _numeric_value(text: Column, target: DecimalType, rounding: bool = False) -> Column:
     valid = text.rlike(_NUMERIC)
     whole = F.regexp_extract(text, r"^-?0*([0-9]*)", 1)
-    fraction = F.regexp_replace(F.regexp_extract(text, r"\.([0-9]*)\z", 1), r"0+\z", "")
-    fits = (F.length(whole) <= target.precision - target.scale) & (
-        F.length(fraction) <= target.scale
-    )
+    fits = F.length(whole) <= target.precision - target.scale
+    if not rounding:
+        fits = fits & (_significant_decimals(text) <= target.scale)
     return F.when(valid & fits, text.try_cast(target))
 
 
-def _numeric_caster(target: DecimalType) -> Caster:
-    """Exact only: the digits must fit, trailing zeros after the scale aside; never rounded."""
+def _rounds(t: PgType) -> bool:
+    """Whether a numeric column's values may hold more decimals than its Spark type: an
+    unconstrained numeric, a scale above 38, or an override. Those are rounded as Spark's CAST
+    rounds (half up) and counted; a constrained numeric's values always fit exactly."""
+    if t.target:
+        return True
+    if t.typmod < 4:
+        return True
+    return (((t.typmod - 4) & 0x7FF) ^ 0x400) - 0x400 > _MAX_DECIMAL_PRECISION
+
+
+def _numeric_caster(target: DecimalType, rounding: bool = False) -> Caster:
+    """The integer digits must fit; the decimals too, trailing zeros aside, unless
+    ``rounding`` (see :func:`_rounds`), where extra decimals are rounded half up."""
 
     def cast(text: Column) -> Column:
         return _pair(
             text,
-            _numeric_value(text, target),
+            _numeric_value(text, target, rounding),
             lambda v: (
                 F.when(
                     text.isin("NaN", "Infinity", "-Infinity"),
@@ -488,24 +579,69 @@ def _cast_bytea(text: Column) -> Column:
     )
 
 
-def _datetime_value(text: Column, target: DataType, full_pattern: str) -> Column:
-    return F.when(text.rlike(full_pattern), text.try_cast(target))
+_INFINITE = ("infinity", "-infinity")
+_EXTREMES = {
+    "date": ("9999-12-31", "0001-01-01"),
+    "timestamp": ("9999-12-31 23:59:59.999999", "0001-01-01 00:00:00"),
+    "timestamptz": ("9999-12-31 23:59:59.999999+00", "0001-01-01 00:00:00+00"),
+}
 
 
-def _datetime_caster(pattern: str, target: DataType, label: str) -> Caster:
-    """Dates and timestamps: the ISO form with a four-digit year, or a definite error."""
+def _datetime_value(
+    text: Column, target: DataType, full_pattern: str, clamp: str | None = None
+) -> Column:
+    """The value of an ISO text; with ``clamp`` (a label of :data:`_EXTREMES`), ``infinity``
+    and ``-infinity`` are the type's largest and smallest values."""
+    value = F.when(text.rlike(full_pattern), text.try_cast(target))
+    if clamp is None:
+        return value
+    largest, smallest = _EXTREMES[clamp]
+    return (
+        F.when(text == "infinity", _lit(largest).cast(target))
+        .when(text == "-infinity", _lit(smallest).cast(target))
+        .otherwise(value)
+    )
+
+
+def _infinity(t: PgType) -> str:
+    return t.infinity or DEFAULT_INFINITY
+
+
+def _nulled(t: PgType) -> Callable[[Column], Column] | None:
+    """For a date or timestamp column whose infinities become NULL: which texts those are
+    (a NULL value from such a text is no error)."""
+    if t.target or _element(t) is not None or _base_oid(t) not in (DATE, TIMESTAMP, TIMESTAMPTZ):
+        return None
+    if _infinity(t) != "null":
+        return None
+    return lambda text: text.isin(*_INFINITE)
+
+
+def _datetime_caster(pattern: str, target: DataType, label: str, infinity: str = "error") -> Caster:
+    """Dates and timestamps: the ISO form with a four-digit year, or a definite error;
+    ``infinity`` says what ``±infinity`` become (see :data:`INFINITY_POLICIES`)."""
     spark_range = f"outside {_label(target)}'s range (years 1 to 9999)"
     full_pattern = "^" + pattern + _END
+    clamp = label if infinity == "clamp" else None
 
     def cast(text: Column) -> Column:
+        if infinity == "null":
+            return F.when(
+                text.isin(*_INFINITE),
+                F.struct(_lit(None).cast(target).alias("value"), _no_error().alias("error")),
+            ).otherwise(exact(text))
+        return exact(text)
+
+    def exact(text: Column) -> Column:
         return _pair(
             text,
-            _datetime_value(text, target, full_pattern),
+            _datetime_value(text, target, full_pattern, clamp),
             lambda v: (
                 F.when(
-                    text.isin("infinity", "-infinity"),
+                    text.isin("infinity", "-infinity") & _lit(clamp is None),
                     F.concat(_lit(f"{label} "), text, _lit(f" is {spark_range}")),
                 )
+                .when(text.isin("infinity", "-infinity"), _no_error())
                 .when(text.endswith(" BC"), _lit(f"{label} BC is {spark_range}"))
                 .when(text.rlike(r"^[0-9]{5,}-"), _lit(f"{label} after year 9999 is {spark_range}"))
                 .when(~text.rlike(full_pattern), _lit(f"invalid {label} text"))
@@ -647,7 +783,29 @@ def _array_element(token: Column) -> Column:
     )
 
 
+def _override_caster(target: DataType) -> Caster:
+    if isinstance(target, DecimalType):
+        return _numeric_caster(target, rounding=True)
+    if isinstance(target, (DoubleType, FloatType)):
+        return _float_caster(target)
+    if isinstance(target, (LongType, IntegerType, ShortType)):
+        return _integer_caster(target)
+    return _cast_string
+
+
+def _override_plain(target: DataType) -> Callable[[Column], Column]:
+    if isinstance(target, DecimalType):
+        return functools.partial(_rounding_number, target=target)
+    if isinstance(target, (DoubleType, FloatType)):
+        return lambda text: _float_value(text, target).cast(target)
+    if isinstance(target, (LongType, IntegerType, ShortType)):
+        return functools.partial(_canonical_number, target=target)
+    return lambda text: text
+
+
 def _caster(t: PgType) -> Caster:
+    if t.target:
+        return _override_caster(spark_type(t))
     element = _element(t)
     if element is not None:
         if _base_oid(element) in NON_COMMA_DELIMITED:
@@ -657,7 +815,7 @@ def _caster(t: PgType) -> Caster:
     target = spark_type(t)
     if oid == NUMERIC:
         assert isinstance(target, DecimalType)
-        return _numeric_caster(target)
+        return _numeric_caster(target, rounding=_rounds(t))
     if oid == BOOL:
         return _cast_bool
     if oid in (INT2, INT4, INT8, OID):
@@ -667,11 +825,11 @@ def _caster(t: PgType) -> Caster:
     if oid == BYTEA:
         return _cast_bytea
     if oid == DATE:
-        return _datetime_caster(_DATE, target, "date")
+        return _datetime_caster(_DATE, target, "date", _infinity(t))
     if oid == TIMESTAMP:
-        return _datetime_caster(_DATE + _TIME, target, "timestamp")
+        return _datetime_caster(_DATE + _TIME, target, "timestamp", _infinity(t))
     if oid == TIMESTAMPTZ:
-        return _datetime_caster(_DATE + _TIME + _OFFSET, target, "timestamptz")
+        return _datetime_caster(_DATE + _TIME + _OFFSET, target, "timestamptz", _infinity(t))
     if oid == INTERVAL:
         return _cast_interval
     return _cast_string
@@ -680,7 +838,10 @@ def _caster(t: PgType) -> Caster:
 def _plain_value(t: PgType) -> Callable[[Column], Column] | None:
     """The typed value of a scalar type as a plain expression (no lambda functions, so Spark
     generates code for it), exactly the value of :func:`_caster`'s pair; None for the types
-    only the full cast handles (arrays, interval). NULL for a non-NULL text means an error."""
+    only the full cast handles (arrays, interval). NULL for a non-NULL text means an error
+    (or, for a column whose infinities become NULL, see :func:`_nulled`)."""
+    if t.target:
+        return _override_plain(spark_type(t))
     element = _element(t)
     if element is not None:
         if _base_oid(element) in NON_COMMA_DELIMITED:
@@ -692,6 +853,8 @@ def _plain_value(t: PgType) -> Callable[[Column], Column] | None:
     target = spark_type(t)
     if oid == NUMERIC:
         assert isinstance(target, DecimalType)
+        if _rounds(t):
+            return functools.partial(_rounding_number, target=target)
         return functools.partial(_canonical_number, target=target)
     if oid == BOOL:
         return _bool_value
@@ -708,7 +871,7 @@ def _plain_value(t: PgType) -> Callable[[Column], Column] | None:
     }
     if oid in patterns:
         full_pattern = "^" + patterns[oid] + _END
-        return lambda text: _datetime_value(text, target, full_pattern).cast(target)
+        return functools.partial(_datetime_plain, target=target, full_pattern=full_pattern)
     if oid == INTERVAL:
         return None
     return lambda text: text
@@ -750,11 +913,25 @@ def _canonical_number(text: Column, target: DataType) -> Column:
     return F.when(value.cast(StringType()) == text, value)
 
 
+def _rounding_number(text: Column, target: DecimalType) -> Column:
+    """A number with at most the target's scale of decimals; NULL for one with more (the full
+    cast rounds it, and silver counts it) or one that does not cast."""
+    decimals = F.length(F.substring_index(text, ".", -1))
+    return F.when(~text.contains(".") | (decimals <= target.scale), text.try_cast(target))
+
+
+def _datetime_plain(text: Column, target: DataType, full_pattern: str) -> Column:
+    """An ISO date or timestamp; NULL for anything else, ``±infinity`` included (the full cast
+    applies the column's policy to those, and silver counts them)."""
+    return _datetime_value(text, target, full_pattern).cast(target)
+
+
 def _is_partial(plain: Callable[[Column], Column] | None) -> bool:
     """Whether a plain value is NULL for texts it does not handle (the full cast decides those)
     rather than only for texts that do not cast."""
     return plain is _simple_text_array or (
-        isinstance(plain, functools.partial) and plain.func is _canonical_number
+        isinstance(plain, functools.partial)
+        and plain.func in (_canonical_number, _rounding_number, _datetime_plain)
     )
 
 
@@ -829,8 +1006,12 @@ def cast_values(df: DataFrame, values_col: str, columns: Sequence[tuple[str, PgT
         ),
     )
 
+    nulled = {p: _nulled(t) for p, (_, t) in enumerate(columns)}
+
     def failed(p: int) -> Column:
-        return F.get(values, p).isNotNull() & column(value_names[p]).isNull()
+        text = F.get(values, p)
+        out = text.isNotNull() & column(value_names[p]).isNull()
+        return out & ~nulled[p](text) if nulled[p] else out
 
     def any_failed(group: list[int]) -> Column:
         return functools.reduce(lambda a, b: a | b, (failed(p) for p in group))
@@ -992,3 +1173,25 @@ def _unused_prefix(taken: Sequence[str]) -> str:
 def column(name: str) -> Column:
     """A reference to the column called ``name``, whatever characters the name has."""
     return F.col("`" + name.replace("`", "``") + "`")
+
+
+def adjustments(columns: Sequence[tuple[str, PgType]]) -> list[tuple[str, str, Callable]]:
+    """``(column, code, test)`` for each column whose values may be adjusted by a declared
+    rule rather than kept exactly: ``Rounded`` (more decimals than the column's Spark decimal,
+    see :func:`_rounds`), ``Clamped`` or ``Nulled`` (``±infinity`` in a date or timestamp).
+    ``test(text)`` is whether a value's text is adjusted. Silver counts them per run."""
+    out = []
+    for name, t in columns:
+        if _element(t) is not None and not t.target:
+            continue
+        target = spark_type(t)
+        oid = _base_oid(t)
+        if isinstance(target, DecimalType) and oid == NUMERIC and _rounds(t):
+            scale = target.scale
+            out.append((name, "Rounded", lambda text, s=scale: _significant_decimals(text) > s))
+        elif not t.target and oid in (DATE, TIMESTAMP, TIMESTAMPTZ):
+            policy = _infinity(t)
+            if policy != "error":
+                code = "Clamped" if policy == "clamp" else "Nulled"
+                out.append((name, code, lambda text: text.isin(*_INFINITE)))
+    return out

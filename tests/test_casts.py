@@ -4,6 +4,7 @@ the values that must fail, and PostgreSQL array literals parsed back element for
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import date, datetime
 from decimal import Decimal
 
@@ -14,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 from pyspark.sql import Row
+from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -42,7 +44,9 @@ from silver.casts import (
     SUSPECT_COLUMN,
     UNCONSTRAINED_NUMERIC,
     PgType,
+    adjustments,
     cast_values,
+    override_problem,
     pg_type_of,
     plain_cast,
     spark_type,
@@ -576,6 +580,8 @@ def test_values_that_do_not_fit_are_errors_not_nulls(spark, db):
     texts = read_as_text(db, "errs")
     columns = schema_types(db, oid)
     columns[-1] = ("g", PgType(23, type_name="integer"))  # PostgreSQL never writes '12x' for int
+    # infinities are errors only by choice (the default clamps them, see test_declared_...)
+    columns = [(n, replace(t, infinity="error")) for n, t in columns]
 
     got = cast_values(text_frame(spark, texts), "payload", columns).orderBy("id").collect()
 
@@ -603,7 +609,6 @@ def test_values_that_do_not_fit_are_errors_not_nulls(spark, db):
     ]
     assert [got[0][name] for name, _ in ERROR_COLUMNS] == [None] * len(ERROR_COLUMNS)
     assert errors(got[1]) == [
-        ("nu", "0.0000000000000000001", "numeric value does not fit DecimalType(38,18)"),
         ("d", "infinity", "date infinity is outside DateType's range (years 1 to 9999)"),
         (
             "ts",
@@ -623,8 +628,9 @@ def test_values_that_do_not_fit_are_errors_not_nulls(spark, db):
         ),
         ("g", "99999999999", "integer out of range for IntegerType"),
     ]
-    # the row's other values still cast
+    # the row's other values still cast; an unconstrained numeric's extra decimals round
     assert (got[1]["n"], got[1]["iv"]) == (Decimal("1.50"), interval(0, 1, 0))
+    assert got[1]["nu"] == Decimal("0E-18")
     assert [e.column_name for e in got[2][CAST_ERRORS_COLUMN]] == ["nu", "d", "tz", "iv"]
     assert (
         got[2][CAST_ERRORS_COLUMN][0].message == "numeric Infinity does not fit DecimalType(38,18)"
@@ -696,7 +702,8 @@ PLAIN_ROWS = [
     (3, [None] * 9, False),
     # texts the full cast still casts cleanly, or that it turns into errors
     (4, ["1", "12.5", None, None, None, None, None, None, None], True),  # not numeric's form
-    (5, ["1", None, "1.5", None, None, None, None, None, None], True),  # unconstrained numeric
+    (5, ["1", None, "1.5", None, None, None, None, None, None], False),  # unconstrained numeric
+    (12, ["1", None, "0.12345678901234567890", None, None, None, None, None, None], True),
     (6, ["1", None, None, None, None, None, None, None, "{a,NULL}"], True),
     (7, ["1", "NaN", None, None, None, None, None, None, None], True),
     (8, ["x1", None, None, None, None, None, None, None, None], True),
@@ -724,10 +731,11 @@ def test_plain_cast_settles_exactly_what_it_can(spark):
 
     full = cast_values(df, "payload", PLAIN_COLUMNS)
     clean = [r["id"] for r in full.collect() if not r[CAST_ERRORS_COLUMN]]
-    assert set(clean) == {1, 2, 3, 4, 5, 6}  # 4, 5, 6 cast cleanly, through the full cast
+    # 4, 6, 9 and 12 cast cleanly through the full cast (12 rounded, 9's infinity clamped)
+    assert set(clean) == {1, 2, 3, 4, 5, 6, 9, 12}
     assert_df_equality(
         staged.where(~staged[SUSPECT_COLUMN]).select("id", *names),
-        full.where("id IN (1, 2, 3)").select("id", *names),
+        full.where("id IN (1, 2, 3, 5)").select("id", *names),
         ignore_nullable=True,
         allow_nan_equality=True,
         ignore_row_order=True,
@@ -788,3 +796,107 @@ def test_postgres_text_array_literals_parse_back(spark, db, arrays):
     assert [(row["a"], row[CAST_ERRORS_COLUMN]) for row in got.collect()] == [
         (array, []) for array in arrays
     ]
+
+
+def test_declared_adjustments_and_overrides(spark):
+    """Rounding of numerics wider than their Spark decimal, each infinity policy, and type
+    overrides: the values are the declared ones (Spark's own CAST rounding, half up), no
+    error, and ``adjustments`` tells silver which texts to count."""
+    ts, tz, d = PgType(1114), PgType(1184), PgType(1082)
+    columns = [
+        ("nu", PgType(1700)),
+        ("wide", PgType(1700, typmod=(60 << 16 | 40) + 4)),  # numeric(60,40)
+        ("ratio", PgType(1700, target="decimal(38,30)")),
+        ("as_text", PgType(1700, target="string")),
+        ("as_double", PgType(1700, target="double")),
+        ("big", PgType(23, target="bigint")),
+        ("clamp", ts),
+        ("nulled", replace(tz, infinity="null")),
+        ("day", d),
+    ]
+    rows = [
+        (
+            1,
+            [
+                "0.14285714285714285714",
+                "0." + "5" * 40,
+                "0.142857142857142857142857142857142857",
+                "0.14285714285714285714",
+                "0.25",
+                "7",
+                "infinity",
+                "infinity",
+                "-infinity",
+            ],
+        ),
+        (
+            2,
+            [
+                "-0.99999999999999999999",
+                "0.5",
+                "1",
+                "1.10",
+                "NaN",
+                "-7",
+                "-infinity",
+                "-infinity",
+                "2024-02-29",
+            ],
+        ),
+        (3, ["2", "0.25", "2", None, "1e3", None, "2024-01-01 00:00:00", None, "infinity"]),
+    ]
+    full = cast_values(text_frame(spark, rows), "payload", columns).orderBy("id").collect()
+    assert [r[CAST_ERRORS_COLUMN] for r in full] == [[], [], []]
+    first, second, third = full
+    assert first["nu"] == Decimal("0.142857142857142857")
+    assert second["nu"] == Decimal("-1.000000000000000000")
+    assert first["wide"] == Decimal("0." + "5" * 37 + "6")  # numeric(60,40): decimal(38,38)
+    assert first["ratio"] == Decimal("0.142857142857142857142857142857")
+    assert (first["as_text"], second["as_text"]) == ("0.14285714285714285714", "1.10")
+    assert first["as_double"] == 0.25 and math.isnan(second["as_double"])
+    assert third["as_double"] == 1000.0
+    assert (first["big"], second["big"]) == (7, -7)
+    assert first["clamp"] == datetime(9999, 12, 31, 23, 59, 59, 999999)
+    assert second["clamp"] == datetime(1, 1, 1)
+    assert (first["nulled"], second["nulled"]) == (None, None)
+    assert (first["day"], second["day"], third["day"]) == (
+        date(1, 1, 1),
+        date(2024, 2, 29),
+        date(9999, 12, 31),
+    )
+    # the plain half leaves every adjusted value to the full cast, and settles the rest
+    staged = plain_cast(text_frame(spark, rows), "payload", columns)
+    assert {r["id"]: r[SUSPECT_COLUMN] for r in staged.collect()} == {1: True, 2: True, 3: True}
+    texts = text_frame(spark, rows)
+    counted = {
+        (name, code): texts.where(test(F.get(F.col("payload"), names.index(name)))).count()
+        for name, code, test in adjustments(columns)
+        for names in [[n for n, _ in columns]]
+    }
+    assert counted == {
+        ("nu", "Rounded"): 2,
+        ("wide", "Rounded"): 1,
+        ("ratio", "Rounded"): 1,
+        ("clamp", "Clamped"): 2,
+        ("nulled", "Nulled"): 2,
+        ("day", "Clamped"): 2,
+    }
+    assert spark_type(PgType(1700, target="decimal(38,30)")) == DecimalType(38, 30)
+
+
+@pytest.mark.parametrize(
+    "pg_type, override, problem",
+    [
+        (PgType(1700, type_name="numeric"), "decimal(38,30)", None),
+        (PgType(1700, type_name="numeric"), "text", "unknown type 'text'"),
+        (PgType(1700, type_name="numeric"), "decimal(39,2)", "unknown type"),
+        (PgType(25, type_name="text"), "double", "text cannot be read as double"),
+        (PgType(1082, type_name="date"), "string", None),
+        (PgType(701, type_name="double precision"), "decimal(10,2)", "cannot be read as"),
+        (PgType(20, type_name="bigint"), "int", None),
+        (PgType(1007, type_name="integer[]", category="A"), "double", "can only be read as"),
+    ],
+)
+def test_override_problems(pg_type, override, problem):
+    got = override_problem(pg_type, override)
+    assert (got is None) if problem is None else (problem in got), got
