@@ -58,6 +58,7 @@ from pyspark.sql import types as T
 from gold.craft import COLUMN_MAPPING
 from gold.quality import (
     NO_DEFINITE_ERRORS,
+    VALUES_ADJUSTED,
     GoldQualityError,
     QualityRecord,
     Rule,
@@ -183,7 +184,8 @@ class TableOutcome:
 
     @property
     def failures(self) -> list[QualityRecord]:
-        return [r for r in self.quality if r.failed]
+        """The rules the table broke (values adjusted by a declared policy are only reported)."""
+        return [r for r in self.quality if r.failed and r.rule != VALUES_ADJUSTED]
 
 
 @dataclass
@@ -257,6 +259,28 @@ def read_errors(spark: SparkSession, cfg: Config, frontier: int) -> dict[tuple, 
         )
         for r in rows
     }
+
+
+def read_adjustments(spark: SparkSession, cfg: Config, run: int) -> dict[int, ErrorSummary]:
+    """Values silver's runs up to ``run`` adjusted by a declared policy (rounded numerics,
+    clamped or nulled infinities), per table OID: counted in ``_quality`` as
+    ``values_adjusted`` (always ``warn``: the user declared them)."""
+    name = cfg.qualified("silver", "_adjustments")
+    if not spark.catalog.tableExists(name):
+        return {}
+    sample = F.struct("column_name", "code", "count", "sample", "run")
+    rows = (
+        spark.table(name)
+        .where((F.col("source") == cfg.source.name) & (F.col("run") <= run))
+        .groupBy("table_oid")
+        .agg(
+            F.sum("count").alias("n"),
+            F.min("first_lsn").alias("first_lsn"),
+            F.to_json(F.slice(F.sort_array(F.collect_list(sample)), 1, SAMPLE_ROWS)).alias("s"),
+        )
+        .collect()
+    )
+    return {r["table_oid"]: ErrorSummary(int(r["n"]), r["first_lsn"], r["s"]) for r in rows}
 
 
 def errors_of(table: SourceTable, errors: dict[tuple, ErrorSummary]) -> ErrorSummary:
@@ -396,6 +420,7 @@ class _Table:
     run: int
     silver_frontier: int
     errors: ErrorSummary
+    adjusted: ErrorSummary = field(default_factory=ErrorSummary)
     policy: str = ""
     columns: list[T.StructField] = field(default_factory=list)
     range_pred: Column | None = None  # touched keys' ranges, on gold's columns
@@ -440,13 +465,14 @@ def build_table(
     errors: ErrorSummary,
     *,
     applied_override: Applied | None | str = "discover",
+    adjusted: ErrorSummary | None = None,
 ) -> TableOutcome:
     """Bring one gold table to silver run ``run`` at ``frontier`` (or hold it; see module doc).
 
     ``applied_override`` replaces what the gold history says was applied (tests use it to act
     as a run whose bookkeeping was lost); Delta's idempotent writes must then skip the commit.
     """
-    t = _Table(spark, cfg, info, run, frontier, errors)
+    t = _Table(spark, cfg, info, run, frontier, errors, adjusted or ErrorSummary())
     errors_record = QualityRecord(
         info.name,
         NO_DEFINITE_ERRORS,
@@ -538,6 +564,18 @@ def _comparable(columns: Sequence[T.StructField], key: Sequence[str]) -> bool:
 def _outcome(
     spark: SparkSession, t: _Table, applied: Applied | None, mode: str, records: list
 ) -> TableOutcome:
+    adjusted = t.adjusted
+    records = [
+        *records,
+        QualityRecord(
+            t.info.name,
+            VALUES_ADJUSTED,
+            "warn",
+            failed=adjusted.count,
+            passed=0 if adjusted.count else 1,
+            sample=adjusted.sample,
+        ),
+    ]
     return TableOutcome(
         table=t.info,
         gold_table=plain_name(t.cfg, "gold", t.info.silver_table),
@@ -853,8 +891,17 @@ def run_gold(spark: SparkSession, cfg: Config) -> GoldResult:
     run, frontier = progress
     ensure_gold_tables(spark, cfg)
     errors = read_errors(spark, cfg, frontier)
+    adjusted = read_adjustments(spark, cfg, run)
     outcomes = [
-        build_table(spark, cfg, info, run, frontier, errors_of(info, errors))
+        build_table(
+            spark,
+            cfg,
+            info,
+            run,
+            frontier,
+            errors_of(info, errors),
+            adjusted=adjusted.get(info.table_oid),
+        )
         for info in read_tables(spark, cfg)
     ]
     failpoint("gold.before_reports")

@@ -3,6 +3,9 @@
 Rules per gold table (names as they appear in ``<gold schema>._quality``):
 
 ``no_definite_errors``         silver's ``_errors`` has no row for the table below the frontier
+``values_adjusted``            how many values a declared policy changed (numerics rounded to
+                               their Spark decimal, infinities clamped or nulled); always
+                               ``warn``: reported, never holding the table
 ``primary_key_not_null``       no key column is NULL                      (keyed tables)
 ``primary_key_unique``         a key has at most one row                  (keyed tables)
 ``not_null_<column>``          the source's NOT NULL columns are not NULL
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 from pgmedallion.pipelines import Expectation
 
 NO_DEFINITE_ERRORS = "no_definite_errors"
+VALUES_ADJUSTED = "values_adjusted"
 PK_NOT_NULL = "primary_key_not_null"
 PK_UNIQUE = "primary_key_unique"
 MULT_NOT_NEGATIVE = "multiplicity_not_negative"

@@ -68,14 +68,18 @@ def cmd_sdp(config: Config, args: argparse.Namespace) -> int:
 def _checks(config: Config):
     """The ``doctor`` checks for the configured source (``run`` and ``capture`` run them first)."""
     from capture.provision import run_checks
+    from pgmedallion.checks import check_column_policies
 
-    return run_checks(
-        config.source.conninfo(),
-        publication=config.source.publication,
-        slot=config.source.slot,
-        tables=list(config.source.tables),
-        create_publication=config.source.create_publication,
-    )
+    return [
+        *run_checks(
+            config.source.conninfo(),
+            publication=config.source.publication,
+            slot=config.source.slot,
+            tables=list(config.source.tables),
+            create_publication=config.source.create_publication,
+        ),
+        check_column_policies(config),
+    ]
 
 
 def _preflight(config: Config, command: str) -> bool:

@@ -28,12 +28,22 @@
     [tables."public.orders"]
     on_error = "fail"              # fail | quarantine | warn  (gold's policy for definite errors)
     truncate = "error"             # error | delete  (TRUNCATE: an error, or delete every row)
+    infinity = "clamp"             # clamp | null | error  (±infinity dates and timestamps)
+
+    [tables."public.orders".columns]
+    ratio = "decimal(38,30)"       # a type override: string, double, float, bigint, int,
+                                   # smallint or decimal(p,s)
+    valid_to = { infinity = "null" }                   # a column's own infinity policy
+    amount = { type = "double", infinity = "error" }   # (both keys are optional)
 
 Precedence, lowest first: built-in defaults, the file, ``PGMEDALLION_*`` variables
 (``PGMEDALLION_SOURCE_SLOT=...``, ``PGMEDALLION_LAKEHOUSE_GOLD_SCHEMA=...``). Connection keys left
 unset are filled by libpq from ``PGHOST``, ``PGPORT``, ``PGUSER``, ``PGDATABASE``, ``PGPASSWORD``...
 A malformed file or value is a ``ConfigError`` that names the key; the password is never part of
-any message or ``repr``.
+any message or ``repr``. A column policy naming a column the table does not have, or a type its
+values cannot take, is checked against the source's catalog before a run writes anything
+(:func:`pgmedallion.checks.check_column_policies`). Column policies apply from a table's
+snapshot on: changing one takes effect with ``pgmedallion resync``.
 
 The password, first found wins: the ``password`` field (set only by code), then the Databricks
 secret ``password_secret_scope``/``password_secret_key`` (read when a connection is made, so the
@@ -55,6 +65,21 @@ DEFAULT_FILE = "pgmedallion.toml"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 ON_ERROR = ("fail", "quarantine", "warn")
 TRUNCATE = ("error", "delete")
+INFINITY = ("clamp", "null", "error")
+TYPE_OVERRIDES = ("string", "double", "float", "bigint", "long", "int", "integer", "smallint")
+_DECIMAL = re.compile(r"decimal\((\d{1,2})\s*,\s*(\d{1,2})\)")
+
+
+def parse_type_override(text: str) -> tuple[str, int, int] | None:
+    """``(name, precision, scale)`` of a column type override (precision and scale 0 except for
+    ``decimal(p,s)``, 1 <= p <= 38, s <= p), or None for anything else."""
+    name = text.strip().lower()
+    if name in TYPE_OVERRIDES:
+        return name, 0, 0
+    match = _DECIMAL.fullmatch(name)
+    if match and 1 <= int(match[1]) <= 38 and int(match[2]) <= int(match[1]):
+        return "decimal", int(match[1]), int(match[2])
+    return None
 
 
 class ConfigError(ValueError):
@@ -62,9 +87,24 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class ColumnPolicy:
+    type: str = ""
+    """A type override (see ``silver.casts.override_type``); "" keeps the mapping's type."""
+    infinity: str = ""
+    """What ``±infinity`` becomes in a date or timestamp column; "" is the table's policy."""
+
+
+@dataclass(frozen=True)
 class TablePolicy:
     on_error: str = "fail"
     truncate: str = "error"
+    infinity: str = "clamp"
+    columns: Mapping[str, ColumnPolicy] = field(default_factory=dict)
+
+    def column(self, name: str) -> ColumnPolicy:
+        """The column's policy, its infinity policy falling back to the table's."""
+        own = self.columns.get(name, ColumnPolicy())
+        return replace(own, infinity=own.infinity or self.infinity)
 
 
 @dataclass(frozen=True)
@@ -194,6 +234,8 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
             return int(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{where} must be an integer, got {value!r}") from None
+    if isinstance(default, Mapping):
+        return value
     if isinstance(default, tuple):
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
@@ -254,5 +296,34 @@ def load_config(path: Path | str | None = None, env: Mapping[str, str] | None = 
             raise ConfigError(f"[tables.{table!r}] on_error must be one of {ON_ERROR}")
         if p.truncate not in TRUNCATE:
             raise ConfigError(f"[tables.{table!r}] truncate must be one of {TRUNCATE}")
-        tables[table] = p
+        if p.infinity not in INFINITY:
+            raise ConfigError(f"[tables.{table!r}] infinity must be one of {INFINITY}")
+        tables[table] = replace(p, columns=_column_policies(table, p.columns))
     return Config(source=source, lakehouse=lakehouse, tables=tables)
+
+
+def _column_policies(table: str, raw: Any) -> dict[str, ColumnPolicy]:
+    """``[tables."s.t".columns]``: each column a type (a string) or ``{type, infinity}``."""
+    where = f"[tables.{table!r}.columns]"
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where} must be a table of column = type or {{type, infinity}}")
+    out = {}
+    for name, value in raw.items():
+        key = f"{where} {name}"
+        if isinstance(value, str):
+            value = {"type": value}
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key} must be a type name or {{type = ..., infinity = ...}}")
+        unknown = set(value) - {"type", "infinity"}
+        if unknown:
+            raise ConfigError(f"{key}: unknown key(s) {', '.join(sorted(unknown))}")
+        policy = ColumnPolicy(**{k: str(v) for k, v in value.items()})
+        if policy.type and parse_type_override(policy.type) is None:
+            raise ConfigError(
+                f"{key}: unknown type {policy.type!r} (string, double, float, bigint, int, "
+                "smallint or decimal(p,s) with p <= 38)"
+            )
+        if policy.infinity and policy.infinity not in INFINITY:
+            raise ConfigError(f"{key}: infinity must be one of {INFINITY}")
+        out[name] = policy
+    return out

@@ -33,6 +33,7 @@ rewinds: the two commits hold different (row, LSN) pairs (see :func:`_table_run`
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -56,6 +57,7 @@ from silver.casts import (
     CAST_ERRORS_COLUMN,
     SUSPECT_COLUMN,
     PgType,
+    adjustments,
     cast_values,
     pg_type_of,
     plain_cast,
@@ -72,6 +74,7 @@ from silver.changes import (
 from silver.copy_sql import PYTHON_CODE, copy_diffs, python_diffs
 from silver.copy_text import CopyDecodeError, InvalidCopyInput, decode_copy_row
 from silver.identity import COLUMNS, KIND, ORDINAL, resolve_previous_images
+from silver.policies import with_policies
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +99,13 @@ PLANS_DDL = (
     "frontier BIGINT NOT NULL, batch_from BIGINT NOT NULL, batch_to BIGINT NOT NULL, "
     "planned_at TIMESTAMP NOT NULL"
 )
+ADJUSTMENTS_DDL = (
+    "source STRING NOT NULL, table_oid BIGINT NOT NULL, table_schema STRING, table_name STRING, "
+    "run BIGINT NOT NULL, column_name STRING NOT NULL, code STRING NOT NULL, "
+    "count BIGINT NOT NULL, first_lsn BIGINT, sample STRING, detected_at TIMESTAMP NOT NULL"
+)
+"""Values a declared policy changed instead of keeping exactly (``Rounded``, ``Clamped``,
+``Nulled``), counted per table, column and run; gold reports them in ``_quality``."""
 RELATIONS_DDL = (
     "source STRING NOT NULL, relid BIGINT NOT NULL, lsn BIGINT NOT NULL, ordinal BIGINT NOT NULL, "
     "payload BINARY NOT NULL, run BIGINT NOT NULL"
@@ -173,6 +183,7 @@ class _Names:
         q = lambda name: cfg.qualified("silver", name)  # noqa: E731
         self.tables, self.errors, self.progress = q("_tables"), q("_errors"), q("_progress")
         self.plans, self.relations = q("_plans"), q("_relations")
+        self.adjustments = q("_adjustments")
         self.bronze = cfg.qualified("bronze", "bronze")
         self.table = q
         parts = [p for p in (cfg.lakehouse.catalog, cfg.lakehouse.silver_schema) if p]
@@ -210,6 +221,7 @@ def ensure_silver_tables(spark: SparkSession, cfg: Config) -> None:
         (n.progress, PROGRESS_DDL),
         (n.plans, PLANS_DDL),
         (n.relations, RELATIONS_DDL),
+        (n.adjustments, ADJUSTMENTS_DDL),
     ):
         spark.sql(f"CREATE TABLE IF NOT EXISTS {table} ({ddl}) USING DELTA")
 
@@ -392,8 +404,11 @@ def _column_entry(c: dict) -> dict:
         "base_type_oid",
         "element_type_oid",
         "category",
+        "target",
+        "infinity",
     )
-    return {k: c.get(k, "" if k in ("type_name", "category") else 0) for k in keys}
+    text = ("type_name", "category", "target", "infinity")
+    return {k: c.get(k, "" if k in text else 0) for k in keys}
 
 
 def _pg_type(c: dict) -> PgType:
@@ -436,7 +451,12 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
     for r in control:
         if r["kind"] == "schema":
             s = json.loads(r["payload"])
-            cols = [_column_entry(c) for c in s["columns"] if not c.get("generated")]
+            qualified = f"{s['schema']}.{s['name']}"
+            cols = with_policies(
+                qualified,
+                cfg.policy(qualified),
+                [_column_entry(c) for c in s["columns"] if not c.get("generated")],
+            )
             old = tables.get(r["table_oid"])
             tables[r["table_oid"]] = TableInfo(
                 oid=r["table_oid"],
@@ -504,6 +524,7 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
         if relid not in tables:
             rels.sort(key=lambda e: (e[0], e[1]))
             first = rels[0][2]
+            policy = cfg.policy(f"{first.namespace or 'pg_catalog'}.{first.name}")
             tables[relid] = TableInfo(
                 oid=relid,
                 schema=first.namespace or "pg_catalog",
@@ -514,7 +535,13 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
                 not_null=[],
                 columns=[
                     _column_entry(
-                        {"name": c.name, "type_oid": c.type_oid, "typmod": c.type_modifier}
+                        {
+                            "name": c.name,
+                            "type_oid": c.type_oid,
+                            "typmod": c.type_modifier,
+                            "target": policy.column(c.name).type,
+                            "infinity": policy.column(c.name).infinity,
+                        }
                     )
                     for c in first.columns
                 ],
@@ -539,10 +566,20 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
             if layout.positions is None and lsn >= f_from:
                 errors.append((oid, lsn, "SchemaIncompatible", None, None, layout.problem))
         known = {c["name"] for c in info.columns}
+        policy = cfg.policy(info.qualified_name)
         for c in final:
             if c.name not in known:
+                own = policy.column(c.name)
                 info.columns.append(
-                    _column_entry({"name": c.name, "type_oid": c.type_oid, "typmod": c.typmod})
+                    _column_entry(
+                        {
+                            "name": c.name,
+                            "type_oid": c.type_oid,
+                            "typmod": c.typmod,
+                            "target": own.type,
+                            "infinity": own.infinity,
+                        }
+                    )
                 )
         layouts[oid] = (
             LayoutIndex(
@@ -573,6 +610,7 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
     copy_rows = in_batches.where(F.col("kind") == "copy").select("table_oid", "lsn", "payload")
 
     rows: dict[str, int] = {}
+    adjusted: list[tuple] = []  # (table_oid, column, code, count, first_lsn, sample)
     truncate_at: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for lsn, ordinal, msg in truncates:
         assert isinstance(msg, Truncate)
@@ -586,7 +624,7 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
                 errors.append(
                     (oid, lsn, "TableTruncated", None, None, f"{info.qualified_name} was truncated")
                 )
-        count, cast_errors = _table_run(
+        count, cast_errors, table_adjusted = _table_run(
             spark,
             cfg,
             n,
@@ -599,6 +637,7 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
         )
         rows[info.qualified_name] = count
         errors.extend(cast_errors)
+        adjusted += [(oid, *a) for a in table_adjusted]
 
     if errors:
         err_df = spark.createDataFrame(
@@ -621,6 +660,16 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
             "code string, column_name string, raw string, message string, run long",
         ).withColumn("detected_at", F.current_timestamp())
         _append(err_df, n.errors, source, run)
+    if adjusted:
+        adj_df = spark.createDataFrame(
+            [
+                (source, oid, tables[oid].schema, tables[oid].name, run, *rest)
+                for oid, *rest in adjusted
+            ],
+            "source string, table_oid long, table_schema string, table_name string, run long, "
+            "column_name string, code string, count long, first_lsn long, sample string",
+        ).withColumn("detected_at", F.current_timestamp())
+        _append(adj_df, n.adjustments, source, run)
     if window_relations:
         rel_df = spark.createDataFrame(
             [(source, decode(p).relid, lsn, o, p, run) for lsn, o, p in window_relations],
@@ -668,6 +717,8 @@ class CastRows:
     """The table's decode errors and ``CastError`` records, each ``(table_oid, lsn, code,
     column, raw, message)``."""
     cached: list[DataFrame]
+    adjusted: list[tuple] = dataclasses.field(default_factory=list)
+    """Values a declared policy changed: ``(column, code, count, first_lsn, sample)``."""
 
     def unpersist(self) -> None:
         for df in self.cached:
@@ -759,15 +810,16 @@ def cast_diffs(info: TableInfo, diffs: TableDiffs, changes: bool = False) -> Cas
     parts = [staged.where(~F.col(SUSPECT_COLUMN)).select(*_out(info, changes))] if plain else []
     cached, errors = [staged], []
     unsettled = _cast_unsettled(info, diffs, staged.where(F.col(SUSPECT_COLUMN)), changes)
+    adjusted = []
     if unsettled is not None:
         parts.append(unsettled.rows)
         cached += unsettled.cached
-        errors = unsettled.errors
+        errors, adjusted = unsettled.errors, unsettled.adjusted
     if not parts:  # no rows at all, and no plain values to give the typed columns' schema
         kept = ("values", _LSN, _DIFF, *(_CHANGE_COLUMNS if changes else ()))
         empty = base.where(F.lit(False)).select(*kept)
         parts.append(cast_values(empty, "values", columns).select(*_out(info, changes)))
-    return CastRows(functools.reduce(DataFrame.unionByName, parts), errors, cached)
+    return CastRows(functools.reduce(DataFrame.unionByName, parts), errors, cached, adjusted)
 
 
 def _cast_unsettled(
@@ -800,7 +852,34 @@ def _cast_unsettled(
     cached.append(full)
     errors += _cast_errors(info, full)
     rows = full.where(F.size(CAST_ERRORS_COLUMN) == 0).select(*_out(info, changes))
-    return CastRows(rows, errors, cached)
+    return CastRows(rows, errors, cached, _adjusted(info, texts))
+
+
+def _adjusted(info: TableInfo, texts: DataFrame) -> list[tuple]:
+    """How many of ``texts``' values a declared policy changed (``silver.casts.adjustments``),
+    per column and kind: ``(column, code, count, first_lsn, sample)``, counts above zero. Only
+    unsettled rows can hold such values (the plain cast settles none of them)."""
+    checks = adjustments(_typed_columns(info))
+    if not checks:
+        return []
+    names = [c["name"] for c in info.columns]
+    aggregates = []
+    for i, (name, _, test) in enumerate(checks):
+        text = F.get(F.col("values"), names.index(name))
+        hit = text.isNotNull() & test(text)
+        aggregates += [
+            F.count_if(hit).alias(f"n{i}"),
+            F.min(F.when(hit, F.col(_LSN))).alias(f"l{i}"),
+            F.array_distinct(F.array(F.min(F.when(hit, text)), F.max(F.when(hit, text)))).alias(
+                f"s{i}"
+            ),
+        ]
+    row = texts.agg(*aggregates).first()
+    return [
+        (name, code, row[f"n{i}"], row[f"l{i}"], json.dumps(row[f"s{i}"]))
+        for i, (name, code, _) in enumerate(checks)
+        if row[f"n{i}"]
+    ]
 
 
 @dataclass
@@ -890,7 +969,7 @@ def _table_run(
     new_snapshot: bool,
     truncates: list[tuple[int, int]],
     identity_keys: tuple[int, ...] | None = None,
-) -> tuple[int, list[tuple]]:
+) -> tuple[int, list[tuple], list[tuple]]:
     """Cast, rewind, truncate, consolidate and append one table's diffs of this run.
 
     Usually in one pass: the rows the plain cast settles are rewound, consolidated and written,
@@ -919,11 +998,12 @@ def _table_run(
         _append_diffs(consolidated, target, cfg.source.name, run)
         late = one.finish()
         errors = late.errors if late is not None else []
+        adjusted = late.adjusted if late is not None else []
         if late is not None:
             rows = _consolidated(info, _diff_parts(info, late.rows, late.rows), run)
             _append_diffs(rows, target, cfg.source.name, run, second=True)
             late.unpersist()
-        return spark.table(target).where(F.col("_run") == run).count(), errors
+        return spark.table(target).where(F.col("_run") == run).count(), errors, adjusted
 
     cast = cast_diffs(info, diffs, changes=resolving)
     ok, errors = cast.rows, cast.errors
@@ -963,7 +1043,7 @@ def _table_run(
     _append_diffs(consolidated, target, cfg.source.name, run)
     count = spark.table(target).where(F.col("_run") == run).count()
     cast.unpersist()
-    return count, errors
+    return count, errors, cast.adjusted
 
 
 def _prior_rows(spark: SparkSession, target: str, run: int, snapshot_lsn: int | None) -> DataFrame:

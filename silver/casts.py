@@ -104,7 +104,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -130,6 +129,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 from pyspark.sql.utils import is_remote
+
+from pgmedallion.config import parse_type_override
 
 # --- PostgreSQL type oids (pg_type, stable since they are built in) -----------------------------
 
@@ -265,23 +266,17 @@ _OVERRIDES = {
     "int": IntegerType(),
     "integer": IntegerType(),
     "smallint": ShortType(),
-    "short": ShortType(),
 }
-_DECIMAL_OVERRIDE = re.compile(r"decimal\((\d{1,2})\s*,\s*(\d{1,2})\)")
 
 
 def override_type(text: str) -> DataType | None:
-    """The Spark type a configured override names (``string``, ``double``, ``float``,
-    ``bigint``, ``int``, ``smallint``, ``decimal(p,s)`` with 1 <= p <= 38 and s <= p), or None."""
-    name = text.strip().lower()
-    if name in _OVERRIDES:
-        return _OVERRIDES[name]
-    match = _DECIMAL_OVERRIDE.fullmatch(name)
-    if match:
-        precision, scale = int(match[1]), int(match[2])
-        if 1 <= precision <= _MAX_DECIMAL_PRECISION and scale <= precision:
-            return DecimalType(precision, scale)
-    return None
+    """The Spark type a configured override names (see
+    :func:`pgmedallion.config.parse_type_override`), or None."""
+    parsed = parse_type_override(text)
+    if parsed is None:
+        return None
+    name, precision, scale = parsed
+    return DecimalType(precision, scale) if name == "decimal" else _OVERRIDES[name]
 
 
 def override_problem(t: PgType, text: str) -> str | None:

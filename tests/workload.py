@@ -28,9 +28,11 @@ keeps its own view of them, with its own ``random.Random`` derived from (seed, b
 What each session writes is therefore a function of the seed alone; only the interleaving of
 commits between sessions varies, and PostgreSQL decides the resulting state, which verify reads.
 
-Values stay inside what the documented casts accept exactly (README "Types"): no infinite or BC
-dates and timestamps, no numeric NaN, unconstrained numerics with at most 20 integer digits and
-18 decimals; float ``-0`` is left out (silver normalises it to ``0``, a documented limitation).
+Values are what applications store, within what the documented casts accept (README "Types"):
+``±infinity`` dates and timestamps (clamped by default), unconstrained numerics from division
+(``n / 7`` keeps 20 decimals; silver rounds them to 18, as declared, and verify compares at that
+type), no BC dates and no numeric NaN; float ``-0`` is left out (silver normalises it to ``0``, a
+documented limitation).
 """
 
 from __future__ import annotations
@@ -226,7 +228,9 @@ class Workload:
             rng.choice(TRICKY_TEXT[1:]) + f" #{key}",
             maybe(Decimal(rng.randint(-(10**13) + 1, 10**13 - 1)) / 100),
             maybe(self._ts(rng)),
-            maybe(rng.choice([date(1, 1, 1), date(9999, 12, 31), date(2000, 2, 29)])),
+            maybe(
+                rng.choice([date(1, 1, 1), date(9999, 12, 31), date(2000, 2, 29), "infinity"])
+            ),
             maybe(Jsonb(meta)),
             maybe(scores),
             maybe(labels),
@@ -243,13 +247,17 @@ class Workload:
 
     def _item(self, rng: random.Random, key: tuple[int, int]) -> tuple:
         price = Decimal(rng.randint(-(10**15), 10**15)) / Decimal(10**6)
+        if rng.random() < 0.3:  # what `amount::numeric / 7` stores: 20 decimals
+            price = (Decimal(rng.randint(-(10**9), 10**9)) / 7).quantize(Decimal("1e-20"))
+        placed = self._ts(rng).replace(tzinfo=None)
+        r = rng.random()
         return (
             key[0],
             key[1],
             None if rng.random() < 0.1 else price,
             self._text(rng),
             rng.choice([-32768, 32767, 0, rng.randint(1, 99)]),
-            None if rng.random() < 0.1 else self._ts(rng).replace(tzinfo=None),
+            None if r < 0.1 else "infinity" if r < 0.15 else "-infinity" if r < 0.2 else placed,
         )
 
     def _event(self, rng: random.Random, sess: int, tag: int, n: int) -> tuple:

@@ -1,0 +1,42 @@
+"""Configuration checks that need the source's catalog: run with ``doctor``, before a run writes.
+
+Column policies (``[tables."s.t".columns]``) name columns and types; whether the table has such
+a column, and whether its values can take the type, is known only from PostgreSQL's catalog.
+"""
+
+from __future__ import annotations
+
+from capture.connection import connect
+from capture.errors import CaptureError
+from capture.provision import CheckResult
+from capture.snapshot import table_schema_at_snapshot
+from pgmedallion.config import Config
+from silver.policies import column_policy_problems
+
+
+def check_column_policies(cfg: Config) -> CheckResult:
+    """Every configured column policy names an existing column and a type it can take."""
+    wanted = {t: p for t, p in cfg.tables.items() if p.columns}
+    if not wanted:
+        return CheckResult("column policies", True, "no column overrides")
+    try:
+        conn = connect(cfg.source.conninfo())
+    except CaptureError as exc:
+        return CheckResult("column policies", False, f"check could not run: {exc}")
+    problems = []
+    with conn:
+        for table, policy in sorted(wanted.items()):
+            schema, _, name = table.partition(".")
+            row = conn.execute(
+                "SELECT c.oid::int8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = %s AND c.relname = %s",
+                (schema, name),
+            ).fetchone()
+            if row is None:
+                problems.append(f'[tables."{table}"]: no such table')
+                continue
+            columns = {c.name: c for c in table_schema_at_snapshot(conn, row[0]).columns}
+            problems += column_policy_problems(table, policy, columns)
+    if problems:
+        return CheckResult("column policies", False, "; ".join(problems))
+    return CheckResult("column policies", True, "every column override fits its column")
