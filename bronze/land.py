@@ -6,7 +6,8 @@
        │
        ├─ slot: must exist once bronze holds anything (else SlotMissing), created otherwise
        ├─ tables captured before that no longer exist ──> TableDropped error records
-       ├─ published tables without a complete snapshot ──> land_snapshot (one commit)
+       ├─ published tables without a complete snapshot, or whose resync was requested
+       │   (``pgmedallion resync``) since their last one ──> land_snapshot (one commit)
        └─ land_stream from bronze's frontier (or the slot's confirmed_flush_lsn)
             read ─> buffer ─> commit batch (with its progress record) ─> ack(frontier)
             triggered: until pg_current_wal_lsn() seen at the start; continuous: until stopped
@@ -911,6 +912,7 @@ def _attempt(
     state = bronze_state(spark, target.bronze, target.source)
     frontier = state.frontier
     captured = {oid: (schema, name) for oid, (_, schema, name) in state.snapshots.items()}
+    resync = state.resync
     repl = connect_replication(target.conninfo)
     try:
         if frontier is not None or captured:
@@ -948,7 +950,7 @@ def _attempt(
         return not wanted or f"{table.schema}.{table.name}" in wanted
 
     published = [t for t in published if is_wanted(t)]
-    pending = [t for t in published if t.oid not in captured]
+    pending = [t for t in published if t.oid not in captured or t.oid in resync]
     if pending and not stop.is_set():
         expected.update((t.oid, t) for t in pending)
         landed = land_snapshot(

@@ -3,7 +3,7 @@
 Columns (documented in the README):
 
     source       the configured source name
-    kind         copy | wal | rewind | schema | error | progress
+    kind         copy | wal | rewind | schema | error | progress | resync
     table_oid    the source table's OID (NULL for Begin/Commit/Truncate messages and progress)
     table_schema, table_name   the source table's schema and name, unquoted
     lsn          wal: the transaction's commit LSN; copy/rewind/schema: the snapshot LSN;
@@ -18,7 +18,10 @@ Columns (documented in the README):
                  as the server sent them (about 1 MiB per record; :func:`copy_lines` splits
                  them); wal: one pgoutput message; schema: JSON;
                  error: JSON ``{"code", "message", "lsn"}``;
-                 progress: JSON ``{"system_id", "timeline"}`` of the server the LSNs belong to
+                 progress: JSON ``{"system_id", "timeline"}`` of the server the LSNs belong to;
+                 resync: JSON ``{"requested_at"}`` (``pgmedallion resync``: snapshot this table
+                 again; a table whose newest resync record is newer than its newest snapshot is
+                 snapshotted by the next capture)
     batch_id     the capture batch that committed the row (Delta txnVersion, per source)
     run_id       the capture attempt that produced it: one snapshot and one streaming session
                  (a retry after a transient error is a new run_id, so "one read" of a
@@ -49,7 +52,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-KINDS = ("copy", "wal", "rewind", "schema", "error", "progress")
+KINDS = ("copy", "wal", "rewind", "schema", "error", "progress", "resync")
 
 BRONZE_DDL = (
     "source STRING NOT NULL, kind STRING NOT NULL, table_oid BIGINT, table_schema STRING, "
@@ -122,11 +125,13 @@ class BronzeState:
     next_batch_id: int
     snapshots: dict[int, tuple[int, str, str]]
     """OID -> (snapshot LSN, schema, name) of every table with a complete snapshot."""
+    resync: frozenset[int] = frozenset()
+    """Tables whose newest resync request is newer than their newest snapshot."""
 
 
 def bronze_state(spark: SparkSession, table: str, source: str) -> BronzeState:
     rows = bronze_rows(spark, table, source).where(
-        F.col("kind").isin("progress", "rewind", "error")
+        F.col("kind").isin("progress", "rewind", "error", "resync")
     )
     progress = F.col("kind") == "progress"
     summary = rows.agg(
@@ -144,20 +149,61 @@ def bronze_state(spark: SparkSession, table: str, source: str) -> BronzeState:
         "payload",
         "batch_id",
     )
-    rewinds = rows.where(F.col("kind") == "rewind").select(
+    rewinds = rows.where(F.col("kind").isin("rewind", "resync")).select(
         "kind", "table_oid", "table_schema", "table_name", "lsn", "payload", "batch_id"
     )
     frontier = identity = None
     next_batch = 0
     snapshots: dict[int, tuple[int, str, str]] = {}
+    newest: dict[tuple[str, int], int] = {}  # (kind, oid) -> newest batch
     for r in summary.unionByName(rewinds).collect():
         if r["kind"] == "state":
             frontier = r["lsn"]
             identity = None if r["payload"] is None else json.loads(bytes(r["payload"]))
             next_batch = 0 if r["batch_id"] is None else r["batch_id"] + 1
-        elif r["table_oid"] not in snapshots or snapshots[r["table_oid"]][0] < r["lsn"]:
+            continue
+        key = (r["kind"], r["table_oid"])
+        newest[key] = max(newest.get(key, -1), r["batch_id"])
+        if r["kind"] == "resync":
+            continue
+        if r["table_oid"] not in snapshots or snapshots[r["table_oid"]][0] < r["lsn"]:
             snapshots[r["table_oid"]] = (r["lsn"], r["table_schema"], r["table_name"])
-    return BronzeState(frontier, identity, next_batch, snapshots)
+    resync = frozenset(
+        oid
+        for (kind, oid), batch in newest.items()
+        if kind == "resync" and batch > newest.get(("rewind", oid), -1)
+    )
+    return BronzeState(frontier, identity, next_batch, snapshots, resync)
+
+
+def request_resync(
+    spark: SparkSession, table: str, source: str, tables: list[tuple[int, str, str]], lsn: int
+) -> int:
+    """One batch of ``resync`` records for ``tables`` (``(oid, schema, name)``), at ``lsn`` (the
+    bronze frontier): the next capture snapshots them again. Returns the batch id."""
+    now = datetime.now(UTC)
+    buffer = RecordBuffer(source, "resync-" + now.strftime("%Y%m%dT%H%M%S%f"))
+    for oid, schema, name in tables:
+        buffer.add(
+            "resync",
+            lsn,
+            table_oid=oid,
+            table_schema=schema,
+            table_name=name,
+            payload=json_payload({"requested_at": now.isoformat()}),
+        )
+    batch_id = next_batch_id(spark, table, source)
+    # Its own transaction id: a capture committing the same batch id at the same time (a
+    # continuous capture) must not make Delta skip either commit as a repeat.
+    (
+        spark.createDataFrame(buffer.to_arrow(batch_id))
+        .write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id(source) + "-resync")
+        .option("txnVersion", batch_id)
+        .saveAsTable(table)
+    )
+    return batch_id
 
 
 def recorded_errors(

@@ -142,6 +142,9 @@ class SourceTable:
     silver_table: str
     primary_key: tuple[str, ...]
     not_null: tuple[str, ...]
+    snapshot_run: int | None = None
+    """The silver run that rebuilt the table from its newest snapshot (see silver's
+    ``_tables``): gold is rebuilt in full from it, and errors of earlier runs are history."""
 
     @property
     def name(self) -> str:
@@ -233,16 +236,21 @@ def read_tables(spark: SparkSession, cfg: Config) -> list[SourceTable]:
             silver_table=r["silver_table"],
             primary_key=tuple(r["primary_key"] or ()),
             not_null=tuple(r["not_null"] or ()),
+            snapshot_run=r["snapshot_run"],
         )
         for r in rows
     ]
 
 
-def read_errors(spark: SparkSession, cfg: Config, frontier: int) -> dict[tuple, ErrorSummary]:
-    """Definite errors below the frontier, per ``(table_oid, table_schema, table_name)``."""
+def read_errors(
+    spark: SparkSession, cfg: Config, frontier: int, since: dict[int, int] | None = None
+) -> dict[tuple, ErrorSummary]:
+    """Definite errors below the frontier, per ``(table_oid, table_schema, table_name)``;
+    ``since``: table OID -> the silver run that rebuilt it (its errors before are history)."""
     errors = spark.table(cfg.qualified("silver", "_errors")).filter(
         (F.col("source") == cfg.source.name) & (F.col("lsn") < frontier)
     )
+    errors = _since(spark, errors, since)
     sample = F.struct("lsn", "code", "column_name", "message", "run")
     rows = (
         errors.groupBy("table_oid", "table_schema", "table_name")
@@ -261,7 +269,19 @@ def read_errors(spark: SparkSession, cfg: Config, frontier: int) -> dict[tuple, 
     }
 
 
-def read_adjustments(spark: SparkSession, cfg: Config, run: int) -> dict[int, ErrorSummary]:
+def _since(spark: SparkSession, rows: DataFrame, since: dict[int, int] | None) -> DataFrame:
+    """``rows`` (with ``table_oid`` and ``run``) without those from before their table's
+    rebuild."""
+    if not since:
+        return rows
+    rebuilt = spark.createDataFrame(list(since.items()), "table_oid long, _since long")
+    joined = rows.join(F.broadcast(rebuilt), "table_oid", "left")
+    return joined.where(F.col("_since").isNull() | (F.col("run") >= F.col("_since"))).drop("_since")
+
+
+def read_adjustments(
+    spark: SparkSession, cfg: Config, run: int, since: dict[int, int] | None = None
+) -> dict[int, ErrorSummary]:
     """Values silver's runs up to ``run`` adjusted by a declared policy (rounded numerics,
     clamped or nulled infinities), per table OID: counted in ``_quality`` as
     ``values_adjusted`` (always ``warn``: the user declared them)."""
@@ -269,9 +289,11 @@ def read_adjustments(spark: SparkSession, cfg: Config, run: int) -> dict[int, Er
     if not spark.catalog.tableExists(name):
         return {}
     sample = F.struct("column_name", "code", "count", "sample", "run")
+    adjustments = spark.table(name).where(
+        (F.col("source") == cfg.source.name) & (F.col("run") <= run)
+    )
     rows = (
-        spark.table(name)
-        .where((F.col("source") == cfg.source.name) & (F.col("run") <= run))
+        _since(spark, adjustments, since)
         .groupBy("table_oid")
         .agg(
             F.sum("count").alias("n"),
@@ -491,6 +513,8 @@ def build_table(
         create_table(spark, t.gold, schema)
     applied = applied_state(spark, t.gold) if applied_override == "discover" else applied_override
     mode = plan(applied, run, t.frontier)
+    if mode == "incremental" and (info.snapshot_run or -1) > applied.silver_run:
+        mode = "full"  # silver rebuilt the table from a new snapshot since gold's last run
     if mode == "unchanged":
         untouched = [QualityRecord(info.name, r.name, t.policy, 0, 0) for r in t.rules]
         records = [errors_record, *untouched]
@@ -890,8 +914,10 @@ def run_gold(spark: SparkSession, cfg: Config) -> GoldResult:
         return GoldResult(cfg.source.name, None, None)
     run, frontier = progress
     ensure_gold_tables(spark, cfg)
-    errors = read_errors(spark, cfg, frontier)
-    adjusted = read_adjustments(spark, cfg, run)
+    tables = read_tables(spark, cfg)
+    since = {t.table_oid: t.snapshot_run for t in tables if t.snapshot_run is not None}
+    errors = read_errors(spark, cfg, frontier, since)
+    adjusted = read_adjustments(spark, cfg, run, since)
     outcomes = [
         build_table(
             spark,
@@ -902,7 +928,7 @@ def run_gold(spark: SparkSession, cfg: Config) -> GoldResult:
             errors_of(info, errors),
             adjusted=adjusted.get(info.table_oid),
         )
-        for info in read_tables(spark, cfg)
+        for info in tables
     ]
     failpoint("gold.before_reports")
     write_reports(spark, cfg, run, outcomes)

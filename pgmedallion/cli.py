@@ -100,9 +100,15 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
     from pgmedallion.spark import get_spark
 
     stages = STAGES if args.stage == "all" else (args.stage,)
+    resync = [t.strip() for t in (args.resync or "").split(",") if t.strip()]
+    if resync and "capture" not in stages:
+        print("run: --resync needs the capture stage", file=sys.stderr)
+        return 2
     if "capture" in stages and not args.skip_doctor and not _preflight(config, "run"):
         return 1
     spark = get_spark(config.state_dir)
+    if resync and not _request_resync(spark, config, resync):
+        return 2
     extra = {"continuous": True} if args.continuous else {}
     try:
         result = run_stages(spark, config, stages, **extra)
@@ -133,6 +139,27 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
             name = f"{t.table.table_schema}.{t.table.table_name}"
             print(f"gold: {name}: {t.rows} rows at {format_lsn(t.frontier)} ({t.mode})")
     return 0
+
+
+def _request_resync(spark, config: Config, tables: list[str]) -> bool:
+    from pgmedallion.pipeline import NotCaptured, request_resync
+
+    try:
+        chosen = request_resync(spark, config, tables)
+    except NotCaptured as e:
+        print(f"resync: {e}; nothing was changed", file=sys.stderr)
+        return False
+    print(f"resync: {', '.join(chosen)} will be snapshotted again and rebuilt")
+    return True
+
+
+def cmd_resync(config: Config, args: argparse.Namespace) -> int:
+    if args.request_only:
+        from pgmedallion.spark import get_spark
+
+        return 0 if _request_resync(get_spark(config.state_dir), config, args.tables) else 2
+    args.resync, args.stage, args.continuous = ",".join(args.tables), "all", False
+    return cmd_run(config, args)
 
 
 def cmd_verify(config: Config, args: argparse.Namespace) -> int:
@@ -273,7 +300,26 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stage", choices=["all", "capture", "silver", "gold"], default="all")
     run.add_argument("--continuous", action="store_true", help="keep capturing until interrupted")
     run.add_argument("--skip-doctor", action="store_true", help="skip the preflight checks")
+    run.add_argument(
+        "--resync",
+        metavar="TABLES",
+        help="comma-separated tables to snapshot again and rebuild first (see resync)",
+    )
     run.set_defaults(func=cmd_run)
+
+    resync = sub.add_parser(
+        "resync",
+        help="snapshot tables again and rebuild their silver and gold (recovers any error state)",
+        parents=[common],
+    )
+    resync.add_argument("tables", nargs="+", metavar="TABLE", help="schema.table (or table)")
+    resync.add_argument(
+        "--request-only",
+        action="store_true",
+        help="only record the request; the next run (or scheduled job) does the work",
+    )
+    resync.add_argument("--skip-doctor", action="store_true", help="skip the preflight checks")
+    resync.set_defaults(func=cmd_resync)
 
     verify = sub.add_parser(
         "verify", help="reconcile silver and gold with the source at a snapshot", parents=[common]

@@ -95,3 +95,44 @@ def silver_state(spark: SparkSession, cfg: Config, silver_table: str, before_lsn
     cols = [F.col("`" + c.replace("`", "``") + "`") for c in data]
     summed = diffs.groupBy(*cols).agg(F.sum("_diff").alias("_n")).where(F.col("_n") > 0)
     return summed.withColumn("_i", F.explode(F.sequence(F.lit(1), F.col("_n")))).select(*cols)
+
+
+class NotCaptured(ValueError):
+    """``resync`` named a table this source does not capture."""
+
+
+def request_resync(spark: SparkSession, cfg: Config, names: list[str]) -> list[str]:
+    """Ask the next capture to snapshot ``names`` (``schema.table``, or a table name that is
+    unique among the captured tables) again; their silver and gold tables are rebuilt from that
+    snapshot on, and no other table is touched. Returns the qualified names. Raises
+    :class:`NotCaptured`, having written nothing, when a name is not a captured table."""
+    from bronze.table import bronze_state, ensure_bronze_table
+    from bronze.table import request_resync as request
+
+    ensure_schemas(spark, cfg)
+    bronze = cfg.qualified("bronze", "bronze")
+    ensure_bronze_table(spark, bronze)
+    state = bronze_state(spark, bronze, cfg.source.name)
+    captured = {f"{schema}.{name}": oid for oid, (_, schema, name) in state.snapshots.items()}
+    by_name: dict[str, list[str]] = {}
+    for qualified in captured:
+        by_name.setdefault(qualified.split(".", 1)[1], []).append(qualified)
+    chosen, unknown = [], []
+    for name in names:
+        if name in captured:
+            chosen.append(name)
+        elif len(by_name.get(name, [])) == 1:
+            chosen.append(by_name[name][0])
+        else:
+            unknown.append(name)
+    if unknown:
+        known = ", ".join(sorted(captured)) or "none yet"
+        raise NotCaptured(
+            f"not captured by source {cfg.source.name!r}: {', '.join(unknown)} "
+            f"(captured tables: {known})"
+        )
+    chosen = sorted(set(chosen))
+    records = [(captured[q], *q.split(".", 1)) for q in chosen]
+    request(spark, bronze, cfg.source.name, records, state.frontier or 0)
+    log.info("resync requested for %s", ", ".join(chosen))
+    return chosen

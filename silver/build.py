@@ -83,7 +83,7 @@ META_COLUMNS = ("_lsn", "_diff", "_run")
 TABLES_DDL = (
     "source STRING NOT NULL, table_oid BIGINT NOT NULL, table_schema STRING, table_name STRING, "
     "silver_table STRING NOT NULL, snapshot_lsn BIGINT, primary_key ARRAY<STRING>, "
-    "not_null ARRAY<STRING>, columns STRING, updated_at TIMESTAMP"
+    "not_null ARRAY<STRING>, columns STRING, updated_at TIMESTAMP, snapshot_run BIGINT"
 )
 ERRORS_DDL = (
     "source STRING NOT NULL, table_oid BIGINT, table_schema STRING, table_name STRING, "
@@ -161,7 +161,11 @@ class TableInfo:
     primary_key: list[str]
     not_null: list[str]
     columns: list[dict]
-    """``{name, type_oid, typmod, type_name, base_type_oid, element_type_oid, category}``."""
+    """``{name, type_oid, typmod, type_name, base_type_oid, element_type_oid, category,
+    target, infinity}``."""
+    snapshot_run: int | None = None
+    """The silver run that (re)built the table from its newest snapshot: its earlier errors
+    are history (``pgmedallion resync``)."""
 
     @property
     def qualified_name(self) -> str:
@@ -224,6 +228,8 @@ def ensure_silver_tables(spark: SparkSession, cfg: Config) -> None:
         (n.adjustments, ADJUSTMENTS_DDL),
     ):
         spark.sql(f"CREATE TABLE IF NOT EXISTS {table} ({ddl}) USING DELTA")
+    if "snapshot_run" not in spark.table(n.tables).columns:  # tables made before resync
+        spark.sql(f"ALTER TABLE {n.tables} ADD COLUMNS (snapshot_run BIGINT)")
 
 
 def load_tables(spark: SparkSession, cfg: Config) -> dict[int, TableInfo]:
@@ -239,6 +245,7 @@ def load_tables(spark: SparkSession, cfg: Config) -> dict[int, TableInfo]:
             primary_key=list(r["primary_key"] or []),
             not_null=list(r["not_null"] or []),
             columns=json.loads(r["columns"]),
+            snapshot_run=r["snapshot_run"],
         )
     return out
 
@@ -437,6 +444,7 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
     bronze = spark.table(n.bronze).where(F.col("source") == source)
     in_batches = bronze.where((F.col("batch_id") > b_from) & (F.col("batch_id") <= b_to))
     tables = load_tables(spark, cfg)
+    known_before = set(tables)
     taken = {t.silver_table for t in tables.values()}
     new_snapshots: dict[int, int] = {}
     errors: list[tuple] = []  # (table_oid, lsn, code, column, raw, message)
@@ -466,6 +474,7 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
                 if old
                 else silver_table_name(s["schema"], s["name"], r["table_oid"], taken),
                 snapshot_lsn=old.snapshot_lsn if old else None,
+                snapshot_run=old.snapshot_run if old else None,
                 primary_key=list(s["primary_key"]),
                 not_null=[c["name"] for c in s["columns"] if c["not_null"]],
                 columns=cols if not old else _merge_columns(old.columns, cols),
@@ -473,6 +482,7 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
     for r in control:
         if r["kind"] == "rewind" and r["table_oid"] in tables:
             tables[r["table_oid"]].snapshot_lsn = r["lsn"]
+            tables[r["table_oid"]].snapshot_run = run
             new_snapshots[r["table_oid"]] = r["lsn"]
     for r in control:
         if r["kind"] == "error":
@@ -490,8 +500,15 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
                     )
                 )
 
-    # The wal window: one read per transaction.
-    wal = _complete_wal(bronze, f_from, f_to, b_to).persist(StorageLevel.MEMORY_AND_DISK)
+    # The wal window: one read per transaction. A table silver held before and snapshots again
+    # now is rebuilt from its snapshot on (see _table_run): its changes above the snapshot LSN
+    # that earlier runs read (a stream ahead of the snapshot) are read again.
+    rebuilt = {oid: lsn for oid, lsn in new_snapshots.items() if oid in known_before}
+    reread_from = min([lsn + 1 for lsn in rebuilt.values()] + [f_from])
+    wal = _complete_wal(bronze, reread_from, f_to, b_to)
+    if reread_from < f_from:
+        wal = wal.where((F.col("lsn") >= f_from) | F.col("relid").isin(list(rebuilt)))
+    wal = wal.persist(StorageLevel.MEMORY_AND_DISK)
     rel_rows = (
         wal.where(F.col("mtype").isin("52", "54"))  # 'R' Relation, 'T' Truncate
         .select("lsn", "ordinal", "payload", "mtype")
@@ -670,6 +687,7 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
             "column_name string, code string, count long, first_lsn long, sample string",
         ).withColumn("detected_at", F.current_timestamp())
         _append(adj_df, n.adjustments, source, run)
+    window_relations = [r for r in window_relations if r[0] >= f_from]  # not the re-read ones
     if window_relations:
         rel_df = spark.createDataFrame(
             [(source, decode(p).relid, lsn, o, p, run) for lsn, o, p in window_relations],
@@ -981,16 +999,21 @@ def _table_run(
     which is the same in a change and in the snapshot's COPY row (rows the Python decoder
     reads, with octal or hex escapes PostgreSQL's COPY never writes, are the exception: sums
     stay right, but such a row and a change of it at the same LSN can then be two rows). A
-    table with truncates to apply, or re-snapshotted (its earlier rows retracted by the
-    rewind), or with a type that has no plain cast, or with changes that need their previous
-    images (``identity_keys``: the key positions of its REPLICA IDENTITY DEFAULT or USING
-    INDEX, see :mod:`silver.identity`), is cast whole before anything is written.
+    table with truncates to apply, or with a type that has no plain cast, or with changes that
+    need their previous images (``identity_keys``: the key positions of its REPLICA IDENTITY
+    DEFAULT or USING INDEX, see :mod:`silver.identity`), is cast whole before anything is
+    written.
     """
     target = n.table(info.silver_table)
     exists = _table_exists(spark, target)
-    earlier = new_snapshot and exists
+    if new_snapshot and exists:
+        # Snapshotted again (a resync, or a table first read through the stream): the table is
+        # rebuilt from this snapshot and the changes after it, with the columns and policies
+        # of now. A crash before the run's _progress row redoes the same rebuild.
+        spark.sql(f"DROP TABLE {target}")
+        exists = False
     resolving = identity_keys is not None
-    one = None if truncates or earlier or resolving else cast_in_one_pass(info, diffs)
+    one = None if truncates or resolving else cast_in_one_pass(info, diffs)
     if one is not None:
         consolidated = _consolidated(info, _diff_parts(info, one.rows, one.wal_rows), run)
         if not exists:
@@ -1012,9 +1035,7 @@ def _table_run(
             ok,
             [c["name"] for c in info.columns],
             identity_keys,
-            _prior_rows(spark, target, run, info.snapshot_lsn if new_snapshot else None)
-            if exists
-            else None,
+            spark.table(target).where(F.col("_run") < run) if exists else None,
             info.snapshot_lsn,
             truncates,
         )
@@ -1024,7 +1045,7 @@ def _table_run(
             (info.oid, lsn, code, None, None, msg) for lsn, code, msg in images.errors
         ]
     data = data_columns(info)
-    out = _diff_parts(info, ok, ok, spark.table(target) if earlier else None)
+    out = _diff_parts(info, ok, ok)
     for lsn, _ in sorted(truncates):
         before = out.where(F.col("_lsn") < lsn)
         if exists:
@@ -1046,22 +1067,9 @@ def _table_run(
     return count, errors, cast.adjusted
 
 
-def _prior_rows(spark: SparkSession, target: str, run: int, snapshot_lsn: int | None) -> DataFrame:
-    """The silver table's rows from before run ``run``: its state at the last frontier. For a
-    table snapshotted again at ``snapshot_lsn`` in this run, without the rows that snapshot's
-    rewind retracts."""
-    rows = spark.table(target).where(F.col("_run") < run)
-    if snapshot_lsn is not None:
-        rows = rows.where(~((F.col("_lsn") > 0) & (F.col("_lsn") <= snapshot_lsn)))
-    return rows
-
-
-def _diff_parts(
-    info: TableInfo, ok: DataFrame, wal_ok: DataFrame, earlier: DataFrame | None = None
-) -> DataFrame:
+def _diff_parts(info: TableInfo, ok: DataFrame, wal_ok: DataFrame) -> DataFrame:
     """``ok``'s rows as ``data..., _lsn, _diff``, with the rewinds of a snapshot: the changes
-    (from ``wal_ok``) at or below the snapshot's LSN, and the ``earlier`` rows there (the
-    target's, when the table is re-snapshotted), negated at LSN 0."""
+    (from ``wal_ok``) at or below the snapshot's LSN, negated at LSN 0."""
     data = data_columns(info)
     out = ok.select(*data, F.col(_LSN).alias("_lsn"), F.col(_DIFF).alias("_diff"))
     s = info.snapshot_lsn
@@ -1072,13 +1080,6 @@ def _diff_parts(
                 *data, F.lit(0).cast("bigint").alias("_lsn"), (-F.col(_DIFF)).alias("_diff")
             )
         )
-        if earlier is not None:
-            before = earlier.where((F.col("_lsn") > 0) & (F.col("_lsn") <= s))
-            out = out.unionByName(
-                before.select(
-                    *data, F.lit(0).cast("bigint").alias("_lsn"), (-F.col("_diff")).alias("_diff")
-                )
-            )
     return out
 
 
@@ -1145,13 +1146,14 @@ def _write_tables(
                 info.primary_key,
                 info.not_null,
                 json.dumps(cols, sort_keys=True),
+                info.snapshot_run,
             )
         )
     df = spark.createDataFrame(
         rows,
         "source string, table_oid long, table_schema string, table_name string, "
         "silver_table string, snapshot_lsn long, primary_key array<string>, "
-        "not_null array<string>, columns string",
+        "not_null array<string>, columns string, snapshot_run long",
     ).withColumn("updated_at", F.current_timestamp())
     # One atomic commit replacing this source's rows (other sources' rows stay as they are),
     # through the catalog (by name, so it works on Unity Catalog managed tables too).

@@ -285,7 +285,16 @@ def resolve_previous_images(
         records = [
             {**dict(zip(names, o.values, strict=True)), _LSN: o.lsn, _DIFF: o.diff} for o in out
         ] + [{_LSN: e.lsn, _DIFF: 0, _CODE: e.code, _MESSAGE: e.message} for e in errors]
-        return pa.Table.from_pylist(records, schema=_arrow_schema(schema))
+        arrow = pa.schema(
+            [table.schema.field(n) for n in names]
+            + [
+                pa.field(_LSN, pa.int64()),
+                pa.field(_DIFF, pa.int64()),
+                pa.field(_CODE, pa.string()),
+                pa.field(_MESSAGE, pa.string()),
+            ]
+        )
+        return pa.Table.from_pylist(records, schema=arrow)
 
     resolved = combined.groupBy(F.lit(0).alias("_pgm_group")).applyInArrow(run, schema)
     resolved = resolved.persist(StorageLevel.MEMORY_AND_DISK)
@@ -296,9 +305,3 @@ def resolve_previous_images(
     whole = typed.where(F.col(KIND).isNull() | (F.col(KIND) == PLAIN)).select(*data, _LSN, _DIFF)
     good = resolved.where(F.col(_CODE).isNull()).select(*data, _LSN, _DIFF)
     return Images(whole.unionByName(good), errors, [resolved])
-
-
-def _arrow_schema(schema: T.StructType) -> pa.Schema:
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    return to_arrow_schema(schema)

@@ -453,7 +453,14 @@ def test_capture_silver_gold_run_in_order_then_verify_on_request(bundle):
         "left": "{{job.parameters.verify}}",
         "right": "true",
     }
-    assert jobs["pgmedallion"]["parameters"] == [{"name": "verify", "default": "false"}]
+    assert jobs["pgmedallion"]["parameters"] == [
+        {"name": "verify", "default": "false"},
+        {"name": "resync", "default": ""},
+    ]
+    # `--params resync=schema.table,...` reaches the capture (empty: nothing to resync)
+    capture = main["capture"]["python_wheel_task"]["parameters"]
+    assert "--resync={{job.parameters.resync}}" in capture
+    assert build_parser().parse_args([*capture[:-1], "--resync="]).resync == ""
 
 
 def test_verify_job_runs_inside_the_pipeline_job(bundle):

@@ -102,7 +102,10 @@ def test_composite_and_changed_identity_keys():
 # --- end to end ---------------------------------------------------------------------------------
 
 SCHEMA = """
-CREATE TABLE docs (id int PRIMARY KEY, title text NOT NULL, body text, n int);
+CREATE TABLE docs (id int PRIMARY KEY, title text NOT NULL, body text, n int,
+    seen timestamptz DEFAULT '2024-05-06 07:08:09.123456+02', day date DEFAULT 'infinity');
+-- out of line and uncompressed: an update that leaves body alone sends it as unchanged TOAST
+ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL;
 CREATE TABLE lines (
     "orderId" bigint, "lineNo" int, qty int, note text, PRIMARY KEY ("orderId", "lineNo"));
 CREATE TABLE coded (code text NOT NULL, v int);
@@ -148,12 +151,14 @@ def test_default_identity_edge_cases_are_exact(spark, shop):
             conn.execute("UPDATE docs SET n = -1 WHERE id = 2018")
         conn.execute("UPDATE docs SET title = 'again' WHERE id = 2018")
         conn.execute("UPDATE docs SET body = NULL WHERE id = 21")  # TOAST value replaced
-        conn.execute("INSERT INTO docs VALUES (500, 'new', repeat('x', 9000), 0)")
+        conn.execute(
+            "INSERT INTO docs (id, title, body, n) VALUES (500, 'new', repeat('x', 9000), 0)"
+        )
         conn.execute("UPDATE docs SET n = 1 WHERE id = 500")
         conn.execute("UPDATE docs SET id = 501 WHERE id = 500")
         conn.execute("DELETE FROM docs WHERE id = 501")
         with conn.transaction():
-            conn.execute("INSERT INTO docs VALUES (600, 'in and out', NULL, 0)")
+            conn.execute("INSERT INTO docs (id, title, n) VALUES (600, 'in and out', 0)")
             conn.execute("UPDATE docs SET n = 2 WHERE id = 600")
             conn.execute("DELETE FROM docs WHERE id = 600")
         conn.execute("DELETE FROM docs WHERE id BETWEEN 40 AND 45")

@@ -44,7 +44,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from decimal import Decimal
+from decimal import Context, Decimal, localcontext
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -248,7 +248,8 @@ class Workload:
     def _item(self, rng: random.Random, key: tuple[int, int]) -> tuple:
         price = Decimal(rng.randint(-(10**15), 10**15)) / Decimal(10**6)
         if rng.random() < 0.3:  # what `amount::numeric / 7` stores: 20 decimals
-            price = (Decimal(rng.randint(-(10**9), 10**9)) / 7).quantize(Decimal("1e-20"))
+            with localcontext(Context(prec=60)):
+                price = (Decimal(rng.randint(-(10**9), 10**9)) / 7).quantize(Decimal("1e-20"))
         placed = self._ts(rng).replace(tzinfo=None)
         r = rng.random()
         return (
