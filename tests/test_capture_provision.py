@@ -445,3 +445,29 @@ def test_full_is_never_advised_where_postgresql_18_would_reject_updates():
         'ALTER TABLE "s"."f" REPLICA IDENTITY DEFAULT;',
     )
     assert advice(table("f", "f", stored=True), publishes=True) is None
+
+
+def test_column_policies_are_checked_against_the_catalog(db):
+    from pgmedallion.checks import check_column_policies
+    from pgmedallion.config import ColumnPolicy, TablePolicy
+    from tests.workload import make_config
+
+    execute(db, "CREATE TABLE ledger (id int PRIMARY KEY, ratio numeric, memo text)")
+    good = {"ratio": ColumnPolicy("decimal(38,30)"), "memo": ColumnPolicy("string")}
+    cfg = make_config(db, "cp", **{"public.ledger": TablePolicy(columns=good)})
+    assert check_column_policies(cfg).ok
+    bad = {
+        "ratio": ColumnPolicy("double"),
+        "nope": ColumnPolicy("string"),
+        "memo": ColumnPolicy("int"),
+    }
+    result = check_column_policies(
+        make_config(db, "cp", **{"public.ledger": TablePolicy(columns=bad)})
+    )
+    assert not result.ok
+    assert (
+        "[tables.\"public.ledger\".columns] nope: public.ledger has no column 'nope'"
+        in result.message
+    )
+    assert '[tables."public.ledger".columns] memo: text cannot be read as int' in result.message
+    assert "ratio" not in result.message

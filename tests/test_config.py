@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from pgmedallion.config import ConfigError, SourceConfig, TablePolicy, load_config
+from pgmedallion.config import ColumnPolicy, ConfigError, SourceConfig, TablePolicy, load_config
 
 
 def _write(tmp_path, text: str):
@@ -118,3 +118,41 @@ def test_password_precedence_field_then_secret_then_variable(monkeypatch):
         assert half.conninfo()["password"] == "from-env"
     monkeypatch.delenv("PGMEDALLION_TEST_PW")
     assert "password" not in replace(scoped, password_secret_scope="").conninfo()
+
+
+def test_column_policies(tmp_path):
+    path = _write(
+        tmp_path,
+        """
+[tables."public.ledger"]
+infinity = "null"
+[tables."public.ledger".columns]
+ratio = "Decimal(38, 30)"
+valid_to = { infinity = "error" }
+amount = { type = "double" }
+""",
+    )
+    policy = load_config(path, env={}).policy("public.ledger")
+    assert policy.column("ratio") == ColumnPolicy("Decimal(38, 30)", "null")
+    assert policy.column("valid_to") == ColumnPolicy("", "error")
+    assert policy.column("amount") == ColumnPolicy("double", "null")
+    assert policy.column("other") == ColumnPolicy("", "null")
+    assert load_config(None, env={}).policy("public.x").column("y").infinity == "clamp"
+
+
+@pytest.mark.parametrize(
+    "columns, message",
+    [
+        ('ratio = "text"', "[tables.'public.t'.columns] ratio: unknown type 'text'"),
+        ('ratio = "decimal(39,2)"', "ratio: unknown type 'decimal(39,2)'"),
+        ('ratio = "decimal(5,6)"', "ratio: unknown type"),
+        ('d = { infinity = "max" }', "d: infinity must be one of"),
+        ('d = { kind = "x" }', "d: unknown key(s) kind"),
+        ("d = 3", "d must be a type name"),
+    ],
+)
+def test_malformed_column_policies_name_the_key(tmp_path, columns, message):
+    path = _write(tmp_path, f'[tables."public.t".columns]\n{columns}\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(path, env={})
+    assert message in str(err.value)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from pgmedallion.pgoutput import UNCHANGED_TOAST, Delete, Update, decode
 from pgmedallion.pipeline import run_stages
 from pgmedallion.verify import verify
 from silver.build import run_silver
@@ -171,6 +172,13 @@ def test_default_identity_edge_cases_are_exact(spark, shop):
     run_stages(spark, cfg)
     assert_exact(verify(spark, cfg), _counts(shop))
     assert spark.table(cfg.qualified("silver", "_errors")).count() == 0
+    # the stream did carry what DEFAULT leaves out: key-only deletes and unchanged TOAST
+    wal = spark.table(cfg.qualified("bronze", "bronze")).where("kind = 'wal'").collect()
+    messages = [decode(bytes(r["payload"])) for r in wal]
+    updates = [m for m in messages if isinstance(m, Update)]
+    assert any(UNCHANGED_TOAST in m.new for m in updates)
+    assert any(m.old is None for m in updates) and any(m.old_kind == "K" for m in updates)
+    assert any(isinstance(m, Delete) and m.old_kind == "K" for m in messages)
     with psycopg.connect(**shop, autocommit=True) as conn:  # a run that builds on the last one
         conn.execute("UPDATE docs SET n = n + 1 WHERE id IN (3, 1015, 2018)")
         conn.execute("DELETE FROM docs WHERE id = 6")
