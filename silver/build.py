@@ -477,7 +477,7 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
                 snapshot_run=old.snapshot_run if old else None,
                 primary_key=list(s["primary_key"]),
                 not_null=[c["name"] for c in s["columns"] if c["not_null"]],
-                columns=cols if not old else _merge_columns(old.columns, cols),
+                columns=cols,  # a table snapshotted again is rebuilt with its columns of now
             )
     for r in control:
         if r["kind"] == "rewind" and r["table_oid"] in tables:
@@ -703,11 +703,6 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
     wal_diffs.unpersist()
     log.info("silver run %d done: frontier %s, %d errors", run, format_lsn(f_to), len(errors))
     return SilverResult(run, f_to, rows, len(errors))
-
-
-def _merge_columns(old: list[dict], new: list[dict]) -> list[dict]:
-    names = {c["name"] for c in new}
-    return new + [c for c in old if c["name"] not in names]
 
 
 def _typed_columns(info: TableInfo) -> list[tuple[str, PgType]]:
