@@ -35,7 +35,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-BENCHMARKS: tuple[str, ...] = ("snapshot", "stream", "silver", "incremental", "rss")
+BENCHMARKS: tuple[str, ...] = ("snapshot", "stream", "silver", "incremental", "identity", "rss")
 """The registered benchmarks, in the order ``python -m benchmarks`` runs them."""
 
 

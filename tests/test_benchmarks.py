@@ -219,3 +219,15 @@ def test_silver_runs_end_to_end(bench_env, capsys):
     assert stage.count() == 2000
     assert stage.subtract(diffs.drop("_lsn", "_diff", "_run")).count() == 0
     assert record["name"] == "silver" and record["details"]["whole_run_seconds"] > 0
+
+
+def test_identity_runs_end_to_end(bench_env, capsys):
+    argv = ["--small", "2000", "--large", "20000", "--changes", "400", "--repeats", "1"]
+    result, last, records = _run(bench_env, "identity", argv, capsys)
+    match = RESULT_LINE.match(last)
+    assert match, last
+    assert match.group(1) == "identity" and match.group(2).startswith("same on")
+    assert result.details["large_over_small"] == pytest.approx(
+        result.ours.seconds / result.peer.seconds
+    )
+    assert records[-1]["name"] == "identity"
