@@ -412,3 +412,33 @@ def peak_rss_kib(pid: int | str = "self") -> int | None:
     except OSError:
         return None
     return None
+
+
+def small_vs_large(name: str, args: argparse.Namespace, measure) -> Result:
+    """The best of ``args.repeats`` timed runs ``measure(rows, run)`` on ``args.small`` and on
+    ``args.large`` rows, interleaved so that the load of a shared machine hits both alike;
+    "pgmedallion" is the large run, the peer the small one (goal: large <= 1.5x small)."""
+    smalls, larges = [], []
+    for i in range(args.repeats):
+        smalls.append(measure(args.small, 2 + i))
+        larges.append(measure(args.large, 2 + i))
+    small, large = min(smalls), min(larges)
+    say(
+        f"best of {args.repeats}: {small:.1f} s on {args.small} rows, {large:.1f} s on {args.large}"
+    )
+    say(f"large / small time: {large / small:.2f}x (goal <= 1.5x)")
+    return Result(
+        name=name,
+        work={"changes/s": float(args.changes)},
+        ours=Timing("pgmedallion", large),
+        peer=Timing(f"same on {args.small} rows", small),
+        goal=1 / 1.5,
+        params={
+            "small": args.small,
+            "large": args.large,
+            "changes": args.changes,
+            "pattern": args.pattern,
+            "repeats": args.repeats,
+        },
+        details={"large_over_small": large / small, "small_runs": smalls, "large_runs": larges},
+    )

@@ -23,13 +23,12 @@ import argparse
 
 from pyspark.sql import functions as F
 
-from benchmarks.common import Result, Stopwatch, Timing, say
+from benchmarks.common import Result, Stopwatch, say, small_vs_large
 from silver.changes import FILL, PLAIN, RETRACT
 from silver.identity import COLUMNS, KIND, ORDINAL, resolve_previous_images
 
 NAME = "identity"
 DESCRIPTION = "silver resolving 10k key-only changes against a 1M-row vs. a 10M-row table"
-GOAL = 1 / 1.5
 NAMES = ["id", "name", "balance", "updated_at"]
 
 
@@ -140,27 +139,4 @@ def run(args: argparse.Namespace) -> Result:
     spark = args.env.spark
     prepare(spark, args.small)
     prepare(spark, args.large)
-    smalls, larges = [], []
-    for i in range(args.repeats):  # interleaved, so load changes hit both sizes alike
-        smalls.append(measure(spark, args.small, 2 + i, args))
-        larges.append(measure(spark, args.large, 2 + i, args))
-    small, large = min(smalls), min(larges)
-    say(
-        f"best of {args.repeats}: {small:.1f} s on {args.small} rows, {large:.1f} s on {args.large}"
-    )
-    say(f"large / small time: {large / small:.2f}x (goal <= 1.5x)")
-    return Result(
-        name=NAME,
-        work={"changes/s": float(args.changes)},
-        ours=Timing("pgmedallion", large),
-        peer=Timing(f"same on {args.small} rows", small),
-        goal=GOAL,
-        params={
-            "small": args.small,
-            "large": args.large,
-            "changes": args.changes,
-            "pattern": args.pattern,
-            "repeats": args.repeats,
-        },
-        details={"large_over_small": large / small, "small_runs": smalls, "large_runs": larges},
-    )
+    return small_vs_large(NAME, args, lambda rows, run: measure(spark, rows, run, args))

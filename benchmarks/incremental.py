@@ -27,14 +27,13 @@ import argparse
 from pyspark.sql import Column, Window
 from pyspark.sql import functions as F
 
-from benchmarks.common import Result, Stopwatch, Timing, say
+from benchmarks.common import Result, Stopwatch, say, small_vs_large
 from gold.build import run_gold
 from gold.craft import CraftedTable, SilverCrafter
 from pgmedallion.config import Config, LakehouseConfig, SourceConfig
 
 NAME = "incremental"
 DESCRIPTION = "gold run applying 10k changes to a 1M-row vs. a 10M-row keyed table"
-GOAL = 1 / 1.5
 SCHEMA_DDL = "id BIGINT, name STRING, balance DECIMAL(12,2), updated_at TIMESTAMP"
 
 
@@ -153,27 +152,4 @@ def run(args: argparse.Namespace) -> Result:
     spark = args.env.spark
     prepare(spark, _config(args.small), args.small)
     prepare(spark, _config(args.large), args.large)
-    smalls, larges = [], []
-    for i in range(args.repeats):  # interleaved, so load changes hit both sizes alike
-        smalls.append(measure(spark, args.small, 2 + i, args))
-        larges.append(measure(spark, args.large, 2 + i, args))
-    small, large = min(smalls), min(larges)
-    say(
-        f"best of {args.repeats}: {small:.1f} s on {args.small} rows, {large:.1f} s on {args.large}"
-    )
-    say(f"large / small time: {large / small:.2f}x (goal <= 1.5x)")
-    return Result(
-        name=NAME,
-        work={"changes/s": float(args.changes)},
-        ours=Timing("pgmedallion", large),
-        peer=Timing(f"same on {args.small} rows", small),
-        goal=GOAL,
-        params={
-            "small": args.small,
-            "large": args.large,
-            "changes": args.changes,
-            "pattern": args.pattern,
-            "repeats": args.repeats,
-        },
-        details={"large_over_small": large / small, "small_runs": smalls, "large_runs": larges},
-    )
+    return small_vs_large(NAME, args, lambda rows, run: measure(spark, rows, run, args))
