@@ -76,6 +76,7 @@ reads as a streaming source.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import signal
@@ -109,6 +110,7 @@ from bronze.table import (
     json_payload,
     next_batch_id,
     recorded_errors,
+    request_resync,
     snapshotted_tables,
     write_batch,
 )
@@ -150,6 +152,7 @@ from capture.snapshot import (
     copy_range_chunks,
     estimate_table_block_counts,
     exported_snapshot,
+    leaf_partitions,
     lock_for_snapshot,
     publication_tables,
     publishes_stored_generated,
@@ -762,6 +765,29 @@ def _error_lsn(spark: SparkSession, target: CaptureTarget) -> int:
     return max(snapshotted_tables(spark, target.bronze, target.source).values(), default=0)
 
 
+def _repartitioned(
+    spark: SparkSession, target: CaptureTarget, leaves: dict[int, tuple[int, ...]]
+) -> list[int]:
+    """The partitioned tables whose leaf partitions are not those of their newest snapshot."""
+    if not leaves:
+        return []
+    rows = (
+        spark.table(target.bronze)
+        .where(
+            (F.col("source") == target.source)
+            & (F.col("kind") == "schema")
+            & F.col("table_oid").isin(list(leaves))
+        )
+        .groupBy("table_oid")
+        .agg(F.max_by("payload", "batch_id").alias("payload"))
+        .collect()
+    )
+    snapshot = {
+        r["table_oid"]: tuple(json.loads(bytes(r["payload"])).get("partitions", ())) for r in rows
+    }
+    return sorted(oid for oid, now in leaves.items() if oid in snapshot and snapshot[oid] != now)
+
+
 def _dropped_tables(conn: psycopg.Connection, oids: Sequence[int]) -> list[int]:
     """The OIDs among ``oids`` that no longer exist (pg_relation_size reads the catalog now)."""
     if not oids:
@@ -935,8 +961,22 @@ def _attempt(
         published = publication_tables(conn, target.publication)
         gone = _dropped_tables(conn, sorted(known))
         noticed_at = current_wal_lsn(conn) if gone else 0
+        leaves = leaf_partitions(conn, [t.oid for t in published if t.oid in captured])
     finally:
         conn.close()
+    moved = _repartitioned(spark, target, leaves)
+    if moved:
+        # attached or detached partitions changed these tables' rows without a change message:
+        # snapshot them again (a durable request, so a crash before the snapshot still does it)
+        request_resync(
+            spark,
+            target.bronze,
+            target.source,
+            [(oid, *captured[oid]) for oid in moved],
+            frontier or 0,
+        )
+        resync = resync | set(moved)
+        state = None
     for oid in gone:
         table = known[oid]
         error = TableDropped(f"table {_table_name(table)} (oid {oid}) was dropped")

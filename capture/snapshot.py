@@ -102,6 +102,10 @@ class TableSchema:
     primary_key: tuple[str, ...]
     replica_identity: str
     """``pg_class.relreplident``: ``d`` default, ``n`` nothing, ``f`` full, ``i`` index."""
+    partitions: tuple[int, ...] = ()
+    """A partitioned table (published through its root): its leaf partitions' OIDs. Attaching
+    or detaching one changes the table's rows without a change message, so capture snapshots
+    the table again when this set changes (:func:`leaf_partitions`)."""
 
 
 @dataclass(frozen=True)
@@ -245,7 +249,22 @@ def table_schema_at_snapshot(
         columns=tuple(Column(*column) for column in columns),
         primary_key=tuple(key for (key,) in primary_key),
         replica_identity=replica_identity,
+        partitions=leaf_partitions(conn, [int(oid)]).get(int(oid), ()),
     )
+
+
+def leaf_partitions(conn: psycopg.Connection, oids: Sequence[int]) -> dict[int, tuple[int, ...]]:
+    """The leaf partitions of those of ``oids`` that are partitioned tables."""
+    if not oids:
+        return {}
+    with server_errors():
+        rows = conn.execute(
+            "SELECT c.oid::int8, array_agg(t.relid::int8 ORDER BY t.relid::int8)"
+            " FROM pg_class c CROSS JOIN LATERAL pg_partition_tree(c.oid) t"
+            " WHERE c.oid = ANY(%s::oid[]) AND c.relkind = 'p' AND t.isleaf GROUP BY c.oid",
+            (list(oids),),
+        ).fetchall()
+    return {int(oid): tuple(leaves) for oid, leaves in rows}
 
 
 def estimate_table_block_counts(conn: psycopg.Connection, oids: Iterable[int]) -> dict[int, int]:

@@ -121,10 +121,10 @@ CREATE PUBLICATION pub FOR ALL TABLES;
 
 
 @pytest.fixture
-def shop(any_db):
-    with psycopg.connect(**any_db, autocommit=True) as conn:
+def shop(db):
+    with psycopg.connect(**db, autocommit=True) as conn:
         conn.execute(SCHEMA)
-    return any_db
+    return db
 
 
 def _counts(conninfo) -> dict[str, int]:
@@ -139,7 +139,7 @@ def test_default_identity_edge_cases_are_exact(spark, shop):
     """Unchanged TOAST, key changes, several updates of one key in one transaction and across
     the transactions of one run, insert-update-delete of one key in one run, a composite key,
     an index identity: silver and gold equal the source after every run, with no errors."""
-    cfg = make_config(shop, "ri15" if "pg15" in shop["dbname"] else "ri18")
+    cfg = make_config(shop, "ri")
     drop_schemas(spark, cfg)
     run_stages(spark, cfg)
     with psycopg.connect(**shop, autocommit=True) as conn:
