@@ -47,7 +47,6 @@ def test_partitioned_table_stays_exact(spark, db, via_root):
             ).fetchall()
         return {f"public.{leaf}": _count(db, leaf) for (leaf,) in leaves}
 
-    assert_exact(verify(spark, cfg), expected())
     with psycopg.connect(**db, autocommit=True) as conn:
         conn.execute("UPDATE measures SET v = v * 2 WHERE id % 10 = 0")
         # rows moving between partitions: their partition key changes
