@@ -236,7 +236,7 @@ def read_tables(spark: SparkSession, cfg: Config) -> list[SourceTable]:
             silver_table=r["silver_table"],
             primary_key=tuple(r["primary_key"] or ()),
             not_null=tuple(r["not_null"] or ()),
-            snapshot_run=r["snapshot_run"],
+            snapshot_run=r.asDict().get("snapshot_run"),  # absent before resync existed
         )
         for r in rows
     ]

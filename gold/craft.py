@@ -36,6 +36,7 @@ TABLES_SCHEMA = T.StructType(
         T.StructField("not_null", T.ArrayType(T.StringType())),
         T.StructField("columns", T.StringType()),
         T.StructField("updated_at", T.TimestampType()),
+        T.StructField("snapshot_run", T.LongType()),
     ]
 )
 ERRORS_SCHEMA = T.StructType(
@@ -96,6 +97,7 @@ class CraftedTable:
             list(self.primary_key),
             list(self.not_null),
             json.dumps(cols),
+            None,
             None,
         )
 
