@@ -35,7 +35,15 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-BENCHMARKS: tuple[str, ...] = ("snapshot", "stream", "silver", "incremental", "identity", "rss")
+BENCHMARKS: tuple[str, ...] = (
+    "snapshot",
+    "stream",
+    "silver",
+    "incremental",
+    "identity",
+    "tables",
+    "rss",
+)
 """The registered benchmarks, in the order ``python -m benchmarks`` runs them."""
 
 

@@ -44,9 +44,12 @@ def main(argv: list[str] | None = None) -> int:
         modules = [load(name) for name in BENCHMARKS]
     parsed = [module_parser(module).parse_args(argv) for module in modules]
     env = cli_env(parsed[0], spark_packages(parsed))
-    for module, args in zip(modules, parsed, strict=True):
-        args.env = env
-        execute(module, args)
+    try:
+        for module, args in zip(modules, parsed, strict=True):
+            args.env = env
+            execute(module, args)
+    finally:
+        env.server.stop()  # the benchmark's own server does not outlive it
     return 0
 
 

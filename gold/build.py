@@ -26,7 +26,13 @@ history (the newest commit whose ``userMetadata`` carries gold's JSON tag):
                  deletion vectors keep the rewrite proportional to the changed rows. What stays
                  proportional to the table is scanning the files whose key range the changes
                  fall in: changes spread uniformly over the key space touch every file.
-``unchanged``    gold already holds run R at this frontier: nothing is written.
+``unchanged``    gold already holds run R at this frontier: nothing is written. Likewise a
+                 table no silver run wrote anything for (diffs, errors, adjustments: the
+                 ``tables`` of ``_progress``) since the run ``_frontier`` last reported for it
+                 is not read at all: its gold table already holds its state at F, and only its
+                 ``_frontier`` row moves to F. A run touches only the tables that changed, and
+                 builds them concurrently (each in its own Spark session: the idempotent-commit
+                 settings below are session settings).
 
 Exactly once. The gold commit is what makes a run applied: its ``userMetadata`` records the
 silver run, the frontier and the quarantine table's version, and it is made with Delta's
@@ -35,7 +41,10 @@ R``), which Delta 4.4 honours for MERGE as for writes. The quarantine table is w
 and read back *as of the version the gold commit names*, so a crash between the two commits
 re-reads the old quarantine. ``_frontier`` and ``_quality`` are reports written after every
 table; a crash before them loses a report, never state, and the next run rediscovers from the
-gold commits what was applied.
+gold commits what was applied. (A table's ``_frontier`` row at run R says its gold table holds
+its state at R: either its gold commit is R's, or no silver run since that commit wrote
+anything for it. A lost report only makes the next run look at more tables.) A run in which
+nothing changed, not even a frontier, writes no reports.
 
 Key-less tables take the same incremental path with the whole row as the key (a "key" is a
 distinct row value; its copies are its multiplicity); only a table whose columns cannot be
@@ -45,10 +54,13 @@ compared (a map) is recomputed in full every run, at the cost of reading all its
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from queue import Queue
+from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -903,8 +915,140 @@ def write_reports(
         ).saveAsTable(cfg.qualified("gold", "_quality"))
 
 
+@dataclass(frozen=True)
+class Reported:
+    """A table's row of ``_frontier``: what the last gold run reported for it."""
+
+    silver_run: int
+    frontier: int
+    rows: int | None
+
+
+def read_reported(spark: SparkSession, cfg: Config) -> dict[tuple[int, str], Reported]:
+    """``_frontier``'s rows of the source by ``(table_oid, gold_table)``."""
+    rows = (
+        spark.table(cfg.qualified("gold", "_frontier"))
+        .where(F.col("source") == cfg.source.name)
+        .select("table_oid", "gold_table", "silver_run", "frontier", "rows")
+        .collect()
+    )
+    return {
+        (int(r["table_oid"]), r["gold_table"]): Reported(
+            int(r["silver_run"]), int(r["frontier"]), r["rows"]
+        )
+        for r in rows
+        if r["silver_run"] is not None and r["frontier"] is not None
+    }
+
+
+def touched_by_runs(
+    spark: SparkSession, cfg: Config, after: int, run: int
+) -> list[tuple[int, set[int] | None]]:
+    """Silver's runs in (``after``, ``run``] with the tables each wrote something for (None:
+    a run made before ``_progress`` listed them, taken to touch every table)."""
+    progress = spark.table(cfg.qualified("silver", "_progress"))
+    if "tables" not in progress.columns:
+        return [(r, None) for r in range(after + 1, run + 1)]
+    rows = (
+        progress.where(
+            (F.col("source") == cfg.source.name) & (F.col("run") > after) & (F.col("run") <= run)
+        )
+        .select("run", "tables")
+        .collect()
+    )
+    return [(int(r["run"]), None if r["tables"] is None else set(r["tables"])) for r in rows]
+
+
+def quiet_outcome(
+    cfg: Config,
+    info: SourceTable,
+    run: int,
+    frontier: int,
+    errors: ErrorSummary,
+    adjusted: ErrorSummary | None,
+    reported: Reported,
+) -> TableOutcome:
+    """The outcome of a table no silver run since its last gold run wrote anything for: its
+    gold table holds its state at the new frontier as it is, so nothing is read or written
+    (``_frontier`` records the new frontier)."""
+    policy = cfg.policy(info.name).on_error
+    held = policy == "quarantine" and errors.count
+    records = [
+        QualityRecord(
+            info.name,
+            NO_DEFINITE_ERRORS,
+            policy,
+            failed=errors.count,
+            passed=0 if errors.count else 1,
+            sample=errors.sample,
+        ),
+        *[
+            QualityRecord(info.name, r.name, policy, 0, 0)
+            for r in row_rules(info.primary_key, info.not_null, policy)
+        ],
+    ]
+    adjusted = adjusted or ErrorSummary()
+    records.append(
+        QualityRecord(
+            info.name,
+            VALUES_ADJUSTED,
+            "warn",
+            failed=adjusted.count,
+            passed=0 if adjusted.count else 1,
+            sample=adjusted.sample,
+        )
+    )
+    return TableOutcome(
+        table=info,
+        gold_table=plain_name(cfg, "gold", info.silver_table),
+        policy=policy,
+        mode="unchanged",
+        frontier=min(frontier, errors.first_lsn) if held else frontier,
+        silver_run=run,
+        rows=int(reported.rows or 0),
+        quality=records,
+    )
+
+
+def _gold_tables(spark: SparkSession, cfg: Config) -> set[str]:
+    """The gold schema's table names, lower case (one catalog call)."""
+    parts = [p for p in (cfg.lakehouse.catalog, cfg.lakehouse.gold_schema) if p]
+    schema = ".".join("`" + p.replace("`", "``") + "`" for p in parts)
+    return {r["tableName"].lower() for r in spark.sql(f"SHOW TABLES IN {schema}").collect()}
+
+
+GOLD_WORKERS = 4
+"""How many tables a gold run builds at once (see ``silver.build.TABLE_WORKERS``)."""
+
+
+def _sessions(spark: SparkSession, count: int) -> list[SparkSession]:
+    """``count`` sessions of ``spark``'s context, each with its own settings; just ``spark``
+    where one is enough or new sessions cannot be made (Spark Connect): then the tables are
+    built one after another."""
+    if count <= 1:
+        return [spark]
+    try:
+        return [spark.newSession() for _ in range(count)]
+    except Exception:  # Spark Connect has no newSession
+        return [spark]
+
+
+def _concurrently(fn: Callable[[Any], Any], items: list, workers: int = GOLD_WORKERS) -> list:
+    if len(items) <= 1 or workers <= 1:
+        return [fn(i) for i in items]
+    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
+        futures = [pool.submit(fn, i) for i in items]
+        wait(futures)
+    return [f.result() for f in futures]
+
+
 def run_gold(spark: SparkSession, cfg: Config) -> GoldResult:
     """One gold run over every snapshotted table of the configured source.
+
+    A table no silver run wrote anything for since the run gold last applied or reported
+    for it (``_progress.tables``) costs nothing: its gold table already holds its state at
+    the new frontier, which ``_frontier`` records. The other tables are built concurrently,
+    each in its own Spark session (its idempotent-commit settings are session settings).
 
     Raises ``GoldQualityError`` after processing every table when a table under the ``fail``
     policy broke a rule; the result is on the exception (``.result``).
@@ -918,20 +1062,80 @@ def run_gold(spark: SparkSession, cfg: Config) -> GoldResult:
     since = {t.table_oid: t.snapshot_run for t in tables if t.snapshot_run is not None}
     errors = read_errors(spark, cfg, frontier, since)
     adjusted = read_adjustments(spark, cfg, run, since)
-    outcomes = [
-        build_table(
-            spark,
-            cfg,
-            info,
-            run,
-            frontier,
-            errors_of(info, errors),
-            adjusted=adjusted.get(info.table_oid),
+    reported = read_reported(spark, cfg)
+    runs = (
+        touched_by_runs(spark, cfg, min(r.silver_run for r in reported.values()), run)
+        if reported
+        else []
+    )
+    existing = _gold_tables(spark, cfg) if reported else set()
+
+    def report_of(info: SourceTable) -> Reported | None:
+        return reported.get((info.table_oid, plain_name(cfg, "gold", info.silver_table)))
+
+    def quiet(info: SourceTable) -> bool:
+        r = report_of(info)
+        if r is None or r.silver_run > run or info.silver_table.lower() not in existing:
+            return False
+        if info.snapshot_run is not None and info.snapshot_run > r.silver_run:
+            return False
+        return not any(
+            r.silver_run < n and (oids is None or info.table_oid in oids) for n, oids in runs
         )
-        for info in tables
-    ]
+
+    outcomes: list[TableOutcome | None] = [None] * len(tables)
+    work = []
+    for i, info in enumerate(tables):
+        summary = errors_of(info, errors)
+        if quiet(info):
+            outcomes[i] = quiet_outcome(
+                cfg,
+                info,
+                run,
+                frontier,
+                summary,
+                adjusted.get(info.table_oid),
+                report_of(info),
+            )
+        else:
+            work.append((i, info, summary))
+    sessions: Queue = Queue()
+    for session in _sessions(spark, min(GOLD_WORKERS, len(work))):
+        sessions.put(session)
+
+    def one_table(item: tuple[int, SourceTable, ErrorSummary]) -> TableOutcome:
+        _, info, summary = item
+        session = sessions.get()
+        try:
+            return build_table(
+                session,
+                cfg,
+                info,
+                run,
+                frontier,
+                summary,
+                adjusted=adjusted.get(info.table_oid),
+            )
+        finally:
+            sessions.put(session)
+
+    built = _concurrently(one_table, work, workers=sessions.qsize())
+    for (i, _, _), outcome in zip(work, built, strict=True):
+        outcomes[i] = outcome
+    done = [o for o in outcomes if o is not None]
     failpoint("gold.before_reports")
-    write_reports(spark, cfg, run, outcomes)
+    same = (
+        not work
+        and all(
+            (report_of(o.table).silver_run, report_of(o.table).frontier)
+            == (o.silver_run, o.frontier)
+            for o in done
+        )
+        and len(reported) == len(done)
+    )
+    if not same:  # a run that changed nothing, not even a frontier, writes no reports
+        write_reports(spark, cfg, run, done)
+    outcomes = done
     result = GoldResult(cfg.source.name, run, frontier, outcomes)
     failures = {o.table.name: o.failures for o in outcomes if o.policy == "fail" and o.failures}
     if failures:

@@ -61,6 +61,7 @@ PROGRESS_SCHEMA = T.StructType(
         T.StructField("frontier", T.LongType()),
         T.StructField("bronze_batch", T.LongType()),
         T.StructField("completed_at", T.TimestampType()),
+        T.StructField("tables", T.ArrayType(T.LongType())),
     ]
 )
 DIFF_COLUMNS = [
@@ -109,6 +110,7 @@ class SilverCrafter:
     spark: SparkSession
     cfg: Config
     tables: dict[str, CraftedTable] = field(default_factory=dict)
+    touched: set[int] = field(default_factory=set)
 
     def name(self, table: str) -> str:
         return self.cfg.qualified("silver", table)
@@ -158,6 +160,7 @@ class SilverCrafter:
     def append_df(self, silver_table: str, df: DataFrame) -> None:
         """Append a DataFrame already shaped ``(col..., _lsn, _diff, _run)``."""
         df.write.format("delta").mode("append").saveAsTable(self.name(silver_table))
+        self.touched.add(self.tables[silver_table].table_oid)
 
     def error(
         self, silver_table: str, lsn: int, run: int, code: str = "CastError", message: str = ""
@@ -178,8 +181,14 @@ class SilverCrafter:
         )
         df = self.spark.createDataFrame([row], ERRORS_SCHEMA)
         df.write.format("delta").mode("append").saveAsTable(self.name("_errors"))
+        self.touched.add(t.table_oid)
 
     def complete_run(self, run: int, frontier: int) -> None:
-        row = (self.cfg.source.name, run, frontier, run, None)
+        """The run's ``_progress`` row, listing the tables this crafter appended to or gave
+        an error since its last one, as silver lists the tables a run wrote for (NULL, read
+        as every table, when it wrote nothing: the diffs may have come from elsewhere)."""
+        tables = sorted(self.touched) or None
+        row = (self.cfg.source.name, run, frontier, run, None, tables)
+        self.touched.clear()
         df = self.spark.createDataFrame([row], PROGRESS_SCHEMA)
         df.write.format("delta").mode("append").saveAsTable(self.name("_progress"))

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pgmedallion.spark import check_java, spark_settings, write_spark_defaults
+from pgmedallion.spark import check_java, spark_settings, write_log4j2, write_spark_defaults
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,7 @@ def run_pipeline(
     state_dir = Path(state_dir).absolute()
     conf_dir = state_dir / "spark-conf"
     settings = spark_settings(state_dir)
+    write_log4j2(state_dir)
     settings.pop("spark.master")
     # Lakeflow writes Delta by default; with an explicit format SDP's second run tries to alter
     # the reserved 'provider' property and fails (DELTA_CANNOT_CHANGE_PROVIDER).

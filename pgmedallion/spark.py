@@ -12,11 +12,13 @@ Connect ignores static settings passed any other way.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
+from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -64,13 +66,82 @@ JVM_OPTIONS = "-XX:-DontCompileHugeMethods"
 """Options for every Spark JVM that runs silver (set as well in ``databricks.yml``'s cluster)."""
 
 
-def spark_settings(state_dir: Path, *, packages: tuple[str, ...] = ()) -> dict[str, str]:
+LOG4J2 = """\
+# Written by pgmedallion: Spark's own messages at ERROR, without the ones that are not errors.
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
+# "Failed to translate filter": Delta falls back to reading without that filter (not an error).
+logger.delta_parquet.name = org.apache.spark.sql.delta.DeltaParquetFileFormat
+logger.delta_parquet.level = off
+logger.native.name = org.apache.hadoop.util.NativeCodeLoader
+logger.native.level = off
+"""
+"""Spark's log4j2 configuration (written to the state directory): the default one prints
+warnings and a few ERROR lines for things that are not errors."""
+
+
+EXTRA_JVM_OPTIONS_ENV = "PGMEDALLION_SPARK_JAVA_OPTIONS"
+"""More options for the local Spark JVM, from the environment. The test suite sets
+``-XX:TieredStopAtLevel=1``: on its small tables the JIT's optimizing compiler cost more CPU
+than it saved (a third of the JVM's CPU time went to compiling)."""
+
+
+def log4j2_file(state_dir: Path) -> Path:
+    return Path(state_dir).absolute() / "log4j2.properties"
+
+
+def write_log4j2(state_dir: Path) -> Path:
+    """Write :data:`LOG4J2` where :func:`spark_settings` points Spark at it."""
+    path = log4j2_file(state_dir)
+    if not path.exists() or path.read_text() != LOG4J2:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(LOG4J2)
+    return path
+
+
+JARS_FILE = "spark-jars.json"
+"""Where the jars Ivy resolved for ``spark.jars.packages`` are remembered (in the state
+directory), so that later starts pass them as ``spark.jars`` and skip the resolution and its
+report."""
+
+
+def resolved_jars(state_dir: Path, packages: str) -> list[str] | None:
+    """The jar files resolved before for ``packages``, when every one of them still exists."""
+    try:
+        recorded = json.loads((Path(state_dir) / JARS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    jars = recorded.get("jars") if recorded.get("packages") == packages else None
+    if not jars or not all(Path(urlparse(j).path or j).exists() for j in jars):
+        return None
+    return jars
+
+
+def remember_jars(state_dir: Path, packages: str, spark: SparkSession) -> None:
+    jars = [j for j in (spark.sparkContext.getConf().get("spark.jars") or "").split(",") if j]
+    if jars:
+        path = Path(state_dir) / JARS_FILE
+        path.write_text(json.dumps({"packages": packages, "jars": jars}, indent=1))
+
+
+def spark_settings(
+    state_dir: Path, *, packages: tuple[str, ...] = (), jars: list[str] | None = None
+) -> dict[str, str]:
+    """The local session's settings; ``jars``: the files Ivy resolved for the packages before
+    (then passed as ``spark.jars``, with no resolution)."""
     state_dir = Path(state_dir).absolute()
     metastore = state_dir / "metastore_db"
+    coordinates = ",".join((delta_package(), *packages))
+    jar_setting = {"spark.jars": ",".join(jars)} if jars else {"spark.jars.packages": coordinates}
     return {
         "spark.master": "local[*]",
         "spark.app.name": "pgmedallion",
-        "spark.jars.packages": ",".join((delta_package(), *packages)),
+        **jar_setting,
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.catalogImplementation": "hive",
@@ -82,7 +153,11 @@ def spark_settings(state_dir: Path, *, packages: tuple[str, ...] = ()) -> dict[s
         # whole-stage generated method holding silver's decode or cast expressions is larger
         # than that, and ran 3-4x slower than compiled (silver's COPY decoding: 3.3 s against
         # 0.9 s for 500k rows), so huge methods are compiled too (see JVM_OPTIONS).
-        "spark.driver.extraJavaOptions": f"-Dderby.system.home={state_dir} {JVM_OPTIONS}",
+        "spark.driver.extraJavaOptions": (
+            f"-Dderby.system.home={state_dir} {JVM_OPTIONS} "
+            f"-Dlog4j2.configurationFile={log4j2_file(state_dir)} "
+            + os.environ.get(EXTRA_JVM_OPTIONS_ENV, "")
+        ).strip(),
         "spark.driver.memory": "4g",
         "spark.sql.shuffle.partitions": "2",
         "spark.default.parallelism": "2",
@@ -114,12 +189,18 @@ def get_spark(
     check_java()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", _python())
-    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    state = Path(state_dir).absolute()
+    state.mkdir(parents=True, exist_ok=True)
+    coordinates = ",".join((delta_package(), *packages))
+    jars = resolved_jars(state, coordinates)
+    write_log4j2(state)
     builder = SparkSession.builder
-    for key, value in spark_settings(Path(state_dir), packages=packages).items():
+    for key, value in spark_settings(state, packages=packages, jars=jars).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    if jars is None:
+        remember_jars(state, coordinates, spark)
     return spark
 
 

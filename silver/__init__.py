@@ -30,5 +30,8 @@ silver schema (``pgm_silver`` by default), all Delta.
 
 ``_progress``   one row per completed silver run (append-only):
     source STRING, run BIGINT, frontier BIGINT (every transaction committing below it is in
-    silver), bronze_batch BIGINT (the last bronze batch read), completed_at TIMESTAMP
+    silver), bronze_batch BIGINT (the last bronze batch read), completed_at TIMESTAMP,
+    tables ARRAY<BIGINT> (the OIDs of the tables the run wrote diffs, errors or adjustments
+    for; NULL in rows written before the column existed, read as "every table": gold reads
+    nothing of a table no run since its last gold run lists)
 """

@@ -41,7 +41,9 @@ import re
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from pyspark import StorageLevel
@@ -92,8 +94,10 @@ ERRORS_DDL = (
 )
 PROGRESS_DDL = (
     "source STRING NOT NULL, run BIGINT NOT NULL, frontier BIGINT NOT NULL, "
-    "bronze_batch BIGINT NOT NULL, completed_at TIMESTAMP NOT NULL"
+    "bronze_batch BIGINT NOT NULL, completed_at TIMESTAMP NOT NULL, tables ARRAY<BIGINT>"
 )
+"""One row per completed run; ``tables``: the OIDs of the tables whose diffs, errors or
+adjustments the run wrote (NULL in runs made before it existed: any table)."""
 PLANS_DDL = (
     "source STRING NOT NULL, run BIGINT NOT NULL, frontier_from BIGINT NOT NULL, "
     "frontier BIGINT NOT NULL, batch_from BIGINT NOT NULL, batch_to BIGINT NOT NULL, "
@@ -230,6 +234,8 @@ def ensure_silver_tables(spark: SparkSession, cfg: Config) -> None:
         spark.sql(f"CREATE TABLE IF NOT EXISTS {table} ({ddl}) USING DELTA")
     if "snapshot_run" not in spark.table(n.tables).columns:  # tables made before resync
         spark.sql(f"ALTER TABLE {n.tables} ADD COLUMNS (snapshot_run BIGINT)")
+    if "tables" not in spark.table(n.progress).columns:  # made before runs listed their tables
+        spark.sql(f"ALTER TABLE {n.progress} ADD COLUMNS (tables ARRAY<BIGINT>)")
 
 
 def load_tables(spark: SparkSession, cfg: Config) -> dict[int, TableInfo]:
@@ -449,13 +455,32 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
     new_snapshots: dict[int, int] = {}
     errors: list[tuple] = []  # (table_oid, lsn, code, column, raw, message)
 
-    # Control records of the batch window: schema, rewind, error.
+    # Control records of the batch window (schema, rewind, error), and the tables with COPY
+    # records in it, in one read.
+    records = in_batches.select(
+        "kind", "table_oid", "table_schema", "table_name", "lsn", "payload", "batch_id"
+    )
+    copied = (
+        records.where(F.col("kind") == "copy")
+        .groupBy("table_oid")
+        .agg(F.min("batch_id").alias("batch_id"))
+        .select(
+            F.lit("copy").alias("kind"),
+            "table_oid",
+            F.lit(None).cast("string").alias("table_schema"),
+            F.lit(None).cast("string").alias("table_name"),
+            F.lit(None).cast("bigint").alias("lsn"),
+            F.lit(None).cast("binary").alias("payload"),
+            "batch_id",
+        )
+    )
     control = (
-        in_batches.where(F.col("kind").isin("schema", "rewind", "error"))
-        .select("kind", "table_oid", "table_schema", "table_name", "lsn", "payload")
+        records.where(F.col("kind").isin("schema", "rewind", "error"))
+        .unionByName(copied)
         .orderBy("batch_id")
         .collect()
     )
+    copied_oids = {r["table_oid"] for r in control if r["kind"] == "copy"}
     for r in control:
         if r["kind"] == "schema":
             s = json.loads(r["payload"])
@@ -613,16 +638,25 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
     wal_diffs = changes.mapInArrow(lambda it: _decode_changes(it, layouts), CHANGE_SCHEMA).persist(
         StorageLevel.MEMORY_AND_DISK
     )
-    for r in wal_diffs.where(F.col("code").isNotNull()).collect():
-        errors.append((r["table_oid"], r["lsn"], r["code"], None, r["raw"], r["message"]))
-    # The tables whose changes need their previous images (REPLICA IDENTITY DEFAULT / USING
+    # One read of the decoded changes per run: the tables they touch, which of those have
+    # decode errors, and which need their previous images (REPLICA IDENTITY DEFAULT / USING
     # INDEX), with their identity's key positions (the first, if the identity changed).
+    changed = wal_diffs.groupBy("table_oid").agg(
+        F.count_if(F.col("code").isNotNull()).alias("errors"),
+        F.collect_set(F.when(F.col("kind") == RETRACT, F.col("columns"))).alias("identities"),
+    )
     identity_keys: dict[int, tuple[int, ...]] = {}
-    for r in (
-        wal_diffs.where(F.col("kind") == RETRACT).select("table_oid", "columns").distinct()
-    ).collect():
-        keys = tuple(r["columns"])
-        identity_keys[r["table_oid"]] = min(identity_keys.get(r["table_oid"], keys), keys)
+    changed_oids, with_errors = set(), []
+    for r in changed.collect():
+        changed_oids.add(r["table_oid"])
+        if r["errors"]:
+            with_errors.append(r["table_oid"])
+        if r["identities"]:
+            identity_keys[r["table_oid"]] = min(tuple(keys) for keys in r["identities"])
+    if with_errors:
+        bad = wal_diffs.where(F.col("code").isNotNull() & F.col("table_oid").isin(with_errors))
+        for r in bad.collect():
+            errors.append((r["table_oid"], r["lsn"], r["code"], None, r["raw"], r["message"]))
     wal_good = wal_diffs.where(F.col("code").isNull())
     copy_rows = in_batches.where(F.col("kind") == "copy").select("table_oid", "lsn", "payload")
 
@@ -635,13 +669,23 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
             if relid in tables:
                 truncate_at[relid].append((lsn, ordinal))
     for oid, info in sorted(tables.items()):
-        policy = cfg.policy(info.qualified_name).truncate
-        for lsn, _ in truncate_at.get(oid, []):
-            if policy == "error":
+        if cfg.policy(info.qualified_name).truncate == "error":
+            for lsn, _ in truncate_at.get(oid, []):
                 errors.append(
                     (oid, lsn, "TableTruncated", None, None, f"{info.qualified_name} was truncated")
                 )
-        count, cast_errors, table_adjusted = _table_run(
+    # Only the tables this run has something for: a table with no rows, snapshot or truncate
+    # in the window costs nothing. The others run concurrently (each its own Delta commits).
+    work = sorted(
+        oid
+        for oid in tables
+        if oid in changed_oids or oid in copied_oids or oid in new_snapshots or oid in truncate_at
+    )
+
+    def one_table(oid: int) -> tuple[int, list[tuple], list[tuple]]:
+        info = tables[oid]
+        deletes = cfg.policy(info.qualified_name).truncate == "delete"
+        return _table_run(
             spark,
             cfg,
             n,
@@ -649,10 +693,14 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
             table_diffs(oid, wal_good, copy_rows, copy_widths[oid]),
             run,
             new_snapshot=oid in new_snapshots,
-            truncates=truncate_at.get(oid, []) if policy == "delete" else [],
+            truncates=truncate_at.get(oid, []) if deletes else [],
             identity_keys=identity_keys.get(oid),
         )
-        rows[info.qualified_name] = count
+
+    for oid, (count, cast_errors, table_adjusted) in zip(
+        work, concurrently(one_table, work), strict=True
+    ):
+        rows[tables[oid].qualified_name] = count
         errors.extend(cast_errors)
         adjusted += [(oid, *a) for a in table_adjusted]
 
@@ -695,8 +743,12 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
         )
         _append(rel_df, n.relations, source, run)
     _write_tables(spark, n, source, tables)
+    # The tables whose silver state or errors this run changed: gold leaves the others alone.
+    touched = set(work) | {e[0] for e in errors if e[0] is not None} | {a[0] for a in adjusted}
+    touched = sorted(touched)
     done = spark.createDataFrame(
-        [(source, run, f_to, b_to)], "source string, run long, frontier long, bronze_batch long"
+        [(source, run, f_to, b_to, touched)],
+        "source string, run long, frontier long, bronze_batch long, tables array<long>",
     ).withColumn("completed_at", F.current_timestamp())
     _append(done, n.progress, source, run)
     wal.unpersist()
@@ -969,6 +1021,23 @@ def _cast_errors(info: TableInfo, typed: DataFrame) -> list[tuple]:
         .select(_LSN, F.explode(CAST_ERRORS_COLUMN).alias("e"))
         .collect()
     ]
+
+
+TABLE_WORKERS = 4
+"""How many tables a run works on at once. Per table a run is a few small Spark jobs and
+Delta commits whose time is mostly the driver's (planning, the Delta log, the commit), so on
+two cores four at a time still overlap."""
+
+
+def concurrently(fn: Callable[[int], Any], items: list[int], workers: int = TABLE_WORKERS) -> list:
+    """``[fn(i) for i in items]``, up to ``workers`` at a time (Spark runs jobs submitted
+    from several threads side by side); the first exception is raised once all have ended."""
+    if len(items) <= 1 or workers <= 1:
+        return [fn(i) for i in items]
+    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
+        futures = [pool.submit(fn, i) for i in items]
+        wait(futures)
+    return [f.result() for f in futures]
 
 
 def _table_run(

@@ -15,13 +15,32 @@ PG15_BIN = Path("/usr/lib/postgresql/15/bin")
 STATE = Path(
     os.environ.get("PGMEDALLION_TEST_STATE", Path(__file__).parent.parent / ".pgmedallion" / "test")
 )
+if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: each worker its own servers and Spark
+    STATE = STATE / os.environ["PYTEST_XDIST_WORKER"]
+
+# Spark's JVM in tests (and in the child processes they start) skips the optimizing JIT: on
+# the suite's small tables compiling cost more CPU than it saved (see pgmedallion/spark.py).
+os.environ.setdefault("PGMEDALLION_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 SERVERS = ["pg18"] + (["pg15"] if (PG15_BIN / "postgres").exists() else [])
 
 
+_STARTED: dict[str, LocalPostgres] = {}
+
+
 def _server(name: str) -> LocalPostgres:
-    bin_dir = PG15_BIN if name == "pg15" else None
-    return LocalPostgres(STATE / name, bin_dir=bin_dir).start()
+    if name not in _STARTED:
+        bin_dir = PG15_BIN if name == "pg15" else None
+        _STARTED[name] = LocalPostgres(STATE / name, bin_dir=bin_dir).start()
+    return _STARTED[name]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_servers():
+    """The servers the run started are stopped when it ends (nothing outlives the run)."""
+    yield
+    for server in _STARTED.values():
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -225,6 +225,57 @@ def test_a_run_whose_changes_cancel_out_still_records_its_gold_commit(spark, req
     assert_gold(spark, cfg, "customers", CUSTOMERS, [(1, "Ada", d("10.00"), 0)])
 
 
+def test_a_table_no_silver_run_touched_is_neither_read_nor_written(spark, request):
+    cfg = make_cfg(spark, request)
+    silver = SilverCrafter(spark, cfg).ensure()
+    silver.add_table(CraftedTable("customers", CUSTOMERS, ("id",), (), 16503))
+    silver.add_table(CraftedTable("tags", TAGS, (), (), 16600))
+    silver.diffs("customers", [(1, "Ada", d("10.00"), 0, 1)], 1)
+    silver.diffs("tags", [("new", 1, 0, 1)], 1)
+    silver.complete_run(1, 100)
+    run_gold(spark, cfg)
+    tags = cfg.qualified("gold", "tags")
+    version = applied_state(spark, tags).version
+
+    silver.diffs("customers", [(1, "Ada", d("10.00"), 150, -1), (2, "Bo", None, 150, 1)], 2)
+    silver.complete_run(2, 200)
+    result = run_gold(spark, cfg)
+    assert (result.table("customers").mode, result.table("tags").mode) == (
+        "incremental",
+        "unchanged",
+    )
+    # tags: no new commit, its frontier moved on in the report, its rows as they were
+    assert applied_state(spark, tags).version == version
+    frontier = frontier_rows(spark, cfg)
+    assert frontier["tags"][:3] == (200, 2, 1)
+    assert frontier["customers"][:3] == (200, 2, 1)
+    assert_gold(spark, cfg, "tags", TAGS, [("new", 1, 0)])
+    assert_gold(spark, cfg, "customers", CUSTOMERS, [(2, "Bo", None, 150)])
+
+    # A run that changes nothing at all writes no report either.
+    reports = [
+        spark.sql(f"DESCRIBE HISTORY {cfg.qualified('gold', t)} LIMIT 1").first()["version"]
+        for t in ("_frontier", "_quality")
+    ]
+    again = run_gold(spark, cfg)
+    assert {t.mode for t in again.tables} == {"unchanged"}
+    assert [
+        spark.sql(f"DESCRIBE HISTORY {cfg.qualified('gold', t)} LIMIT 1").first()["version"]
+        for t in ("_frontier", "_quality")
+    ] == reports
+
+    # Touched again later: the increment covers every run since its own last commit.
+    silver.diffs("tags", [("new", 1, 350, -1), ("old", 2, 350, 1)], 3)
+    silver.complete_run(3, 400)
+    result = run_gold(spark, cfg)
+    assert (result.table("customers").mode, result.table("tags").mode) == (
+        "unchanged",
+        "incremental",
+    )
+    assert_gold(spark, cfg, "tags", TAGS, [("old", 2, 350)])
+    assert frontier_rows(spark, cfg)["customers"][:3] == (400, 3, 1)
+
+
 def test_key_filter_passes_every_touched_key_and_few_others(spark):
     """The bitmap that keeps untouched rows out of the MERGE's joins may let some other keys
     through, never stop a touched one: composite keys, NULLs, -0.0 against 0.0, NaN."""
