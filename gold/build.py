@@ -500,6 +500,7 @@ def build_table(
     *,
     applied_override: Applied | None | str = "discover",
     adjusted: ErrorSummary | None = None,
+    exists: bool | None = None,
 ) -> TableOutcome:
     """Bring one gold table to silver run ``run`` at ``frontier`` (or hold it; see module doc).
 
@@ -516,7 +517,8 @@ def build_table(
         sample=errors.sample,
     )
     schema = gold_schema(t.columns)
-    exists = table_exists(spark, t.gold)
+    if exists is None:
+        exists = table_exists(spark, t.gold)
     if exists and not _same_columns(spark, t.gold, schema):
         spark.sql(f"DROP TABLE {t.gold}")
         spark.sql(f"DROP TABLE IF EXISTS {t.quarantine}")
@@ -577,7 +579,15 @@ def build_table(
         failpoint("gold.after_table")
     finally:
         checked.unpersist()
-    return _outcome(spark, t, applied_state(spark, t.gold), mode, records)
+    now = Applied(  # what the commit just made (or, skipped as done, had made) records
+        silver_run=run,
+        frontier=t.frontier,
+        silver_frontier=frontier,
+        quarantine_version=q_version,
+        version=-1,
+        rows=meta["rows"],
+    )
+    return _outcome(spark, t, now, mode, records)
 
 
 def clustered(rows: DataFrame, t: _Table, count: int) -> DataFrame:
@@ -1068,7 +1078,7 @@ def run_gold(spark: SparkSession, cfg: Config) -> GoldResult:
         if reported
         else []
     )
-    existing = _gold_tables(spark, cfg) if reported else set()
+    existing = _gold_tables(spark, cfg)
 
     def report_of(info: SourceTable) -> Reported | None:
         return reported.get((info.table_oid, plain_name(cfg, "gold", info.silver_table)))
@@ -1115,6 +1125,7 @@ def run_gold(spark: SparkSession, cfg: Config) -> GoldResult:
                 frontier,
                 summary,
                 adjusted=adjusted.get(info.table_oid),
+                exists=info.silver_table.lower() in existing,
             )
         finally:
             sessions.put(session)

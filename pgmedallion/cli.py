@@ -109,9 +109,15 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
     spark = get_spark(config.state_dir)
     if resync and not _request_resync(spark, config, resync):
         return 2
+    from capture.progress import RichSnapshotProgress
+    from pgmedallion.pipeline import stage_spinner
+
     extra = {"continuous": True} if args.continuous else {}
+    bars = RichSnapshotProgress() if "capture" in stages else None
+    if bars is not None:
+        extra["progress"] = bars
     try:
-        result = run_stages(spark, config, stages, **extra)
+        result = run_stages(spark, config, stages, show=stage_spinner(), **extra)
     except CaptureError as e:
         print(f"capture failed: {e}", file=sys.stderr)
         return 1
@@ -120,6 +126,9 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
             print(f"gold quality failed: {e}", file=sys.stderr)
             return 1
         raise
+    finally:
+        if bars is not None:
+            bars.close()
     if result.capture is not None:
         c = result.capture
         for table, rows in sorted(c.snapshotted.items()):
@@ -379,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from pgmedallion.spark import JavaMissing
 
+    started = None
+    if args.func in _ON_DEMO_STATE and _no_own_source(args):
+        config, started = _demo_state(config, needs_server=args.func is not cmd_sql)
     try:
         return args.func(config, args)
     except JavaMissing as e:
@@ -387,6 +399,48 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:  # e.g. a secret scope off Databricks, found when connecting
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if started is not None:
+            started.stop()
+
+
+def _no_own_source(args: argparse.Namespace) -> bool:
+    """No config file and no source in the environment: the user has not set one up."""
+    import os
+
+    from pgmedallion.config import DEFAULT_FILE
+
+    if getattr(args, "config", None) or Path(DEFAULT_FILE).exists():
+        return False
+    return not any(
+        os.environ.get(k)
+        for k in ("PGMEDALLION_SOURCE_DSN", "PGMEDALLION_SOURCE_HOST", "PGHOST", "PGDATABASE")
+    )
+
+
+def _demo_state(config: Config, *, needs_server: bool):
+    """After ``pgmedallion demo`` in this directory: the demo's source, its embedded server
+    started for this command when it needs one (and stopped after it: returned)."""
+    from pgmedallion.demo import demo_config, demo_marker
+    from pgmedallion.localpg import LocalPostgres
+
+    if not demo_marker(config).exists():
+        return config, None
+    pg = LocalPostgres(config.state_dir / "postgres")
+    if not pg.initialised():
+        return config, None
+    started = None
+    if needs_server and not pg.is_running():
+        pg.start()
+        started = pg
+    print(
+        "(the demo's state: `pgmedallion demo` ran here and there is no pgmedallion.toml)",
+        file=sys.stderr,
+    )
+    return demo_config(config, pg), started
+
+
+_ON_DEMO_STATE = (cmd_run, cmd_status, cmd_sql, cmd_verify, cmd_doctor, cmd_capture, cmd_resync)
 
 
 def entry() -> None:

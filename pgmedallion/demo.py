@@ -6,6 +6,7 @@ an enum, bytea, uuid, a text column large enough to be TOASTed, and a quoted mix
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 
@@ -194,12 +195,33 @@ def demo_config(config: Config, pg) -> Config:
 def run_demo(config: Config) -> int:
     """Embedded PostgreSQL -> shop database -> run -> burst -> run -> verify. 0 iff exact."""
     from pgmedallion.localpg import LocalPostgres
-    from pgmedallion.pipeline import run_stages
+
+    pg = LocalPostgres(config.state_dir / "postgres")
+    was_running = pg.initialised() and pg.is_running()
+    pg.start()
+    try:
+        return _demo(config, pg)
+    finally:
+        if not was_running:  # nothing the demo starts outlives it
+            pg.stop()
+
+
+DEMO_MARKER = "demo.json"
+"""Written in the state directory by the demo: with no config of the user's own, the next
+commands in that directory (``status``, ``sql``, ``verify``, ``run``) work on the demo's state,
+starting the embedded server for as long as they need it."""
+
+
+def demo_marker(config: Config):
+    return config.state_dir / DEMO_MARKER
+
+
+def _demo(config: Config, pg) -> int:
+    from pgmedallion.pipeline import run_stages, stage_spinner
     from pgmedallion.spark import get_spark
     from pgmedallion.status import format_rows, status_report
     from pgmedallion.verify import verify
 
-    pg = LocalPostgres(config.state_dir / "postgres").start()
     print(f"embedded PostgreSQL {pg.major} on 127.0.0.1:{pg.port}")
     create_demo_database(pg.conninfo())
     cfg = demo_config(config, pg)
@@ -213,11 +235,11 @@ def run_demo(config: Config) -> int:
         schema = getattr(cfg.lakehouse, f"{layer}_schema")
         spark.sql(f"DROP SCHEMA IF EXISTS `{schema}` CASCADE")
     print("run 1: snapshot, capture, silver, gold")
-    run_stages(spark, cfg)
+    run_stages(spark, cfg, show=stage_spinner())
     changes = apply_burst(pg.conninfo())
     print(f"applied {changes} random changes in 200 transactions")
     print("run 2: stream the changes through")
-    run_stages(spark, cfg)
+    run_stages(spark, cfg, show=stage_spinner())
     text, _ = status_report(spark, cfg)
     print(text)
     quality = spark.sql(
@@ -229,6 +251,9 @@ def run_demo(config: Config) -> int:
     print(format_rows(["table", "rule", "policy", "failed", "passed"], [tuple(r) for r in quality]))
     result = verify(spark, cfg)
     print(result.report())
+    demo_marker(config).write_text(json.dumps({"source": cfg.source.name, "dbname": DEMO_DB}))
     gold = cfg.qualified("gold", "public_orders")
-    print(f'try: pgmedallion sql "SELECT status, count(*) FROM {gold} GROUP BY status"')
+    print("next, in this directory (they work on the demo's state):")
+    print(f'  pgmedallion sql "SELECT status, count(*) FROM {gold} GROUP BY status"')
+    print("  pgmedallion status | pgmedallion run | pgmedallion verify")
     return 0 if result.ok else 1

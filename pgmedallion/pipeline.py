@@ -8,6 +8,8 @@ stops the ones after it; what it committed stays committed and the next run goes
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,25 +66,50 @@ def run_stages(
     spark: SparkSession,
     cfg: Config,
     stages: tuple[str, ...] = STAGES,
+    *,
+    show: Callable[[str], AbstractContextManager] | None = None,
     **capture_kwargs,
 ) -> RunResult:
+    """Run ``stages`` in order; ``show(stage)``: a context around each stage (a progress
+    display)."""
     ensure_schemas(spark, cfg)
     result = RunResult()
     for stage in STAGES:
         if stage not in stages:
             continue
-        if stage == "capture":
-            result.capture = run_capture(spark, cfg, **capture_kwargs)
-        elif stage == "silver":
-            from silver.build import run_silver
+        with show(stage) if show is not None else nullcontext():
+            if stage == "capture":
+                result.capture = run_capture(spark, cfg, **capture_kwargs)
+            elif stage == "silver":
+                from silver.build import run_silver
 
-            result.silver = run_silver(spark, cfg)
-        else:
-            from gold.build import run_gold
+                result.silver = run_silver(spark, cfg)
+            else:
+                from gold.build import run_gold
 
-            result.gold = run_gold(spark, cfg)
+                result.gold = run_gold(spark, cfg)
         result.stages.append(stage)
     return result
+
+
+def stage_spinner(console=None) -> Callable[[str], AbstractContextManager]:
+    """A ``show`` for :func:`run_stages`: a spinner with the stage and its elapsed time on
+    stderr (a terminal only), and one line per finished stage."""
+    import time
+    from contextlib import contextmanager
+
+    from rich.console import Console
+
+    console = console or Console(stderr=True)
+
+    @contextmanager
+    def show(stage: str):
+        start = time.monotonic()
+        with console.status(f"{stage}…", spinner="dots"):
+            yield
+        console.print(f"[dim]{stage}: {time.monotonic() - start:.1f} s[/dim]")
+
+    return show
 
 
 def silver_state(spark: SparkSession, cfg: Config, silver_table: str, before_lsn: int | None):

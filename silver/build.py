@@ -682,6 +682,8 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
         if oid in changed_oids or oid in copied_oids or oid in new_snapshots or oid in truncate_at
     )
 
+    existing = _silver_tables(spark, n) if work else set()
+
     def one_table(oid: int) -> tuple[int, list[tuple], list[tuple]]:
         info = tables[oid]
         deletes = cfg.policy(info.qualified_name).truncate == "delete"
@@ -695,6 +697,7 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
             new_snapshot=oid in new_snapshots,
             truncates=truncate_at.get(oid, []) if deletes else [],
             identity_keys=identity_keys.get(oid),
+            exists=info.silver_table.lower() in existing,
         )
 
     for oid, (count, cast_errors, table_adjusted) in zip(
@@ -1051,6 +1054,7 @@ def _table_run(
     new_snapshot: bool,
     truncates: list[tuple[int, int]],
     identity_keys: tuple[int, ...] | None = None,
+    exists: bool | None = None,
 ) -> tuple[int, list[tuple], list[tuple]]:
     """Cast, rewind, truncate, consolidate and append one table's diffs of this run.
 
@@ -1069,7 +1073,8 @@ def _table_run(
     written.
     """
     target = n.table(info.silver_table)
-    exists = _table_exists(spark, target)
+    if exists is None:
+        exists = _table_exists(spark, target)
     if new_snapshot and exists:
         # Snapshotted again (a resync, or a table first read through the stream): the table is
         # rebuilt from this snapshot and the changes after it, with the columns and policies
@@ -1082,15 +1087,15 @@ def _table_run(
         consolidated = _consolidated(info, _diff_parts(info, one.rows, one.wal_rows), run)
         if not exists:
             _create_diff_table(spark, target, consolidated.schema)
-        _append_diffs(consolidated, target, cfg.source.name, run)
+        written = [_append_diffs(consolidated, target, cfg.source.name, run)]
         late = one.finish()
         errors = late.errors if late is not None else []
         adjusted = late.adjusted if late is not None else []
         if late is not None:
             rows = _consolidated(info, _diff_parts(info, late.rows, late.rows), run)
-            _append_diffs(rows, target, cfg.source.name, run, second=True)
+            written.append(_append_diffs(rows, target, cfg.source.name, run, second=True))
             late.unpersist()
-        return spark.table(target).where(F.col("_run") == run).count(), errors, adjusted
+        return _written(spark, target, run, written), errors, adjusted
 
     cast = cast_diffs(info, diffs, changes=resolving)
     ok, errors = cast.rows, cast.errors
@@ -1125,8 +1130,8 @@ def _table_run(
     consolidated = _consolidated(info, out, run)
     if not exists:
         _create_diff_table(spark, target, consolidated.schema)
-    _append_diffs(consolidated, target, cfg.source.name, run)
-    count = spark.table(target).where(F.col("_run") == run).count()
+    written = _append_diffs(consolidated, target, cfg.source.name, run)
+    count = _written(spark, target, run, [written])
     cast.unpersist()
     return count, errors, cast.adjusted
 
@@ -1156,13 +1161,18 @@ def _consolidated(info: TableInfo, out: DataFrame, run: int) -> DataFrame:
     )
 
 
-def _append_diffs(df: DataFrame, table: str, source: str, run: int, second: bool = False) -> None:
+def _append_diffs(
+    df: DataFrame, table: str, source: str, run: int, second: bool = False
+) -> int | None:
     """Append a table's diffs of run ``run`` (``second``: the rows its first append left out),
-    as an idempotent Delta commit. Through ``writeTo``: its write fills the metrics a
+    as an idempotent Delta commit; how many rows it wrote (None: not known, the write was
+    skipped as done before). Through ``writeTo``: its write fills the metrics a
     ``DataFrame.observe`` in ``df``'s plan collects (``saveAsTable``'s does not)."""
     app = f"pgmedallion-silver-{source}" + ("-late" if second else "")
+    observation = Observation(f"pgm_rows_{uuid.uuid4().hex}")
     writer = (
-        df.writeTo(table)
+        df.observe(observation, F.count(F.lit(1)).alias("rows"))
+        .writeTo(table)
         .option("txnAppId", app)
         .option("txnVersion", str(run))
         .option("mergeSchema", "true")
@@ -1170,6 +1180,23 @@ def _append_diffs(df: DataFrame, table: str, source: str, run: int, second: bool
     failpoint("silver.before_append")
     writer.append()
     failpoint("silver.after_append")
+    try:
+        return observation.get.get("rows")
+    except Exception:  # the write was skipped (idempotent): the observed plan did not run
+        return None
+
+
+def _written(spark: SparkSession, target: str, run: int, counts: list[int | None]) -> int:
+    """The rows run ``run`` appended to ``target``: the writes' own counts, or (a write
+    skipped as done before) a count of the table's rows of the run."""
+    if all(c is not None for c in counts):
+        return sum(counts)
+    return spark.table(target).where(F.col("_run") == run).count()
+
+
+def _silver_tables(spark: SparkSession, n: _Names) -> set[str]:
+    """The silver schema's table names, lower case (one catalog call for the run)."""
+    return {r["tableName"].lower() for r in spark.sql(f"SHOW TABLES IN {n.schema}").collect()}
 
 
 def _table_exists(spark: SparkSession, qualified: str) -> bool:

@@ -231,3 +231,15 @@ def test_identity_runs_end_to_end(bench_env, capsys):
         result.ours.seconds / result.peer.seconds
     )
     assert records[-1]["name"] == "identity"
+
+
+def test_tables_runs_end_to_end(bench_env, capsys):
+    """Four runs over three small tables; the benchmark itself checks that each run applied
+    the changed tables incrementally and left the others unchanged, with every row."""
+    result, line, records = _run(bench_env, "tables", ["--tables", "3", "--rows", "20"], capsys)
+    assert RESULT_LINE.match(line), line
+    assert result.params["tables"] == 3 and result.params["rows"] == 20
+    assert records[-1]["name"] == "tables"
+    with psycopg.connect(**bench_env.conninfo) as conn:
+        (n,) = conn.execute("SELECT count(*) FROM many.t002 WHERE name = 'changed 2'").fetchone()
+    assert n == 1

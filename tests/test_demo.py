@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 
+from pgmedallion.localpg import LocalPostgres
 from tests.conftest import STATE
 
 
@@ -23,4 +24,22 @@ def test_demo_exits_0_with_an_exact_verify():
     for table in ("public.customers", "public.products", "public.orders", "public.OrderItems"):
         assert f"{table} " in out and "exact, gold" in out
     assert "MISMATCH" not in out
-    subprocess.run(["pgmedallion", "postgres", "stop"], env=env, capture_output=True, timeout=120)
+    server = LocalPostgres(state / "postgres")
+    assert not server.is_running()  # nothing the demo started outlives it
+
+    # The next commands in that directory work on the demo's state, with no setup.
+    status = subprocess.run(
+        ["pgmedallion", "status"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert status.returncode == 0, status.stdout[-2000:] + status.stderr[-2000:]
+    assert "cannot connect" not in status.stdout and "public.orders" in status.stdout
+    sql = subprocess.run(
+        ["pgmedallion", "sql", "SELECT count(*) AS n FROM pgm_gold.public_products"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert sql.returncode == 0, sql.stderr[-2000:]
+    assert "ERROR" not in sql.stderr and "ERROR" not in status.stderr
+    assert not server.is_running()
