@@ -104,29 +104,43 @@ def write_log4j2(state_dir: Path) -> Path:
     return path
 
 
-JARS_FILE = "spark-jars.json"
-"""Where the jars Ivy resolved for ``spark.jars.packages`` are remembered (in the state
-directory), so that later starts pass them as ``spark.jars`` and skip the resolution and its
-report."""
+def jars_file() -> Path:
+    """Where the jars Ivy resolved for ``spark.jars.packages`` are remembered (beside Ivy's own
+    cache, for every state directory), so that later starts pass them as ``spark.jars`` and
+    skip the resolution and its report."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "pgmedallion" / "spark-jars.json"
 
 
-def resolved_jars(state_dir: Path, packages: str) -> list[str] | None:
+def resolved_jars(packages: str) -> list[str] | None:
     """The jar files resolved before for ``packages``, when every one of them still exists."""
     try:
-        recorded = json.loads((Path(state_dir) / JARS_FILE).read_text())
+        recorded = json.loads(jars_file().read_text())
     except (OSError, ValueError):
         return None
-    jars = recorded.get("jars") if recorded.get("packages") == packages else None
+    jars = recorded.get(packages)
     if not jars or not all(Path(urlparse(j).path or j).exists() for j in jars):
         return None
     return jars
 
 
-def remember_jars(state_dir: Path, packages: str, spark: SparkSession) -> None:
+def remember_jars(packages: str, spark: SparkSession) -> None:
     jars = [j for j in (spark.sparkContext.getConf().get("spark.jars") or "").split(",") if j]
-    if jars:
-        path = Path(state_dir) / JARS_FILE
-        path.write_text(json.dumps({"packages": packages, "jars": jars}, indent=1))
+    if not jars:
+        return
+    path = jars_file()
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    recorded[packages] = jars
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(recorded, indent=1))
+        tmp.replace(path)  # atomic: concurrent starts never read half a file
+    except OSError:
+        pass  # a read-only home: every start resolves, as without the cache
 
 
 def spark_settings(
@@ -192,7 +206,7 @@ def get_spark(
     state = Path(state_dir).absolute()
     state.mkdir(parents=True, exist_ok=True)
     coordinates = ",".join((delta_package(), *packages))
-    jars = resolved_jars(state, coordinates)
+    jars = resolved_jars(coordinates)
     write_log4j2(state)
     builder = SparkSession.builder
     for key, value in spark_settings(state, packages=packages, jars=jars).items():
@@ -200,7 +214,7 @@ def get_spark(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     if jars is None:
-        remember_jars(state, coordinates, spark)
+        remember_jars(coordinates, spark)
     return spark
 
 
