@@ -54,13 +54,11 @@ compared (a map) is recomputed in full every run, at the cost of reading all its
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from queue import Queue
-from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -96,6 +94,7 @@ from gold.state import (
 )
 from pgmedallion.config import Config
 from pgmedallion.failpoints import failpoint
+from pgmedallion.parallel import concurrently
 
 TAG = "pgmedallion_gold"
 GOLD_PROPERTIES = {**COLUMN_MAPPING, "delta.enableDeletionVectors": "true"}
@@ -508,14 +507,7 @@ def build_table(
     as a run whose bookkeeping was lost); Delta's idempotent writes must then skip the commit.
     """
     t = _Table(spark, cfg, info, run, frontier, errors, adjusted or ErrorSummary())
-    errors_record = QualityRecord(
-        info.name,
-        NO_DEFINITE_ERRORS,
-        t.policy,
-        failed=errors.count,
-        passed=0 if errors.count else 1,
-        sample=errors.sample,
-    )
+    errors_record = summary_record(info.name, NO_DEFINITE_ERRORS, t.policy, errors)
     schema = gold_schema(t.columns)
     if exists is None:
         exists = table_exists(spark, t.gold)
@@ -613,14 +605,7 @@ def _outcome(
     adjusted = t.adjusted
     records = [
         *records,
-        QualityRecord(
-            t.info.name,
-            VALUES_ADJUSTED,
-            "warn",
-            failed=adjusted.count,
-            passed=0 if adjusted.count else 1,
-            sample=adjusted.sample,
-        ),
+        summary_record(t.info.name, VALUES_ADJUSTED, "warn", adjusted),
     ]
     return TableOutcome(
         table=t.info,
@@ -969,6 +954,18 @@ def touched_by_runs(
     return [(int(r["run"]), None if r["tables"] is None else set(r["tables"])) for r in rows]
 
 
+def summary_record(table: str, rule: str, policy: str, summary: ErrorSummary) -> QualityRecord:
+    """A rule counted from a summary (definite errors, adjusted values): passed when none."""
+    return QualityRecord(
+        table,
+        rule,
+        policy,
+        failed=summary.count,
+        passed=0 if summary.count else 1,
+        sample=summary.sample,
+    )
+
+
 def quiet_outcome(
     cfg: Config,
     info: SourceTable,
@@ -984,30 +981,14 @@ def quiet_outcome(
     policy = cfg.policy(info.name).on_error
     held = policy == "quarantine" and errors.count
     records = [
-        QualityRecord(
-            info.name,
-            NO_DEFINITE_ERRORS,
-            policy,
-            failed=errors.count,
-            passed=0 if errors.count else 1,
-            sample=errors.sample,
-        ),
+        summary_record(info.name, NO_DEFINITE_ERRORS, policy, errors),
         *[
             QualityRecord(info.name, r.name, policy, 0, 0)
             for r in row_rules(info.primary_key, info.not_null, policy)
         ],
     ]
     adjusted = adjusted or ErrorSummary()
-    records.append(
-        QualityRecord(
-            info.name,
-            VALUES_ADJUSTED,
-            "warn",
-            failed=adjusted.count,
-            passed=0 if adjusted.count else 1,
-            sample=adjusted.sample,
-        )
-    )
+    records.append(summary_record(info.name, VALUES_ADJUSTED, "warn", adjusted))
     return TableOutcome(
         table=info,
         gold_table=plain_name(cfg, "gold", info.silver_table),
@@ -1041,15 +1022,6 @@ def _sessions(spark: SparkSession, count: int) -> list[SparkSession]:
         return [spark.newSession() for _ in range(count)]
     except Exception:  # Spark Connect has no newSession
         return [spark]
-
-
-def _concurrently(fn: Callable[[Any], Any], items: list, workers: int = GOLD_WORKERS) -> list:
-    if len(items) <= 1 or workers <= 1:
-        return [fn(i) for i in items]
-    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
-        futures = [pool.submit(fn, i) for i in items]
-        wait(futures)
-    return [f.result() for f in futures]
 
 
 def run_gold(spark: SparkSession, cfg: Config) -> GoldResult:
@@ -1130,7 +1102,7 @@ def run_gold(spark: SparkSession, cfg: Config) -> GoldResult:
         finally:
             sessions.put(session)
 
-    built = _concurrently(one_table, work, workers=sessions.qsize())
+    built = concurrently(one_table, work, sessions.qsize())
     for (i, _, _), outcome in zip(work, built, strict=True):
         outcomes[i] = outcome
     done = [o for o in outcomes if o is not None]

@@ -41,9 +41,7 @@ import re
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 from pyspark import StorageLevel
@@ -54,6 +52,7 @@ from pyspark.sql import types as T
 from bronze.table import bronze_frontier, copy_lines
 from pgmedallion.config import Config
 from pgmedallion.failpoints import failpoint
+from pgmedallion.parallel import concurrently
 from pgmedallion.pgoutput import Relation, Truncate, decode, format_lsn
 from silver.casts import (
     CAST_ERRORS_COLUMN,
@@ -701,7 +700,7 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
         )
 
     for oid, (count, cast_errors, table_adjusted) in zip(
-        work, concurrently(one_table, work), strict=True
+        work, concurrently(one_table, work, TABLE_WORKERS), strict=True
     ):
         rows[tables[oid].qualified_name] = count
         errors.extend(cast_errors)
@@ -1030,17 +1029,6 @@ TABLE_WORKERS = 4
 """How many tables a run works on at once. Per table a run is a few small Spark jobs and
 Delta commits whose time is mostly the driver's (planning, the Delta log, the commit), so on
 two cores four at a time still overlap."""
-
-
-def concurrently(fn: Callable[[int], Any], items: list[int], workers: int = TABLE_WORKERS) -> list:
-    """``[fn(i) for i in items]``, up to ``workers`` at a time (Spark runs jobs submitted
-    from several threads side by side); the first exception is raised once all have ended."""
-    if len(items) <= 1 or workers <= 1:
-        return [fn(i) for i in items]
-    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
-        futures = [pool.submit(fn, i) for i in items]
-        wait(futures)
-    return [f.result() for f in futures]
 
 
 def _table_run(
