@@ -80,9 +80,22 @@ logger.delta_parquet.name = org.apache.spark.sql.delta.DeltaParquetFileFormat
 logger.delta_parquet.level = off
 logger.native.name = org.apache.hadoop.util.NativeCodeLoader
 logger.native.level = off
+# "AlreadyExistsException: Database ... already exists" with a stack trace, for every CREATE
+# SCHEMA IF NOT EXISTS of a schema that exists (the Hive client tries, then Spark ignores it);
+# a metastore failure that matters reaches the caller as Spark's own exception.
+logger.hms.name = org.apache.hadoop.hive.metastore.RetryingHMSHandler
+logger.hms.level = off
 """
 """Spark's log4j2 configuration (written to the state directory): the default one prints
 warnings and a few ERROR lines for things that are not errors."""
+
+
+LOCAL_JVM_OPTIONS = "-XX:ReservedCodeCacheSize=512m"
+"""Options for the local Spark JVM. Every query Spark compiles (whole-stage code generation)
+adds classes whose compiled methods stay in the JIT's code cache. A long-lived session filled
+the cache (48 MB when tiered compilation stops at C1, 240 MB otherwise) within minutes; from
+then on HotSpot's sweeper evicted and the compilers recompiled without end: the sweeper alone
+took a quarter of the JVM's CPU in the test suite."""
 
 
 EXTRA_JVM_OPTIONS_ENV = "PGMEDALLION_SPARK_JAVA_OPTIONS"
@@ -168,7 +181,7 @@ def spark_settings(
         # than that, and ran 3-4x slower than compiled (silver's COPY decoding: 3.3 s against
         # 0.9 s for 500k rows), so huge methods are compiled too (see JVM_OPTIONS).
         "spark.driver.extraJavaOptions": (
-            f"-Dderby.system.home={state_dir} {JVM_OPTIONS} "
+            f"-Dderby.system.home={state_dir} {JVM_OPTIONS} {LOCAL_JVM_OPTIONS} "
             f"-Dlog4j2.configurationFile={log4j2_file(state_dir)} "
             + os.environ.get(EXTRA_JVM_OPTIONS_ENV, "")
         ).strip(),
@@ -181,7 +194,18 @@ def spark_settings(
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.databricks.delta.snapshotPartitions": "2",
         "spark.databricks.delta.properties.defaults.autoOptimize.optimizeWrite": "false",
+        **_extra_settings(),
     }
+
+
+EXTRA_SETTINGS_ENV = "PGMEDALLION_SPARK_CONF"
+"""More settings for the local session, from the environment: ``key=value`` pairs separated
+by spaces."""
+
+
+def _extra_settings() -> dict[str, str]:
+    pairs = os.environ.get(EXTRA_SETTINGS_ENV, "").split()
+    return dict(p.split("=", 1) for p in pairs if "=" in p)
 
 
 def write_spark_defaults(conf_dir: Path, settings: dict[str, str]) -> Path:

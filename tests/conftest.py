@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import psycopg
@@ -76,17 +77,30 @@ def _fresh_db(server: LocalPostgres, request):
 
 
 def _drop_db(server: LocalPostgres, name: str) -> None:
-    """Drop a test database and its slots (slot names are cluster-wide, so they must go too)."""
+    """Drop a test database and its slots (slot names are cluster-wide, so they must go too).
+
+    A walsender that a test left streaming is terminated first; it releases its slot only
+    once it has exited, so the drop waits for that (a drop right after the terminate raced it:
+    ``replication slot ... is active for PID``)."""
     with psycopg.connect(**server.conninfo(), autocommit=True) as conn:
-        conn.execute(
-            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-            "WHERE database = %s AND active_pid IS NOT NULL",
-            (name,),
-        )
-        for (slot,) in conn.execute(
-            "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (name,)
-        ).fetchall():
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        deadline = time.monotonic() + 30
+        while True:
+            conn.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                "WHERE database = %s AND active_pid IS NOT NULL",
+                (name,),
+            )
+            slots = conn.execute(
+                "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (name,)
+            ).fetchall()
+            try:
+                for (slot,) in slots:
+                    conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                break
+            except psycopg.errors.ObjectInUse:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )
@@ -100,3 +114,33 @@ def spark():
     session = get_spark(STATE / "spark")
     yield session
     session.stop()
+
+
+# The tests that run whole pipelines take minutes each and the rest seconds. Under ``-n 2``
+# the run ends when the later worker does, so the long ones go first (largest first, as
+# measured) and the short ones fill in behind them.
+LONGEST_FIRST = (
+    "test_replica_identity.py",
+    "test_partitions.py",
+    "test_differential.py",
+    "test_resync.py",
+    "test_benchmarks.py",
+    "test_verify.py",
+    "test_generated.py",
+    "test_gold_quality.py",
+    "test_silver.py",
+    "test_gold.py",
+)
+
+
+def _weight(item) -> int:
+    name = item.path.name
+    if name in LONGEST_FIRST:
+        return LONGEST_FIRST.index(name)
+    if "spark" in getattr(item, "fixturenames", ()):
+        return len(LONGEST_FIRST)
+    return len(LONGEST_FIRST) + 1
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=_weight)  # stable: the order within a file is kept
