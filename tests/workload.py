@@ -22,7 +22,11 @@ FULL``):
 - ``events``: no primary key, duplicate rows on purpose, updated and deleted one copy at a time
   (by ``ctid``);
 - ``ledger``: int key, text with tabs, newlines, backslashes and unicode, and primary-key
-  changes.
+  changes;
+- ``orders``: partitioned by list on ``region`` (two partitions and a default one), published
+  through its root (``publish_via_partition_root``), PostgreSQL's default identity on the
+  composite key (region, id), ``infinity`` dates, unconstrained numerics from division, and rows
+  moving between partitions when their region changes.
 
 Reproducibility: every session owns the keys congruent to its number modulo ``sessions`` and
 keeps its own view of them, with its own ``random.Random`` derived from (seed, burst, session).
@@ -101,9 +105,28 @@ CREATE TABLE ledger (
 );
 ALTER TABLE events REPLICA IDENTITY FULL;
 ALTER TABLE ledger REPLICA IDENTITY FULL;
+CREATE TABLE orders (
+    region text NOT NULL,
+    id bigint NOT NULL,
+    placed date,
+    total numeric(12,2),
+    share numeric,
+    note text,
+    PRIMARY KEY (region, id)
+) PARTITION BY LIST (region);
+CREATE TABLE orders_eu PARTITION OF orders FOR VALUES IN ('eu');
+CREATE TABLE orders_us PARTITION OF orders FOR VALUES IN ('us');
+CREATE TABLE orders_rest PARTITION OF orders DEFAULT;
 """
 
-TABLES = ("public.accounts", 'public."LineItems"', "public.events", "public.ledger")
+TABLES = (
+    "public.accounts",
+    'public."LineItems"',
+    "public.events",
+    "public.ledger",
+    "public.orders",
+)
+REGIONS = ("eu", "us", "apac", "latam")
 
 TRICKY_TEXT = (
     "",
@@ -151,6 +174,7 @@ class _Session:
     items: set[tuple[int, int]] = field(default_factory=set)
     ledger: set[int] = field(default_factory=set)
     events: list[tuple[int, int]] = field(default_factory=list)  # (tag, n), copies repeated
+    orders: set[tuple[str, int]] = field(default_factory=set)  # (region, id)
     next_id: int = 0
 
     def new_id(self) -> int:
@@ -183,6 +207,7 @@ class Workload:
             'public."LineItems"': self._insert_item,
             "public.events": self._insert_event,
             "public.ledger": self._insert_ledger,
+            "public.orders": self._insert_order,
         }
         self.inserts = [inserts[t] for t in self.tables]
 
@@ -281,6 +306,19 @@ class Workload:
             self._ts(rng),
         )
 
+    def _order(self, rng: random.Random, key: tuple[str, int]) -> tuple:
+        r = rng.random()
+        placed = date(2020, 1, 1) + timedelta(days=rng.randint(0, 2000))
+        with localcontext(Context(prec=60)):  # what `total / 7` stores: 20 decimals
+            share = (Decimal(rng.randint(-(10**9), 10**9)) / 7).quantize(Decimal("1e-20"))
+        return (
+            *key,
+            None if r < 0.05 else "infinity" if r < 0.1 else placed,
+            Decimal(rng.randint(-(10**11), 10**11)) / 100,
+            None if rng.random() < 0.1 else share,
+            self._text(rng),
+        )
+
     # ------------------------------------------------------------------ schema and load
 
     def create(self) -> None:
@@ -294,8 +332,10 @@ class Workload:
                     for insert in self.inserts:
                         insert(conn, rng, s)
             if self.publication:
+                # orders is partitioned: published through its root, one table downstream
                 conn.execute(
                     f"CREATE PUBLICATION {self.publication} FOR TABLE {', '.join(self.tables)}"
+                    " WITH (publish_via_partition_root = true)"
                 )
 
     # ------------------------------------------------------------------ operations
@@ -331,7 +371,40 @@ class Workload:
         conn.execute("INSERT INTO ledger VALUES (%s, %s, %s, %s)", self._ledger(rng, key))
         s.ledger.add(key)
 
+    def _insert_order(self, conn, rng, s: _Session) -> None:
+        key = (rng.choice(REGIONS), s.new_id())
+        conn.execute("INSERT INTO orders VALUES (%s, %s, %s, %s, %s, %s)", self._order(rng, key))
+        s.orders.add(key)
+
+    def _order_statement(self, conn, rng: random.Random, s: _Session) -> None:
+        """A change of the partitioned ``orders``: an update in place, a row moving to another
+        partition (its partition key, part of the primary key, changes), or a delete."""
+        op = rng.random()
+        if op < 0.35 or not s.orders:
+            self._insert_order(conn, rng, s)
+            return
+        key = rng.choice(sorted(s.orders))
+        if op < 0.65:
+            row = self._order(rng, key)
+            conn.execute(
+                "UPDATE orders SET total = %s, share = %s, note = %s WHERE region = %s AND id = %s",
+                (row[3], row[4], row[5], *key),
+            )
+        elif op < 0.85:
+            new = (rng.choice([r for r in REGIONS if r != key[0]]), key[1])
+            conn.execute(
+                "UPDATE orders SET region = %s WHERE region = %s AND id = %s", (new[0], *key)
+            )
+            s.orders.discard(key)
+            s.orders.add(new)
+        else:
+            conn.execute("DELETE FROM orders WHERE region = %s AND id = %s", key)
+            s.orders.discard(key)
+
     def _statement(self, conn, rng: random.Random, s: _Session) -> None:
+        if "public.orders" in self.tables and rng.random() < 0.15:
+            self._order_statement(conn, rng, s)
+            return
         op = rng.random()
         if op < 0.30:
             rng.choice(self.inserts)(conn, rng, s)
