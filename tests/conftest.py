@@ -120,6 +120,7 @@ def spark():
 # the run ends when the later worker does, so the long ones go first (largest first, as
 # measured) and the short ones fill in behind them.
 LONGEST_FIRST = (
+    "test_pipeline_crash.py",  # slow: the crash trials, about 7 minutes
     "test_replica_identity.py",
     "test_partitions.py",
     "test_differential.py",
@@ -130,6 +131,10 @@ LONGEST_FIRST = (
     "test_gold_quality.py",
     "test_silver.py",
     "test_gold.py",
+    "test_faults.py",
+    "test_capture_crash.py",
+    "test_demo.py",
+    "test_bad_input.py",
 )
 
 
