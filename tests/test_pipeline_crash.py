@@ -39,11 +39,14 @@ REPO = Path(__file__).resolve().parent.parent
 SEED = 20
 VERIFY_EVERY = 4  # a full verify after every 4th recovery and the last; keys after every one
 BULK_ROWS = 60_000  # ledger rows present before the first snapshot: the COPY takes a while
-TABLES = ("public.events", "public.ledger")
+# events is key-less (FULL), ledger keyed (FULL), orders partitioned and published through its
+# root with PostgreSQL's default identity: its updates and deletes carry only the key
+TABLES = ("public.events", "public.ledger", "public.orders")
 # gold table -> (source relation, the columns that identify a row; key-less: all of them)
 GOLD_KEYS = {
     "public_events": ("events", ("sess", "tag", "n", "note")),  # copies share all four
     "public_ledger": ("ledger", ("id",)),
+    "public_orders": ("orders", ("region", "id", "total")),  # total: updates must land
 }
 
 # (how, failpoints): "snapshot" = timer kill during the snapshot COPY, "stream" = timer kill in
