@@ -439,6 +439,7 @@ def small_vs_large(name: str, args: argparse.Namespace, measure) -> Result:
             "changes": args.changes,
             "pattern": args.pattern,
             "repeats": args.repeats,
+            **({"identity": args.identity} if hasattr(args, "identity") else {}),
         },
         details={"large_over_small": large / small, "small_runs": smalls, "large_runs": larges},
     )

@@ -571,20 +571,24 @@ def _stream_loop(
         if end_at is not None:
             deadline = end_at if deadline is None else min(deadline, end_at)
         buffer = writer.buffer
-        add = buffer.add_wal
+        add, data, messages = buffer.add_wal, buffer.data, buffer.messages
         for event in stream.read_until(stop_at, deadline=deadline):
-            if isinstance(event, Keepalive):
+            if event.__class__ is Keepalive:
                 writer.poll()
-            else:
-                add(event.commit_lsn, event.end_lsn, event.xid, event.ordinal, event.payload)
-                if buffer.messages & 1023 == 0:
-                    writer.poll()
-                if buffer.messages >= max_messages or len(buffer.data) >= max_bytes:
-                    writer.commit()
-                    buffer = writer.buffer
-                    add = buffer.add_wal
-            if stop.is_set():
-                break
+                if stop.is_set():
+                    break
+                continue
+            commit_lsn, end_lsn, xid, ordinal, _, payload = event
+            add(commit_lsn, end_lsn, xid, ordinal, payload)
+            messages += 1
+            if messages >= max_messages or len(data) >= max_bytes:
+                writer.commit()
+                buffer = writer.buffer
+                add, data, messages = buffer.add_wal, buffer.data, buffer.messages
+            if not messages & 1023:
+                writer.poll()
+                if stop.is_set():
+                    break
         now = time.monotonic()
         caught_up = stop_at is not None and stream.position >= stop_at and not stream.in_transaction
         stopping = stop.is_set() or caught_up or (end_at is not None and now >= end_at)

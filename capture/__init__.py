@@ -14,8 +14,10 @@ acknowledged by the caller, after the sink has committed.
          │
     snapshot.py     exported_snapshot (temporary slot, held open)          ──> snapshot_lsn
          │            └─ per table: table_schema_at_snapshot, ctid ranges
-         │                 └─ copy_range (own session, SET TRANSACTION SNAPSHOT)
-         │                      ──> raw COPY text rows, time 0
+         │                 └─ copy_range_chunks (own session, SET TRANSACTION SNAPSHOT)
+         │                      ──> raw COPY text, ~1 MiB of whole rows a chunk, time 0
+    copy_stream.py     asyncpg reads the COPY in socket-buffer pieces (no Python per row);
+         │             psycopg reads it where asyncpg cannot express the conninfo
          │
     replication.py  start_replication ─> read_until(pg_current_wal_lsn())
          │            ──> WalMessage(commit_lsn, ordinal, payload), Keepalive(wal_end)

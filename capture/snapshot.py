@@ -52,6 +52,7 @@ import psycopg
 from psycopg import sql
 
 from capture.connection import connect, connect_replication
+from capture.copy_stream import asyncpg_params, copy_chunks
 from capture.errors import PublicationDropped, TableDropped, TransientError, server_errors
 from pgmedallion.pgoutput import parse_lsn
 
@@ -327,9 +328,26 @@ def copy_range_chunks(
     each ending in its newline, exactly as the server sent them, about ``chunk_bytes`` each.
 
     A COPY TEXT value never holds a raw newline (it is written ``\\n``), so the newlines are
-    the row boundaries. Joining the server's messages instead of handling each row keeps the
-    per-row work in C: this is the snapshot's hot loop.
+    the row boundaries. This is the snapshot's hot loop: where the conninfo allows it
+    (:func:`capture.copy_stream.asyncpg_params`), the server's messages are read in
+    socket-buffer pieces by asyncpg and no Python code runs per row; otherwise psycopg reads
+    them a row at a time and they are joined here.
     """
+    params = asyncpg_params(conninfo)
+    if params is not None:
+        yield from copy_chunks(
+            params,
+            [
+                sql.SQL("SET TRANSACTION SNAPSHOT {}")
+                .format(sql.Literal(snapshot_name))
+                .as_string(None),
+                _lock_nowait(table).as_string(None),
+            ],
+            select_query(table, columns, ctid_range).as_string(None),
+            chunk_bytes,
+            conninfo,
+        )
+        return
     lines: list[memoryview] = []
     size = 0
     for line in _copy_lines(conninfo, snapshot_name, table, columns, ctid_range):
@@ -340,6 +358,12 @@ def copy_range_chunks(
             lines, size = [], 0
     if lines:
         yield len(lines), b"".join(lines)
+
+
+def _lock_nowait(table: tuple[str, str]) -> sql.Composed:
+    # The leader holds ACCESS SHARE on the table (lock_for_snapshot); waiting here behind a
+    # DROP queued on it would wait forever, so fail (transiently) instead.
+    return sql.SQL("LOCK TABLE ONLY {} IN ACCESS SHARE MODE NOWAIT").format(sql.Identifier(*table))
 
 
 def _copy_lines(
@@ -355,13 +379,7 @@ def _copy_lines(
     try:
         use_snapshot(conn, snapshot_name)
         with server_errors():
-            # The leader holds ACCESS SHARE on the table (lock_for_snapshot); waiting here
-            # behind a DROP queued on it would wait forever, so fail (transiently) instead.
-            conn.execute(
-                sql.SQL("LOCK TABLE ONLY {} IN ACCESS SHARE MODE NOWAIT").format(
-                    sql.Identifier(*table)
-                )
-            )
+            conn.execute(_lock_nowait(table))
         with server_errors(), conn.cursor() as cursor, cursor.copy(query) as copy:
             yield from copy
         with server_errors():
@@ -370,8 +388,10 @@ def _copy_lines(
         conn.close()
 
 
-def copy_query(table: tuple[str, str], columns: Sequence[str], ctid_range: CtidRange) -> sql.SQL:
-    """``COPY (SELECT columns FROM table WHERE <ctid range>) TO STDOUT``."""
+def select_query(
+    table: tuple[str, str], columns: Sequence[str], ctid_range: CtidRange
+) -> sql.Composed:
+    """``SELECT columns FROM table WHERE <ctid range>``."""
     start, end = ctid_range
     conditions = []
     if ctid_range != WHOLE_TABLE:
@@ -379,11 +399,16 @@ def copy_query(table: tuple[str, str], columns: Sequence[str], ctid_range: CtidR
     if end is not None:
         conditions.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({end},0)")))
     where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
-    return sql.SQL("COPY (SELECT {columns} FROM {table}{where}) TO STDOUT").format(
+    return sql.SQL("SELECT {columns} FROM {table}{where}").format(
         columns=sql.SQL(", ").join(sql.Identifier(column) for column in columns),
         table=sql.Identifier(*table),
         where=where,
     )
+
+
+def copy_query(table: tuple[str, str], columns: Sequence[str], ctid_range: CtidRange) -> sql.SQL:
+    """``COPY (SELECT columns FROM table WHERE <ctid range>) TO STDOUT``."""
+    return sql.SQL("COPY ({}) TO STDOUT").format(select_query(table, columns, ctid_range))
 
 
 def lock_for_snapshot(conn: psycopg.Connection, oid: int, table: tuple[str, str]) -> None:

@@ -243,3 +243,20 @@ def test_tables_runs_end_to_end(bench_env, capsys):
     with psycopg.connect(**bench_env.conninfo) as conn:
         (n,) = conn.execute("SELECT count(*) FROM many.t002 WHERE name = 'changed 2'").fetchone()
     assert n == 1
+
+
+@pytest.mark.parametrize("identity", ["full", "default"])
+def test_incremental_runs_end_to_end(bench_env, capsys, identity):
+    """The benchmark checks that each timed gold run was incremental and kept every row; here
+    the updated rows hold the update's values. Under the default identity the update sends
+    ``name`` as unchanged TOAST, so silver's resolution keeps the old name."""
+    argv = ["--small", "2000", "--large", "20000", "--changes", "400", "--repeats", "1"]
+    result, last, records = _run(bench_env, "incremental", [*argv, "--identity", identity], capsys)
+    assert RESULT_LINE.match(last), last
+    assert result.params["identity"] == identity and records[-1]["name"] == "incremental"
+    gold = bench_env.spark.table("bench_inc_2000_gold.accounts")
+    assert gold.count() == 2000  # 200 updated, 100 deleted, 100 inserted
+    updated = gold.where("balance * 100 != (id * 7) % 100000")
+    assert updated.count() == 200
+    renamed = updated.where("name LIKE '% v1'").count()
+    assert renamed == (200 if identity == "full" else 0)
