@@ -214,7 +214,7 @@ def land_ours(env: BenchEnv, slot: str, bronze: str) -> tuple[Timing, int, int, 
         result = land_stream(spark, target, run_id=uuid.uuid4().hex)
     messages, batches = _counts(result)
     say(
-        f"  bronze commits: {result.commit_s:.2f} s in all, the reader waited "
+        f"  bronze commits ({result.writer}): {result.commit_s:.2f} s in all, the reader waited "
         f"{result.wait_s:.2f} s for them"
     )
     landed = (

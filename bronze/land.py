@@ -114,6 +114,7 @@ from bronze.table import (
     snapshotted_tables,
     write_batch,
 )
+from bronze.writer import batch_writer
 from capture.connection import connect, connect_replication
 from capture.errors import (
     CaptureError,
@@ -262,6 +263,8 @@ class StreamResult:
     """Seconds spent in bronze commits (in the background, while reading went on)."""
     wait_s: float = 0.0
     """Seconds the reader waited for a commit (its slack: commit_s - wait_s overlapped)."""
+    writer: str = ""
+    """Which writer committed the batches: ``delta-rs`` or ``spark`` (see bronze/writer.py)."""
 
 
 @dataclass
@@ -641,6 +644,8 @@ class _BatchWriter:
         """The frontier of the last batch handed to the committer."""
         self.last_commit = time.monotonic()
         self.result = result
+        self.committer = batch_writer(spark, target.bronze, target.source)
+        result.writer = self.committer.name
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bronze-commit")
         self._pending: tuple[Future, int, bool] | None = None
         result.frontier = resume if result.frontier is None else max(result.frontier, resume)
@@ -663,8 +668,7 @@ class _BatchWriter:
     def _write(self, sealed: SealedBatch) -> None:
         failpoint("bronze.before_commit")
         started = time.monotonic()
-        df = sealed.to_dataframe(self.spark)
-        write_batch(df, self.target.bronze, self.target.source, sealed.batch_id)
+        self.committer.write(sealed)
         self.result.commit_s += time.monotonic() - started
 
     def poll(self) -> None:

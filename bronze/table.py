@@ -370,27 +370,7 @@ class WalBuffer:
 
     def to_arrow(self, batch_id: int) -> pa.Table:
         """The whole batch in :data:`ARROW_SCHEMA` (the sealed batch plus its constant columns)."""
-        sealed = self.seal(batch_id)
-        n = sealed.messages
-        constants = {
-            "source": pa.repeat(self.source, n).cast(pa.string()),
-            "kind": pa.repeat("wal", n).cast(pa.string()),
-            "table_oid": pa.nulls(n, pa.int64()),
-            "table_schema": pa.nulls(n, pa.string()),
-            "table_name": pa.nulls(n, pa.string()),
-            "part": pa.nulls(n, pa.int32()),
-            "batch_id": pa.repeat(batch_id, n).cast(pa.int64()),
-            "run_id": pa.repeat(self.run_id, n).cast(pa.string()),
-            "captured_at": pa.repeat(
-                pa.scalar(sealed.captured_at, pa.timestamp("us", tz="UTC")), n
-            ),
-        }
-        columns = {
-            f.name: constants[f.name] if f.name in constants else sealed.wal.column(f.name)
-            for f in ARROW_SCHEMA
-        }
-        wal = pa.table(columns, schema=ARROW_SCHEMA)
-        return wal if sealed.others is None else pa.concat_tables([wal, sealed.others])
+        return self.seal(batch_id).to_arrow()
 
 
 @dataclass(frozen=True)
@@ -409,6 +389,28 @@ class SealedBatch:
     @property
     def messages(self) -> int:
         return self.wal.num_rows
+
+    def to_arrow(self) -> pa.Table:
+        """The batch's bronze rows in :data:`ARROW_SCHEMA`: the constant columns are repeated
+        (Arrow's ``repeat``, one value and a length), the payloads shared, not copied."""
+        n = self.messages
+        constants = {
+            "source": pa.repeat(self.source, n).cast(pa.string()),
+            "kind": pa.repeat("wal", n).cast(pa.string()),
+            "table_oid": pa.nulls(n, pa.int64()),
+            "table_schema": pa.nulls(n, pa.string()),
+            "table_name": pa.nulls(n, pa.string()),
+            "part": pa.nulls(n, pa.int32()),
+            "batch_id": pa.repeat(self.batch_id, n).cast(pa.int64()),
+            "run_id": pa.repeat(self.run_id, n).cast(pa.string()),
+            "captured_at": pa.repeat(pa.scalar(self.captured_at, pa.timestamp("us", tz="UTC")), n),
+        }
+        columns = {
+            f.name: constants[f.name] if f.name in constants else self.wal.column(f.name)
+            for f in ARROW_SCHEMA
+        }
+        wal = pa.table(columns, schema=ARROW_SCHEMA)
+        return wal if self.others is None else pa.concat_tables([wal, self.others])
 
     def to_dataframe(self, spark: SparkSession) -> DataFrame:
         """The batch's bronze rows, in the bronze table's column order."""
