@@ -172,10 +172,15 @@ COPY_CHUNK_BYTES = 1 << 20
 ARROW_BATCH_BYTES = 16 << 20
 STREAM_BATCH_MESSAGES = 500_000
 STREAM_BATCH_BYTES = 48 << 20
-"""Payload bytes per stream batch. Two batches live at once (one committing, one filling):
-through a 1M-row transaction the capture's peak RSS was 530 MB at 64 MiB, 385 MB at 48 MiB
-and 334 MB at 32 MiB; a commit costs about the same at any of these sizes, so smaller batches
-slow the stream (1M messages: 3 commits, ratio 0.22; 5 commits at 32 MiB, 0.17)."""
+"""Payload bytes per stream batch committed through Spark. Two batches live at once (one
+committing, one filling): through a 1M-row transaction the capture's peak RSS was 530 MB at
+64 MiB, 385 MB at 48 MiB and 334 MB at 32 MiB; a Spark commit costs about the same at any of
+these sizes, so smaller batches slow the stream (1M messages: 3 commits, ratio 0.22; 5 commits
+at 32 MiB, 0.17)."""
+DELTA_RS_BATCH_MESSAGES = 100_000
+DELTA_RS_BATCH_BYTES = 8 << 20
+"""The same through delta-rs, whose commit costs tens of milliseconds: small batches cost the
+stream little and keep the capture's memory low (see benchmarks/RESULTS.md, session 12)."""
 
 RECORDED_ERRORS = (
     PublicationDropped,
@@ -203,8 +208,10 @@ class CaptureTarget:
 class StreamLimits:
     """When the stream commits a batch."""
 
-    batch_messages: int = STREAM_BATCH_MESSAGES
-    batch_bytes: int = STREAM_BATCH_BYTES
+    batch_messages: int | None = None
+    """Messages per batch; None: the writer's (``STREAM_BATCH_*`` for Spark, ``DELTA_RS_*``)."""
+    batch_bytes: int | None = None
+    """Payload bytes per batch; None: the writer's."""
     commit_interval_s: float = 10.0
     """Continuous mode: commit what arrived at least this often."""
     idle_commit_interval_s: float = 60.0
@@ -568,7 +575,11 @@ def _stream_loop(
 ) -> None:
     continuous = stop_at is None
     next_check = time.monotonic() + limits.publication_check_interval_s
-    max_messages, max_bytes = limits.batch_messages, limits.batch_bytes
+    small = writer.committer.name == "delta-rs"
+    max_messages = limits.batch_messages or (
+        DELTA_RS_BATCH_MESSAGES if small else STREAM_BATCH_MESSAGES
+    )
+    max_bytes = limits.batch_bytes or (DELTA_RS_BATCH_BYTES if small else STREAM_BATCH_BYTES)
     while True:
         deadline = time.monotonic() + limits.commit_interval_s if continuous else None
         if end_at is not None:
