@@ -114,7 +114,7 @@ from bronze.table import (
     snapshotted_tables,
     write_batch,
 )
-from bronze.writer import batch_writer
+from bronze.writer import DataFile, DeltaRsWriter, batch_writer, write_data_file
 from capture.connection import connect, connect_replication
 from capture.errors import (
     CaptureError,
@@ -332,6 +332,32 @@ def _copy_task_rows(
                 yield from buffer.to_arrow(batch_id).to_batches()
 
 
+DATA_FILE_SCHEMA = "path STRING, size BIGINT, stats STRING"
+
+
+def _copy_task_files(
+    ids: Iterator[pa.RecordBatch],
+    tasks: Sequence[Mapping[str, Any]],
+    conninfo: Mapping[str, Any],
+    snapshot_name: str,
+    source: str,
+    run_id: str,
+    snapshot_lsn: int,
+    batch_id: int,
+    table_dir: str,
+) -> Iterator[pa.RecordBatch]:
+    """Spark task body where delta-rs commits bronze: the records of :func:`_copy_task_rows`
+    written as one Parquet file into bronze's directory, and one row naming it."""
+    batches = _copy_task_rows(
+        ids, tasks, conninfo, snapshot_name, source, run_id, snapshot_lsn, batch_id
+    )
+    written = write_data_file(table_dir, batches)
+    if written is not None:
+        yield pa.RecordBatch.from_pylist(
+            [{"path": written.path, "size": written.size, "stats": written.stats}]
+        )
+
+
 def land_snapshot(
     spark: SparkSession,
     target: CaptureTarget,
@@ -443,12 +469,31 @@ def _write_snapshot(
         _add_snapshot_records(meta, schema, point.snapshot_lsn)
     conninfo, name, source = dict(target.conninfo), point.snapshot_name, target.source
     lsn = point.snapshot_lsn
-    copy_df = one_task_per_partition(spark, len(tasks)).mapInArrow(
-        lambda it: _copy_task_rows(it, tasks, conninfo, name, source, run_id, lsn, batch_id),
-        _spark_schema(spark),
-    )
-    meta_df = spark.createDataFrame(meta.to_arrow(batch_id))
+    committer = batch_writer(spark, target.bronze, target.source)
     try:
+        if isinstance(committer, DeltaRsWriter):
+            # Each Spark task writes its range's Parquet file into bronze's directory and
+            # returns its name and statistics; the driver commits them all at once.
+            table_dir = committer.path
+            files = [
+                DataFile(r["path"], r["size"], r["stats"])
+                for r in one_task_per_partition(spark, len(tasks))
+                .mapInArrow(
+                    lambda it: _copy_task_files(
+                        it, tasks, conninfo, name, source, run_id, lsn, batch_id, table_dir
+                    ),
+                    DATA_FILE_SCHEMA,
+                )
+                .collect()
+            ]
+            meta_file = write_data_file(table_dir, meta.to_arrow(batch_id).to_batches())
+            committer.commit_files([*files, meta_file], batch_id)
+            return
+        copy_df = one_task_per_partition(spark, len(tasks)).mapInArrow(
+            lambda it: _copy_task_rows(it, tasks, conninfo, name, source, run_id, lsn, batch_id),
+            _spark_schema(spark),
+        )
+        meta_df = spark.createDataFrame(meta.to_arrow(batch_id))
         write_batch(copy_df.unionByName(meta_df), target.bronze, target.source, batch_id)
     except Exception as exc:
         error = capture_error_from_spark(exc)

@@ -28,21 +28,30 @@ commits its snapshot before it streams, and one stream batch at a time.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import unquote, urlparse
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 try:  # in the `local` extra: a Databricks cluster commits bronze through Spark
     from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
     from deltalake.exceptions import CommitFailedError
+    from deltalake.transaction import AddAction
 except ImportError:
     DeltaTable = None
 
-from bronze.table import SealedBatch, app_id, write_batch
+from bronze.table import ARROW_SCHEMA, STATS_COLUMNS, SealedBatch, app_id, write_batch
 from pgmedallion.spark import on_databricks
 
 log = logging.getLogger(__name__)
@@ -76,6 +85,7 @@ class DeltaRsWriter:
     name = "delta-rs"
 
     def __init__(self, path: str, source: str) -> None:
+        self.path = path
         self.table = DeltaTable(path)
         self.app = app_id(source)
 
@@ -83,6 +93,30 @@ class DeltaRsWriter:
         self.table.update_incremental()
         version = self.table.transaction_version(self.app)
         return version is not None and version >= batch_id
+
+    def commit_files(self, files: Sequence[DataFile], batch_id: int) -> bool:
+        """Commit Parquet files already written into the table's directory (a snapshot's, by
+        :func:`write_data_file` in its Spark tasks) as one commit of batch ``batch_id``.
+        Returns False if that batch was committed before (the files are then left unused)."""
+        if self.committed(batch_id):
+            log.info("bronze batch %d was committed before: skipped", batch_id)
+            return False
+        now = int(time.time() * 1000)
+        actions = [AddAction(f.path, f.size, {}, now, True, f.stats) for f in files]
+        try:
+            self.table.create_write_transaction(
+                actions,
+                mode="append",
+                schema=self.table.schema(),
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(self.app, batch_id)]
+                ),
+            )
+        except CommitFailedError:
+            if self.committed(batch_id):
+                return False
+            raise
+        return True
 
     def write(self, batch: SealedBatch) -> None:
         if self.committed(batch.batch_id):
@@ -139,3 +173,56 @@ def _delta_rs_refusal(spark: SparkSession, table: str) -> str | None:
     if protocol.min_writer_version > _MAX_WRITER_VERSION or protocol.writer_features:
         return f"{table} has writer protocol {protocol.min_writer_version}"
     return None
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """A Parquet file written into a Delta table's directory, not yet committed."""
+
+    path: str
+    """Relative to the table's directory."""
+    size: int
+    stats: str
+    """Delta's JSON statistics (``numRecords``, and min, max and null count of the columns in
+    ``delta.dataSkippingStatsColumns``)."""
+
+
+_STATS_COLUMNS = STATS_COLUMNS.split(",")
+
+
+def write_data_file(table_dir: str, batches: Iterable[pa.RecordBatch]) -> DataFile | None:
+    """Write ``batches`` (in :data:`~bronze.table.ARROW_SCHEMA`) as one Parquet file of the
+    Delta table at ``table_dir``, with the statistics Delta keeps for bronze; None if there were
+    no rows. Files a crash leaves uncommitted are never read (``VACUUM`` removes them)."""
+    name = f"part-{uuid.uuid4()}-c000.snappy.parquet"
+    path = os.path.join(table_dir, name)
+    rows = 0
+    low: dict[str, object] = {}
+    high: dict[str, object] = {}
+    nulls = dict.fromkeys(_STATS_COLUMNS, 0)
+    writer = None
+    try:
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            if writer is None:
+                writer = pq.ParquetWriter(path, ARROW_SCHEMA, compression="snappy")
+            writer.write_batch(batch)
+            rows += batch.num_rows
+            for column in _STATS_COLUMNS:
+                values = batch.column(column)
+                nulls[column] += values.null_count
+                if values.null_count == len(values):
+                    continue
+                bounds = pc.min_max(values).as_py()
+                if column not in low or bounds["min"] < low[column]:
+                    low[column] = bounds["min"]
+                if column not in high or bounds["max"] > high[column]:
+                    high[column] = bounds["max"]
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:
+        return None
+    stats = {"numRecords": rows, "minValues": low, "maxValues": high, "nullCount": nulls}
+    return DataFile(name, os.path.getsize(path), json.dumps(stats))

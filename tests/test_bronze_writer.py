@@ -4,19 +4,22 @@ choice of writer."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
+import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
-from bronze.table import ARROW_SCHEMA, WalBuffer, app_id, ensure_bronze_table
+from bronze.table import ARROW_SCHEMA, RecordBuffer, WalBuffer, app_id, ensure_bronze_table
 from bronze.writer import (
     WRITER_ENV,
     DeltaRsWriter,
     SparkWriter,
     batch_writer,
     local_table_path,
+    write_data_file,
 )
 
 SOURCE = "wsrc"
@@ -102,3 +105,37 @@ def test_a_table_delta_rs_must_not_write_goes_to_spark(spark, bronze, monkeypatc
     monkeypatch.setenv(WRITER_ENV, "delta-rs")
     with pytest.raises(ValueError, match="writer protocol 5"):
         batch_writer(spark, bronze, SOURCE)
+
+
+def test_files_written_beside_the_table_commit_once_with_their_statistics(spark, bronze):
+    writer = batch_writer(spark, bronze, SOURCE)
+    tables = []
+    for oid in (11, 12):
+        records = RecordBuffer(SOURCE, "snap")
+        for i in range(50):
+            records.add(
+                "copy",
+                500,
+                table_oid=oid,
+                table_schema="s",
+                table_name=f"t{oid}",
+                ordinal=i + 1,
+                part=0,
+                payload=f"{i}\trow {i}\n".encode(),
+            )
+        tables.append(records.to_arrow(7))
+    files = [write_data_file(writer.path, t.to_batches(max_chunksize=16)) for t in tables]
+    assert write_data_file(writer.path, []) is None
+    stats = json.loads(files[0].stats)
+    assert stats["numRecords"] == 50 and stats["nullCount"]["table_oid"] == 0
+    assert stats["minValues"]["table_oid"] == stats["maxValues"]["table_oid"] == 11
+    assert (stats["minValues"]["kind"], stats["maxValues"]["batch_id"]) == ("copy", 7)
+    assert writer.commit_files(files, 7)
+    assert not writer.commit_files(files, 7)  # a rerun's commit of the same batch: skipped
+    expected = spark.createDataFrame(pa.concat_tables(tables))
+    assert_df_equality(spark.table(bronze), expected, ignore_row_order=True, ignore_nullable=True)
+    # Delta skips the other table's file by the statistics.
+    scanned = (
+        spark.table(bronze).where("table_oid = 12").select(F.input_file_name()).distinct().count()
+    )
+    assert scanned == 1
