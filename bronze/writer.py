@@ -21,9 +21,11 @@ contract:
     protocol delta-rs does not write, and when ``PGMEDALLION_BRONZE_WRITER=spark`` asks for it.
 
 The table stays an ordinary Delta table: Spark reads what either writer committed (the tests
-read every table the delta-rs writer produced), and snapshots and error records are still
-committed through Spark. The two writers never commit at the same time: a capture attempt
-commits its snapshot before it streams, and one stream batch at a time.
+read every table the delta-rs writer produced). Where delta-rs commits, a snapshot's Spark
+tasks write their Parquet files into the table's directory (:func:`write_data_file`) and the
+driver commits them (:meth:`DeltaRsWriter.commit_files`); error records go through Spark.
+The two writers never commit at the same time: a capture attempt commits its snapshot before
+it streams, and one stream batch at a time.
 """
 
 from __future__ import annotations
