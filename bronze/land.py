@@ -76,6 +76,7 @@ reads as a streaming source.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -335,22 +336,10 @@ def _copy_task_rows(
 DATA_FILE_SCHEMA = "path STRING, size BIGINT, stats STRING"
 
 
-def _copy_task_files(
-    ids: Iterator[pa.RecordBatch],
-    tasks: Sequence[Mapping[str, Any]],
-    conninfo: Mapping[str, Any],
-    snapshot_name: str,
-    source: str,
-    run_id: str,
-    snapshot_lsn: int,
-    batch_id: int,
-    table_dir: str,
-) -> Iterator[pa.RecordBatch]:
-    """Spark task body where delta-rs commits bronze: the records of :func:`_copy_task_rows`
-    written as one Parquet file into bronze's directory, and one row naming it."""
-    batches = _copy_task_rows(
-        ids, tasks, conninfo, snapshot_name, source, run_id, snapshot_lsn, batch_id
-    )
+def _copy_task_files(batches: Iterator[pa.RecordBatch], table_dir: str) -> Iterator[pa.RecordBatch]:
+    """Spark task body where delta-rs commits bronze: the task's records (``batches``, from
+    :func:`_copy_task_rows`) written as one Parquet file into bronze's directory, and one row
+    naming it."""
     written = write_data_file(table_dir, batches)
     if written is not None:
         yield pa.RecordBatch.from_pylist(
@@ -467,8 +456,16 @@ def _write_snapshot(
     meta = RecordBuffer(target.source, run_id)
     for schema in schemas:
         _add_snapshot_records(meta, schema, point.snapshot_lsn)
-    conninfo, name, source = dict(target.conninfo), point.snapshot_name, target.source
-    lsn = point.snapshot_lsn
+    copy_rows = functools.partial(
+        _copy_task_rows,
+        tasks=tasks,
+        conninfo=dict(target.conninfo),
+        snapshot_name=point.snapshot_name,
+        source=target.source,
+        run_id=run_id,
+        snapshot_lsn=point.snapshot_lsn,
+        batch_id=batch_id,
+    )
     committer = batch_writer(spark, target.bronze, target.source)
     try:
         if isinstance(committer, DeltaRsWriter):
@@ -479,9 +476,7 @@ def _write_snapshot(
                 DataFile(r["path"], r["size"], r["stats"])
                 for r in one_task_per_partition(spark, len(tasks))
                 .mapInArrow(
-                    lambda it: _copy_task_files(
-                        it, tasks, conninfo, name, source, run_id, lsn, batch_id, table_dir
-                    ),
+                    lambda it: _copy_task_files(copy_rows(it), table_dir),
                     DATA_FILE_SCHEMA,
                 )
                 .collect()
@@ -490,8 +485,7 @@ def _write_snapshot(
             committer.commit_files([*files, meta_file], batch_id)
             return
         copy_df = one_task_per_partition(spark, len(tasks)).mapInArrow(
-            lambda it: _copy_task_rows(it, tasks, conninfo, name, source, run_id, lsn, batch_id),
-            _spark_schema(spark),
+            copy_rows, _spark_schema(spark)
         )
         meta_df = spark.createDataFrame(meta.to_arrow(batch_id))
         write_batch(copy_df.unionByName(meta_df), target.bronze, target.source, batch_id)

@@ -156,25 +156,26 @@ def batch_writer(spark: SparkSession, table: str, source: str) -> BatchWriter:
         raise ValueError(f"{WRITER_ENV} must be auto, delta-rs or spark, not {choice!r}")
     if choice == "spark" or (choice == "auto" and on_databricks()):
         return SparkWriter(spark, table, source)
-    reason = _delta_rs_refusal(spark, table)
-    if reason is None:
-        return DeltaRsWriter(local_table_path(spark, table), source)
+    path, reason = _delta_rs_target(spark, table)
+    if path is not None:
+        return DeltaRsWriter(path, source)
     if choice == "delta-rs":
         raise ValueError(f"{WRITER_ENV}=delta-rs, but {reason}")
     log.info("bronze batches are committed through Spark: %s", reason)
     return SparkWriter(spark, table, source)
 
 
-def _delta_rs_refusal(spark: SparkSession, table: str) -> str | None:
+def _delta_rs_target(spark: SparkSession, table: str) -> tuple[str | None, str]:
+    """``(path, "")`` when delta-rs can write ``table`` at ``path``, else ``(None, why not)``."""
     if DeltaTable is None:
-        return "the deltalake package is not installed"
+        return None, "the deltalake package is not installed"
     path = local_table_path(spark, table)
     if path is None:
-        return f"{table} is not a directory of the local file system"
+        return None, f"{table} is not a directory of the local file system"
     protocol = DeltaTable(path).protocol()
     if protocol.min_writer_version > _MAX_WRITER_VERSION or protocol.writer_features:
-        return f"{table} has writer protocol {protocol.min_writer_version}"
-    return None
+        return None, f"{table} has writer protocol {protocol.min_writer_version}"
+    return path, ""
 
 
 @dataclass(frozen=True)
