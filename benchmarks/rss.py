@@ -12,17 +12,15 @@ Setup (untimed)
 
 What is compared
     Ours is the real capture, ``bronze.land.capture_once`` with the production stream limits,
-    as ``tests/capture_child.py`` runs it: in a Python process of its own (``python -m
-    benchmarks.rss SPEC``) with its own local Spark session (``--state-dir``/``rss-capture``),
-    streaming the transaction into a bronze Delta table. Our figure is that Python driver
-    process's ``VmHWM`` (peak resident set) from ``/proc/self/status`` at the end of the run:
-    it covers the whole life of the process (Python, pyspark and py4j, starting the Spark
-    session, landing the empty snapshot, then reading, buffering and committing the
-    transaction). The local Spark JVM is a *separate* process (started by pyspark): its
-    ``VmHWM`` is printed and recorded in the details (``jvm_peak_rss_kib``) but is not part of
-    our figure, and neither are Spark's Python worker processes (used only for the empty
-    snapshot). ``setup_peak_rss_kib`` is the driver's peak before the transaction, so the
-    difference is what streaming it added.
+    as a local ``pgmedallion run --stage capture`` runs it: in a Python process of its own
+    (``python -m benchmarks.rss SPEC``) without Spark, bronze (under ``--state-dir``/
+    ``rss-capture``) read and written by delta-rs. Our figure is that process's ``VmHWM``
+    (peak resident set) from ``/proc/self/status`` at the end of the run: it covers the whole
+    life of the process (Python and its libraries, creating bronze, landing the empty
+    snapshot, then reading, buffering and committing the transaction), and nothing else runs
+    for it (no JVM, no worker processes). ``setup_peak_rss_kib`` is the peak before the
+    transaction, so the difference is what streaming it added. (Through session 12 the child
+    ran a local Spark session: the JVM was a separate process, not counted.)
 
     The peer is ``pg_recvlogical --start --no-loop --endpos <end LSN> -o proto_version=1 -o
     publication_names=<pub> -f /dev/null`` on its own slot (the stream benchmark's command):
@@ -34,11 +32,11 @@ What is compared
     of MB), so it is only an upper bound, recorded as ``peer_wait4_maxrss_kib``. The benchmark
     checks that the peer's slot's ``confirmed_flush_lsn`` reached the end LSN.
 
-    The ratio is our peak over the peer's (lower is better), and the goal is our peak at most
-    512 MB. Megabytes are 10^6 bytes here as in every benchmark, so this is stricter than the
-    512 MiB of ``tests/test_capture_memory.py``. Memory does not depend on the machine's load
-    the way throughput does, but it does depend on the row width (the stream commits a batch
-    at 500,000 messages or 64 MiB of payload, whichever comes first, and holds at most two).
+    The ratio is our peak over the peer's (lower is better), and the goal is our peak below
+    256 MB (issue 17). Megabytes are 10^6 bytes here as in every benchmark. Memory does not
+    depend on the machine's load the way throughput does, but it does depend on the row width
+    (the stream commits a batch at ``DELTA_RS_BATCH_MESSAGES`` messages or
+    ``DELTA_RS_BATCH_BYTES`` of payload, whichever comes first, and holds at most two).
 
 The benchmark checks that bronze received every Insert of the transaction (counted by the
 child after it has read its peak). Both slots are dropped at the end.
@@ -74,7 +72,7 @@ from pgmedallion.pgoutput import format_lsn, parse_lsn
 
 NAME = "rss"
 DESCRIPTION = "capture peak RSS through one large transaction vs. pg_recvlogical to /dev/null"
-GOAL_MB = 512
+GOAL_MB = 256
 
 TABLE = "bench_rss"
 PUBLICATION = "bench_rss_pub"
@@ -168,15 +166,13 @@ def run(args: argparse.Namespace) -> MemoryResult:
             f"capture stopped at {format_lsn(done['frontier'])}, "
             f"before the end LSN {format_lsn(measured['end_lsn'])}"
         )
-    python_kib, jvm_kib = done["python_peak_rss_kib"], done["jvm_peak_rss_kib"]
+    python_kib = done["python_peak_rss_kib"]
+    if done["pyspark_imported"]:
+        raise RuntimeError("the capture child imported pyspark: it must run without Spark")
     say(
         f"ours capture_once: {done['messages']} messages in {done['batches']} bronze commits, "
-        f"{done['capture_s']:.2f} s; peak RSS of its Python driver process {_mb(python_kib)} "
+        f"{done['capture_s']:.2f} s; peak RSS of its process {_mb(python_kib)} "
         f"({_mb(ready['python_peak_rss_kib'])} before the transaction)"
-    )
-    say(
-        f"  the capture's Spark JVM is a separate process, not counted in our figure: "
-        f"peak RSS {_mb(jvm_kib or 0)}"
     )
     return MemoryResult(
         name=NAME,
@@ -185,11 +181,9 @@ def run(args: argparse.Namespace) -> MemoryResult:
         goal_mb=GOAL_MB,
         params={"rows": args.rows},
         details={
-            "ours_is": "VmHWM of the capture's Python driver process (child), whole life",
+            "ours_is": "VmHWM of the capture's process (child, no Spark), whole life",
             "peer_is": f"VmHWM of pg_recvlogical, polled from /proc every {POLL_S} s",
             "peer_wait4_maxrss_kib": measured["peer_wait4_kib"],
-            "jvm_separate_process": True,
-            "jvm_peak_rss_kib": jvm_kib,
             "setup_peak_rss_kib": ready["python_peak_rss_kib"],
             "messages": done["messages"],
             "landed_by_kind": done["landed"],
@@ -199,7 +193,6 @@ def run(args: argparse.Namespace) -> MemoryResult:
             "workload_s": round(measured["workload_s"], 2),
             "ours_capture_s": round(done["capture_s"], 2),
             "peer_s": round(measured["peer_s"], 2),
-            "spark_start_s": round(ready["spark_start_s"], 2),
         },
     )
 
@@ -326,44 +319,33 @@ def _report(phase: str, **values: Any) -> None:
 
 def child_main(spec_path: str) -> int:
     """Land the (empty) snapshot, report, wait for ``go``, capture the transaction, report."""
-    from pyspark.sql import functions as F
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
 
     from bronze.land import CaptureTarget, RetryPolicy, capture_once
-    from pgmedallion.spark import get_spark
 
     spec = json.loads(Path(spec_path).read_text())
-    with Stopwatch() as started:
-        spark = get_spark(spec["state_dir"])
-    spark.sql(f"CREATE SCHEMA IF NOT EXISTS {spec['bronze'].split('.')[0]}")
+    schema, table = spec["bronze"].split(".")
     target = CaptureTarget(
         spec["conninfo"],
         source=spec["source"],
         publication=spec["publication"],
         slot=spec["slot"],
         bronze=spec["bronze"],
+        bronze_path=str(Path(spec["state_dir"]) / "warehouse" / f"{schema}.db" / table),
     )
     retry = RetryPolicy(attempts=3, initial_delay_s=0.2)
-    setup = capture_once(spark, target, retry=retry)
-    _report(
-        "ready",
-        snapshotted=setup.snapshotted,
-        python_peak_rss_kib=peak_rss_kib(),
-        spark_start_s=started.seconds,
-    )
+    setup = capture_once(None, target, retry=retry)  # no Spark, as a local capture runs
+    _report("ready", snapshotted=setup.snapshotted, python_peak_rss_kib=peak_rss_kib())
     if sys.stdin.readline().strip() != "go":
-        spark.stop()
         return 1
     with Stopwatch() as watch:
-        result = capture_once(spark, target, retry=retry)
+        result = capture_once(None, target, retry=retry)
     python_kib = peak_rss_kib()  # before the check below, which is not the capture's work
-    jvm_kib = peak_rss_kib(int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()))
-    kinds = (
-        spark.table(target.bronze)
-        .where("kind = 'wal'")
-        .groupBy(F.expr("decode(substring(payload, 1, 1), 'US-ASCII')").alias("k"))
-        .count()
-        .collect()
+    wal = DeltaTable(target.bronze_path).to_pyarrow_table(
+        columns=["payload"], filters=[("kind", "=", "wal")]
     )
+    first = pc.binary_slice(wal.column("payload"), 0, 1).cast("string").value_counts()
     _report(
         "done",
         messages=result.messages,
@@ -371,10 +353,9 @@ def child_main(spec_path: str) -> int:
         frontier=result.frontier,
         capture_s=watch.seconds,
         python_peak_rss_kib=python_kib,
-        jvm_peak_rss_kib=jvm_kib,
-        landed={r["k"]: r["count"] for r in kinds},
+        pyspark_imported="pyspark" in sys.modules,
+        landed={v["values"]: v["counts"] for v in first.to_pylist()},
     )
-    spark.stop()
     return 0
 
 

@@ -46,7 +46,7 @@ from psycopg import sql
 
 from benchmarks.common import MB, BenchEnv, Result, Stopwatch, Timing, jdbc_url, say
 from bronze.land import CaptureTarget, land_snapshot
-from bronze.table import copy_row_counts, ensure_bronze_table
+from bronze.spark_table import copy_row_counts, ensure_bronze_table
 from capture.snapshot import copy_query, estimate_table_block_counts, worker_ctid_ranges
 
 NAME = "snapshot"

@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 
 from benchmarks.common import MB, BenchEnv, Result, Stopwatch, Timing, recvlogical_command, say
 from bronze.land import CaptureTarget, land_stream
-from bronze.table import ensure_bronze_table
+from bronze.spark_table import ensure_bronze_table
 from pgmedallion.pgoutput import format_lsn, parse_lsn
 
 NAME = "stream"

@@ -77,9 +77,7 @@ reads as a streaming source.
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import re
 import signal
 import threading
 import time
@@ -88,34 +86,21 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pyarrow as pa
 from psycopg import sql
-from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
-import capture.errors as capture_errors
+from bronze.store import Bronze, open_bronze
 from bronze.table import (
-    ARROW_SCHEMA,
     BronzeState,
     RecordBuffer,
     SealedBatch,
     WalBuffer,
-    bronze_frontier,
-    bronze_state,
-    copy_row_counts,
-    ensure_bronze_table,
     error_payload,
     json_payload,
-    next_batch_id,
-    recorded_errors,
-    request_resync,
-    snapshotted_tables,
-    write_batch,
 )
-from bronze.writer import DataFile, DeltaRsWriter, batch_writer, write_data_file
 from capture.connection import connect, connect_replication
 from capture.errors import (
     CaptureError,
@@ -164,7 +149,9 @@ from capture.snapshot import (
 )
 from pgmedallion.failpoints import failpoint
 from pgmedallion.pgoutput import format_lsn
-from pgmedallion.spark import one_task_per_partition
+
+if TYPE_CHECKING:  # a capture without Spark never imports it
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +190,15 @@ class CaptureTarget:
     slot: str
     bronze: str
     """The bronze table's qualified name."""
+    bronze_path: str | None = None
+    """Its local directory, when known without Spark (see :func:`bronze.store.open_bronze`)."""
+
+
+def bronze_of(spark: SparkSession | Bronze | None, target: CaptureTarget) -> Bronze:
+    """``target``'s bronze: given, or opened with ``spark`` (None: without Spark, by delta-rs)."""
+    if isinstance(spark, Bronze):
+        return spark
+    return open_bronze(target.bronze, target.source, path=target.bronze_path, spark=spark)
 
 
 @dataclass(frozen=True)
@@ -333,22 +329,8 @@ def _copy_task_rows(
                 yield from buffer.to_arrow(batch_id).to_batches()
 
 
-DATA_FILE_SCHEMA = "path STRING, size BIGINT, stats STRING"
-
-
-def _copy_task_files(batches: Iterator[pa.RecordBatch], table_dir: str) -> Iterator[pa.RecordBatch]:
-    """Spark task body where delta-rs commits bronze: the task's records (``batches``, from
-    :func:`_copy_task_rows`) written as one Parquet file into bronze's directory, and one row
-    naming it."""
-    written = write_data_file(table_dir, batches)
-    if written is not None:
-        yield pa.RecordBatch.from_pylist(
-            [{"path": written.path, "size": written.size, "stats": written.stats}]
-        )
-
-
 def land_snapshot(
-    spark: SparkSession,
+    spark: SparkSession | Bronze | None,
     target: CaptureTarget,
     tables: Sequence[int | PublishedTable],
     *,
@@ -358,8 +340,10 @@ def land_snapshot(
 ) -> SnapshotLanded:
     """Snapshot ``tables`` (OIDs or published tables) at one exported snapshot, as one commit.
 
-    A table dropped before the snapshot is skipped and gets an ``error`` record.
+    A table dropped before the snapshot is skipped and gets an ``error`` record. ``spark``:
+    see :func:`bronze_of`.
     """
+    bronze = bronze_of(spark, target)
     wanted = [
         t if isinstance(t, PublishedTable) else PublishedTable(int(t), "", "") for t in tables
     ]
@@ -387,7 +371,7 @@ def land_snapshot(
             version = conn.info.server_version
             names = {schema.oid: f"{schema.schema}.{schema.name}" for schema in schemas}
             if schemas:
-                batch_id = next_batch_id(spark, target.bronze, target.source)
+                batch_id = bronze.next_batch_id()
                 monitor = (
                     CopyProgressMonitor(
                         target.conninfo,
@@ -402,7 +386,7 @@ def land_snapshot(
                 )
                 with monitor:
                     _write_snapshot(
-                        spark, target, schemas, blocks, version, point, workers, run_id, batch_id
+                        bronze, target, schemas, blocks, version, point, workers, run_id, batch_id
                     )
             failpoint("snapshot.after_commit")
             with server_errors():
@@ -411,9 +395,9 @@ def land_snapshot(
             conn.close()
     table_errors = {}
     for table, exc in dropped.items():
-        if record_error(spark, target, exc, lsn=point.snapshot_lsn, run_id=run_id, table=table):
+        if record_error(bronze, exc, lsn=point.snapshot_lsn, run_id=run_id, table=table):
             table_errors[_table_name(table)] = str(exc)
-    counts = _landed_counts(spark, target, batch_id) if schemas else {}
+    counts = bronze.landed_counts(batch_id) if schemas else {}
     for name in names.values():
         counts.setdefault(name, 0)
     if progress is not None and names:
@@ -427,7 +411,7 @@ def land_snapshot(
 
 
 def _write_snapshot(
-    spark: SparkSession,
+    bronze: Bronze,
     target: CaptureTarget,
     schemas: list[TableSchema],
     blocks: dict[int, int],
@@ -466,62 +450,7 @@ def _write_snapshot(
         snapshot_lsn=point.snapshot_lsn,
         batch_id=batch_id,
     )
-    committer = batch_writer(spark, target.bronze, target.source)
-    try:
-        if isinstance(committer, DeltaRsWriter):
-            # Each Spark task writes its range's Parquet file into bronze's directory and
-            # returns its name and statistics; the driver commits them all at once.
-            table_dir = committer.path
-            files = [
-                DataFile(r["path"], r["size"], r["stats"])
-                for r in one_task_per_partition(spark, len(tasks))
-                .mapInArrow(
-                    lambda it: _copy_task_files(copy_rows(it), table_dir),
-                    DATA_FILE_SCHEMA,
-                )
-                .collect()
-            ]
-            meta_file = write_data_file(table_dir, meta.to_arrow(batch_id).to_batches())
-            committer.commit_files([*files, meta_file], batch_id)
-            return
-        copy_df = one_task_per_partition(spark, len(tasks)).mapInArrow(
-            copy_rows, _spark_schema(spark)
-        )
-        meta_df = spark.createDataFrame(meta.to_arrow(batch_id))
-        write_batch(copy_df.unionByName(meta_df), target.bronze, target.source, batch_id)
-    except Exception as exc:
-        error = capture_error_from_spark(exc)
-        if error is None:
-            raise
-        raise error from exc
-
-
-def _landed_counts(spark: SparkSession, target: CaptureTarget, batch_id: int) -> dict[str, int]:
-    rows = copy_row_counts(
-        spark.table(target.bronze)
-        .where((F.col("batch_id") == batch_id) & (F.col("kind") == "copy"))
-        .where(F.col("source") == target.source)
-    ).collect()
-    return {f"{r['table_schema']}.{r['table_name']}": r["rows"] for r in rows}
-
-
-_CAPTURE_ERROR_IN_TRACE = re.compile(r"capture\.errors\.(\w+): ([^\n]*)")
-
-
-def capture_error_from_spark(exc: BaseException) -> CaptureError | None:
-    """The capture error a Spark task died of, from the Python traceback Spark relays."""
-    matches = _CAPTURE_ERROR_IN_TRACE.findall(str(exc))
-    if not matches:
-        return None
-    name, message = matches[-1]
-    cls = getattr(capture_errors, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, CaptureError)):
-        return None
-    return cls(message.strip())
-
-
-def _spark_schema(spark: SparkSession):
-    return spark.createDataFrame(ARROW_SCHEMA.empty_table()).schema
+    bronze.write_snapshot(len(tasks), copy_rows, meta.to_arrow(batch_id), batch_id, workers)
 
 
 def _add_snapshot_records(buffer: RecordBuffer, schema: TableSchema, snapshot_lsn: int) -> None:
@@ -535,7 +464,7 @@ def _add_snapshot_records(buffer: RecordBuffer, schema: TableSchema, snapshot_ls
 
 
 def land_stream(
-    spark: SparkSession,
+    spark: SparkSession | Bronze | None,
     target: CaptureTarget,
     *,
     run_id: str,
@@ -554,8 +483,9 @@ def land_stream(
     ``limits.publication_check_interval_s``) ``new_tables`` says the publication gained tables
     that need a snapshot first. ``result`` is updated as batches commit, so a caller still
     knows what landed when an error ends the stream. ``state`` is bronze's state if the caller
-    has just read it (nothing was written since).
+    has just read it (nothing was written since). ``spark``: see :func:`bronze_of`.
     """
+    bronze = bronze_of(spark, target)
     stop = stop or threading.Event()
     result = result if result is not None else StreamResult()
     end_at = None if max_seconds is None else time.monotonic() + max_seconds
@@ -565,7 +495,7 @@ def land_stream(
         try:
             system = identify_system(repl)
             if state is None:
-                state = bronze_state(spark, target.bronze, target.source)
+                state = bronze.state()
             _check_recorded_system(state, system)
             slot = release_slot(repl, target.slot)
             frontier = state.frontier
@@ -582,7 +512,7 @@ def land_stream(
             )
             stream = start_replication(repl, target.slot, target.publication, resume)
             writer = _BatchWriter(
-                spark, target, stream, run_id, system, resume, result, state.next_batch_id
+                bronze, stream, run_id, system, resume, result, state.next_batch_id
             )
             try:
                 _stream_loop(
@@ -672,8 +602,7 @@ class _BatchWriter:
 
     def __init__(
         self,
-        spark: SparkSession,
-        target: CaptureTarget,
+        bronze: Bronze,
         stream: ReplicationStream,
         run_id: str,
         system: SystemIdentity,
@@ -681,11 +610,10 @@ class _BatchWriter:
         result: StreamResult,
         batch_id: int,
     ) -> None:
-        self.spark = spark
-        self.target = target
+        self.source = bronze.source
         self.stream = stream
         self.run_id = run_id
-        self.buffer = WalBuffer(target.source, run_id)
+        self.buffer = WalBuffer(self.source, run_id)
         self.batch_id = batch_id
         self.identity = json_payload({"system_id": system.system_id, "timeline": system.timeline})
         self.committed = resume
@@ -694,7 +622,7 @@ class _BatchWriter:
         """The frontier of the last batch handed to the committer."""
         self.last_commit = time.monotonic()
         self.result = result
-        self.committer = batch_writer(spark, target.bronze, target.source)
+        self.committer = bronze.writer()
         result.writer = self.committer.name
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bronze-commit")
         self._pending: tuple[Future, int, bool] | None = None
@@ -708,7 +636,7 @@ class _BatchWriter:
         buffer.others.add("progress", frontier, payload=self.identity)
         sealed = buffer.seal(self.batch_id)
         del buffer
-        self.buffer = WalBuffer(self.target.source, self.run_id)
+        self.buffer = WalBuffer(self.source, self.run_id)
         self.wait()
         self._pending = (self._pool.submit(self._write, sealed), frontier, ack)
         self.sealed = frontier
@@ -775,8 +703,7 @@ def _check_recorded_system(state: BronzeState, system: SystemIdentity) -> None:
 
 
 def record_error(
-    spark: SparkSession,
-    target: CaptureTarget,
+    bronze: Bronze,
     error: CaptureError,
     *,
     lsn: int,
@@ -790,10 +717,10 @@ def record_error(
     """
     code = type(error).__name__
     oid = None if table is None else table.oid
-    for known_code, known_oid, known_lsn in recorded_errors(spark, target.bronze, target.source):
+    for known_code, known_oid, known_lsn in bronze.recorded_errors():
         if known_code == code and known_oid == oid and (oid is not None or known_lsn == lsn):
             return False
-    buffer = RecordBuffer(target.source, run_id)
+    buffer = RecordBuffer(bronze.source, run_id)
     buffer.add(
         "error",
         lsn,
@@ -802,10 +729,8 @@ def record_error(
         table_name=None if table is None else table.name or None,
         payload=error_payload(code, str(error), format_lsn(lsn)),
     )
-    batch_id = next_batch_id(spark, target.bronze, target.source)
-    write_batch(
-        spark.createDataFrame(buffer.to_arrow(batch_id)), target.bronze, target.source, batch_id
-    )
+    batch_id = bronze.next_batch_id()
+    bronze.append(buffer.to_arrow(batch_id), batch_id)
     where = "" if table is None else f" for {_table_name(table)}"
     log.error("recorded %s%s at %s: %s", code, where, format_lsn(lsn), error)
     return True
@@ -815,34 +740,17 @@ def _table_name(table: PublishedTable) -> str:
     return f"{table.schema}.{table.name}" if table.name else f"oid {table.oid}"
 
 
-def _error_lsn(spark: SparkSession, target: CaptureTarget) -> int:
+def _error_lsn(bronze: Bronze) -> int:
     """Where a source-wide error stops capture: bronze's frontier, else its last snapshot."""
-    frontier = bronze_frontier(spark, target.bronze, target.source)
+    frontier = bronze.frontier()
     if frontier is not None:
         return frontier
-    return max(snapshotted_tables(spark, target.bronze, target.source).values(), default=0)
+    return max(bronze.snapshotted_tables().values(), default=0)
 
 
-def _repartitioned(
-    spark: SparkSession, target: CaptureTarget, leaves: dict[int, tuple[int, ...]]
-) -> list[int]:
+def _repartitioned(bronze: Bronze, leaves: dict[int, tuple[int, ...]]) -> list[int]:
     """The partitioned tables whose leaf partitions are not those of their newest snapshot."""
-    if not leaves:
-        return []
-    rows = (
-        spark.table(target.bronze)
-        .where(
-            (F.col("source") == target.source)
-            & (F.col("kind") == "schema")
-            & F.col("table_oid").isin(list(leaves))
-        )
-        .groupBy("table_oid")
-        .agg(F.max_by("payload", "batch_id").alias("payload"))
-        .collect()
-    )
-    snapshot = {
-        r["table_oid"]: tuple(json.loads(bytes(r["payload"])).get("partitions", ())) for r in rows
-    }
+    snapshot = bronze.snapshot_partitions(sorted(leaves))
     return sorted(oid for oid, now in leaves.items() if oid in snapshot and snapshot[oid] != now)
 
 
@@ -890,7 +798,7 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
 
 
 def capture_once(
-    spark: SparkSession,
+    spark: SparkSession | Bronze | None,
     target: CaptureTarget,
     *,
     workers: int = 2,
@@ -910,9 +818,10 @@ def capture_once(
     snapshotting tables published meanwhile. ``progress`` receives per-table snapshot
     progress. Transient errors are retried per ``retry``; definite ones are recorded in bronze
     and raised. A table dropped before its snapshot is recorded and reported in
-    ``table_errors`` without stopping the others.
+    ``table_errors`` without stopping the others. ``spark``: see :func:`bronze_of`; None
+    captures without Spark where bronze is a local directory.
     """
-    ensure_bronze_table(spark, target.bronze)
+    bronze = bronze_of(spark, target)
     stop = stop or threading.Event()
     end_at = None if max_seconds is None else time.monotonic() + max_seconds
     totals = _Totals()
@@ -924,7 +833,7 @@ def capture_once(
             landed_before = (totals.stream.frontier, totals.stream.batches, len(totals.snapshotted))
             try:
                 again = _attempt(
-                    spark,
+                    bronze,
                     target,
                     run_id=run_id,
                     workers=workers,
@@ -939,8 +848,7 @@ def capture_once(
                 )
             except DefiniteError as exc:
                 if isinstance(exc, RECORDED_ERRORS):
-                    lsn = _error_lsn(spark, target)
-                    record_error(spark, target, exc, lsn=lsn, run_id=run_id)
+                    record_error(bronze, exc, lsn=_error_lsn(bronze), run_id=run_id)
                 raise
             except TransientError as exc:
                 landed = (totals.stream.frontier, totals.stream.batches, len(totals.snapshotted))
@@ -978,7 +886,7 @@ def capture_once(
 
 
 def _attempt(
-    spark: SparkSession,
+    bronze: Bronze,
     target: CaptureTarget,
     *,
     run_id: str,
@@ -993,7 +901,7 @@ def _attempt(
     expected: dict[int, PublishedTable],
 ) -> bool:
     """One attempt: slot, dropped tables, snapshot, stream. True: new tables, go again."""
-    state = bronze_state(spark, target.bronze, target.source)
+    state: BronzeState | None = bronze.state()
     frontier = state.frontier
     captured = {oid: (schema, name) for oid, (_, schema, name) in state.snapshots.items()}
     resync = state.resync
@@ -1022,23 +930,17 @@ def _attempt(
         leaves = leaf_partitions(conn, [t.oid for t in published if t.oid in captured])
     finally:
         conn.close()
-    moved = _repartitioned(spark, target, leaves)
+    moved = _repartitioned(bronze, leaves)
     if moved:
         # attached or detached partitions changed these tables' rows without a change message:
         # snapshot them again (a durable request, so a crash before the snapshot still does it)
-        request_resync(
-            spark,
-            target.bronze,
-            target.source,
-            [(oid, *captured[oid]) for oid in moved],
-            frontier or 0,
-        )
+        bronze.request_resync([(oid, *captured[oid]) for oid in moved], frontier or 0)
         resync = resync | set(moved)
         state = None
     for oid in gone:
         table = known[oid]
         error = TableDropped(f"table {_table_name(table)} (oid {oid}) was dropped")
-        if record_error(spark, target, error, lsn=noticed_at, run_id=run_id, table=table):
+        if record_error(bronze, error, lsn=noticed_at, run_id=run_id, table=table):
             totals.table_errors[_table_name(table)] = str(error)
         expected.pop(oid, None)
         state = None  # an error record may have taken the next batch id
@@ -1052,7 +954,7 @@ def _attempt(
     if pending and not stop.is_set():
         expected.update((t.oid, t) for t in pending)
         landed = land_snapshot(
-            spark, target, pending, workers=workers, run_id=run_id, progress=progress
+            bronze, target, pending, workers=workers, run_id=run_id, progress=progress
         )
         totals.snapshotted.update(landed.counts)
         totals.snapshot_lsn = landed.snapshot_lsn
@@ -1069,7 +971,7 @@ def _attempt(
 
     remaining = None if end_at is None else max(0.0, end_at - time.monotonic())
     stream = land_stream(
-        spark,
+        bronze,
         target,
         run_id=run_id,
         continuous=continuous,

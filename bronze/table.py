@@ -49,8 +49,6 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 KINDS = ("copy", "wal", "rewind", "schema", "error", "progress", "resync")
 
@@ -90,28 +88,6 @@ STATS_COLUMNS = "source,kind,table_oid,lsn,batch_id"
 others (payloads above all) would cost every write and skip nothing."""
 
 
-def ensure_bronze_table(spark: SparkSession, table: str) -> None:
-    spark.sql(
-        f"CREATE TABLE IF NOT EXISTS {table} ({BRONZE_DDL}) USING DELTA "
-        f"TBLPROPERTIES ('delta.dataSkippingStatsColumns' = '{STATS_COLUMNS}')"
-    )
-
-
-def bronze_rows(spark: SparkSession, table: str, source: str) -> DataFrame:
-    return spark.table(table).where(F.col("source") == source)
-
-
-def bronze_frontier(spark: SparkSession, table: str, source: str) -> int | None:
-    """The highest committed frontier of ``source``, or None before its first progress record."""
-    row = (
-        bronze_rows(spark, table, source)
-        .where(F.col("kind") == "progress")
-        .agg(F.max("lsn").alias("f"))
-        .first()
-    )
-    return None if row is None else row["f"]
-
-
 @dataclass(frozen=True)
 class BronzeState:
     """What capture needs to know of a source's bronze rows before it reads on, from one query
@@ -127,124 +103,6 @@ class BronzeState:
     """OID -> (snapshot LSN, schema, name) of every table with a complete snapshot."""
     resync: frozenset[int] = frozenset()
     """Tables whose newest resync request is newer than their newest snapshot."""
-
-
-def bronze_state(spark: SparkSession, table: str, source: str) -> BronzeState:
-    rows = bronze_rows(spark, table, source).where(
-        F.col("kind").isin("progress", "rewind", "error", "resync")
-    )
-    progress = F.col("kind") == "progress"
-    summary = rows.agg(
-        F.max(F.when(progress, F.col("lsn"))).alias("lsn"),
-        F.max_by(
-            F.col("payload"), F.when(progress & F.col("payload").isNotNull(), F.col("batch_id"))
-        ).alias("payload"),
-        F.max("batch_id").alias("batch_id"),
-    ).select(
-        F.lit("state").alias("kind"),
-        F.lit(None).cast("long").alias("table_oid"),
-        F.lit(None).cast("string").alias("table_schema"),
-        F.lit(None).cast("string").alias("table_name"),
-        "lsn",
-        "payload",
-        "batch_id",
-    )
-    rewinds = rows.where(F.col("kind").isin("rewind", "resync")).select(
-        "kind", "table_oid", "table_schema", "table_name", "lsn", "payload", "batch_id"
-    )
-    frontier = identity = None
-    next_batch = 0
-    snapshots: dict[int, tuple[int, str, str]] = {}
-    newest: dict[tuple[str, int], int] = {}  # (kind, oid) -> newest batch
-    for r in summary.unionByName(rewinds).collect():
-        if r["kind"] == "state":
-            frontier = r["lsn"]
-            identity = None if r["payload"] is None else json.loads(bytes(r["payload"]))
-            next_batch = 0 if r["batch_id"] is None else r["batch_id"] + 1
-            continue
-        key = (r["kind"], r["table_oid"])
-        newest[key] = max(newest.get(key, -1), r["batch_id"])
-        if r["kind"] == "resync":
-            continue
-        if r["table_oid"] not in snapshots or snapshots[r["table_oid"]][0] < r["lsn"]:
-            snapshots[r["table_oid"]] = (r["lsn"], r["table_schema"], r["table_name"])
-    resync = frozenset(
-        oid
-        for (kind, oid), batch in newest.items()
-        if kind == "resync" and batch > newest.get(("rewind", oid), -1)
-    )
-    return BronzeState(frontier, identity, next_batch, snapshots, resync)
-
-
-def request_resync(
-    spark: SparkSession, table: str, source: str, tables: list[tuple[int, str, str]], lsn: int
-) -> int:
-    """One batch of ``resync`` records for ``tables`` (``(oid, schema, name)``), at ``lsn`` (the
-    bronze frontier): the next capture snapshots them again. Returns the batch id."""
-    now = datetime.now(UTC)
-    buffer = RecordBuffer(source, "resync-" + now.strftime("%Y%m%dT%H%M%S%f"))
-    for oid, schema, name in tables:
-        buffer.add(
-            "resync",
-            lsn,
-            table_oid=oid,
-            table_schema=schema,
-            table_name=name,
-            payload=json_payload({"requested_at": now.isoformat()}),
-        )
-    batch_id = next_batch_id(spark, table, source)
-    # Its own transaction id: a capture committing the same batch id at the same time (a
-    # continuous capture) must not make Delta skip either commit as a repeat.
-    (
-        spark.createDataFrame(buffer.to_arrow(batch_id))
-        .write.format("delta")
-        .mode("append")
-        .option("txnAppId", app_id(source) + "-resync")
-        .option("txnVersion", batch_id)
-        .saveAsTable(table)
-    )
-    return batch_id
-
-
-def recorded_errors(
-    spark: SparkSession, table: str, source: str
-) -> set[tuple[str, int | None, int]]:
-    """``(code, table_oid, lsn)`` of every error record of ``source``."""
-    rows = (
-        bronze_rows(spark, table, source)
-        .where(F.col("kind") == "error")
-        .select("table_oid", "lsn", "payload")
-        .collect()
-    )
-    return {(json.loads(bytes(r["payload"]))["code"], r["table_oid"], r["lsn"]) for r in rows}
-
-
-def next_batch_id(spark: SparkSession, table: str, source: str) -> int:
-    row = bronze_rows(spark, table, source).agg(F.max("batch_id").alias("b")).first()
-    return 0 if row is None or row["b"] is None else row["b"] + 1
-
-
-def snapshotted_tables(spark: SparkSession, table: str, source: str) -> dict[int, int]:
-    """OID -> snapshot LSN of every table whose snapshot is complete in bronze."""
-    rows = (
-        bronze_rows(spark, table, source)
-        .where(F.col("kind") == "rewind")
-        .groupBy("table_oid")
-        .agg(F.max("lsn").alias("lsn"))
-        .collect()
-    )
-    return {r["table_oid"]: r["lsn"] for r in rows}
-
-
-def write_batch(df: DataFrame, table: str, source: str, batch_id: int) -> None:
-    """Append one batch as one idempotent Delta commit."""
-    (
-        df.write.format("delta")
-        .mode("append")
-        .option("txnAppId", app_id(source))
-        .option("txnVersion", batch_id)
-        .saveAsTable(table)
-    )
 
 
 class RecordBuffer:
@@ -345,7 +203,7 @@ class WalBuffer:
 
     def seal(self, batch_id: int) -> SealedBatch:
         """The batch as it is committed: only the columns that vary per message go to Arrow
-        (the constant ones are added in Spark), so a sealed batch holds about the payload bytes
+        (the constant ones are added by the writer), so a sealed batch holds about the payload bytes
         plus 36 bytes per message. The Arrow table shares the payload bytes: ``clear`` (or drop
         the buffer) before adding more."""
         n = len(self.lsn)
@@ -412,29 +270,6 @@ class SealedBatch:
         wal = pa.table(columns, schema=ARROW_SCHEMA)
         return wal if self.others is None else pa.concat_tables([wal, self.others])
 
-    def to_dataframe(self, spark: SparkSession) -> DataFrame:
-        """The batch's bronze rows, in the bronze table's column order."""
-        constants = {
-            "source": F.lit(self.source),
-            "kind": F.lit("wal"),
-            "table_oid": F.lit(None).cast("bigint"),
-            "table_schema": F.lit(None).cast("string"),
-            "table_name": F.lit(None).cast("string"),
-            "part": F.lit(None).cast("int"),
-            "batch_id": F.lit(self.batch_id).cast("bigint"),
-            "run_id": F.lit(self.run_id),
-            "captured_at": F.lit(self.captured_at),
-        }
-        wal = spark.createDataFrame(self.wal)
-        df = wal.select(*[constants.get(f.name, F.col(f.name)).alias(f.name) for f in ARROW_SCHEMA])
-        if self.others is not None:
-            df = df.unionByName(spark.createDataFrame(self.others))
-        # createDataFrame makes one partition of each Arrow batch of
-        # spark.sql.execution.arrow.maxRecordsPerBatch rows (34 for a 340,000-message batch),
-        # and the write one Parquet file of each: one file per commit instead writes the batch
-        # in 60% of the time (measured) and keeps bronze's files few.
-        return df.coalesce(1)
-
 
 def copy_lines(payload: bytes) -> list[bytes]:
     """The COPY TEXT rows of a ``copy`` record's payload, without their newlines."""
@@ -442,20 +277,6 @@ def copy_lines(payload: bytes) -> list[bytes]:
     if lines and not lines[-1]:
         lines.pop()
     return lines
-
-
-def copy_row_counts(copy_records: DataFrame) -> DataFrame:
-    """Rows per table of some ``copy`` records: ``table_oid, table_schema, table_name, rows``.
-
-    A ctid range's row count is its largest ``ordinal``; the records must be one snapshot's.
-    """
-    keys = ["table_oid", "table_schema", "table_name"]
-    return (
-        copy_records.groupBy(*keys, "part")
-        .agg(F.max("ordinal").alias("rows"))
-        .groupBy(*keys)
-        .agg(F.sum("rows").cast("long").alias("rows"))
-    )
 
 
 def error_payload(code: str, message: str, lsn: str) -> bytes:

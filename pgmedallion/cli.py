@@ -96,7 +96,7 @@ def _preflight(config: Config, command: str) -> bool:
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
     from capture.errors import CaptureError
     from pgmedallion.pgoutput import format_lsn
-    from pgmedallion.pipeline import STAGES, run_stages
+    from pgmedallion.pipeline import STAGES, SparkStarter, capture_needs_spark, run_stages
     from pgmedallion.spark import get_spark
 
     stages = STAGES if args.stage == "all" else (args.stage,)
@@ -106,9 +106,15 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
         return 2
     if "capture" in stages and not args.skip_doctor and not _preflight(config, "run"):
         return 1
-    spark = get_spark(config.state_dir)
-    if resync and not _request_resync(spark, config, resync):
-        return 2
+    if "capture" in stages and not capture_needs_spark(config):
+        # Capture writes bronze with delta-rs; Spark starts meanwhile if a later stage needs it.
+        spark = SparkStarter(config.state_dir) if stages != ("capture",) else None
+        if resync and not _request_resync(None, config, resync):
+            return 2
+    else:
+        spark = get_spark(config.state_dir)
+        if resync and not _request_resync(spark, config, resync):
+            return 2
     from capture.progress import RichSnapshotProgress
     from pgmedallion.pipeline import stage_spinner
 
@@ -117,7 +123,8 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
     if bars is not None:
         extra["progress"] = bars
     try:
-        result = run_stages(spark, config, stages, show=stage_spinner(), **extra)
+        session = spark if spark is not None else (lambda: get_spark(config.state_dir))
+        result = run_stages(session, config, stages, show=stage_spinner(), **extra)
     except CaptureError as e:
         print(f"capture failed: {e}", file=sys.stderr)
         return 1
@@ -164,18 +171,20 @@ def _request_resync(spark, config: Config, tables: list[str]) -> bool:
 
 def cmd_resync(config: Config, args: argparse.Namespace) -> int:
     if args.request_only:
+        from pgmedallion.pipeline import capture_needs_spark
         from pgmedallion.spark import get_spark
 
-        return 0 if _request_resync(get_spark(config.state_dir), config, args.tables) else 2
+        spark = get_spark(config.state_dir) if capture_needs_spark(config) else None
+        return 0 if _request_resync(spark, config, args.tables) else 2
     args.resync, args.stage, args.continuous = ",".join(args.tables), "all", False
     return cmd_run(config, args)
 
 
 def cmd_verify(config: Config, args: argparse.Namespace) -> int:
-    from pgmedallion.spark import get_spark
+    from pgmedallion.pipeline import open_lakehouse
     from pgmedallion.verify import verify
 
-    spark = get_spark(config.state_dir)
+    spark = open_lakehouse(config)
     result = verify(spark, config, catch_up=not args.no_catch_up)
     print(result.report())
     if args.great_expectations:
@@ -189,20 +198,20 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_status(config: Config, args: argparse.Namespace) -> int:
-    from pgmedallion.spark import get_spark
+    from pgmedallion.pipeline import open_lakehouse
     from pgmedallion.status import status_report
 
-    spark = get_spark(config.state_dir)
+    spark = open_lakehouse(config)
     text, ok = status_report(spark, config)
     print(text)
     return 0 if ok else 1
 
 
 def cmd_sql(config: Config, args: argparse.Namespace) -> int:
-    from pgmedallion.spark import get_spark
+    from pgmedallion.pipeline import open_lakehouse
     from pgmedallion.status import print_query
 
-    spark = get_spark(config.state_dir)
+    spark = open_lakehouse(config)
     try:
         print_query(spark, config, args.query, limit=args.limit)
     except Exception as e:  # an analysis or parse error is the user's query, not a crash
@@ -217,13 +226,15 @@ def cmd_capture(config: Config, args: argparse.Namespace) -> int:
     from capture.errors import CaptureError
     from capture.progress import RichSnapshotProgress
     from pgmedallion.pgoutput import format_lsn
-    from pgmedallion.pipeline import capture_target, ensure_schemas
+    from pgmedallion.pipeline import capture_needs_spark, capture_target, ensure_schemas
     from pgmedallion.spark import get_spark
 
     if not _preflight(config, "capture"):
         return 1
-    spark = get_spark(config.state_dir)
-    ensure_schemas(spark, config)
+    spark = None  # locally bronze is written by delta-rs: no JVM
+    if capture_needs_spark(config):
+        spark = get_spark(config.state_dir)
+        ensure_schemas(spark, config)
     target = capture_target(config)
     bars = RichSnapshotProgress()
     try:

@@ -61,6 +61,12 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+
+def on_databricks() -> bool:
+    """Running on a Databricks cluster (its runtime sets this variable)."""
+    return "DATABRICKS_RUNTIME_VERSION" in os.environ
+
+
 DEFAULT_FILE = "pgmedallion.toml"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 ON_ERROR = ("fail", "quarantine", "warn")
@@ -216,6 +222,15 @@ class Config:
         schema = getattr(self.lakehouse, f"{layer}_schema")
         parts = [p for p in (self.lakehouse.catalog, schema, name) if p]
         return ".".join("`" + p.replace("`", "``") + "`" for p in parts)
+
+    def local_table_path(self, layer: str, name: str) -> str | None:
+        """Where the local Spark session (``pgmedallion.spark.get_spark(state_dir)``, a Hive
+        catalog with its warehouse under the state directory) keeps managed table ``name`` of
+        ``layer``: what a process without Spark writes. None on Databricks or with a catalog."""
+        if on_databricks() or self.lakehouse.catalog:
+            return None
+        schema = getattr(self.lakehouse, f"{layer}_schema")
+        return str(self.state_dir / "warehouse" / f"{schema.lower()}.db" / name.lower())
 
 
 def _coerce(section: str, key: str, value: Any, default: Any) -> Any:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import psycopg
 
@@ -234,6 +236,9 @@ def _demo(config: Config, pg) -> int:
     for layer in ("bronze", "silver", "gold"):  # the demo starts from scratch
         schema = getattr(cfg.lakehouse, f"{layer}_schema")
         spark.sql(f"DROP SCHEMA IF EXISTS `{schema}` CASCADE")
+        # bronze written by a capture without Spark is an external table: its files stay
+        stale = Path(cfg.state_dir) / "warehouse" / f"{schema.lower()}.db"
+        shutil.rmtree(stale, ignore_errors=True)
     print("run 1: snapshot, capture, silver, gold")
     run_stages(spark, cfg, show=stage_spinner())
     changes = apply_burst(pg.conninfo())

@@ -11,12 +11,13 @@ import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pgmedallion.config import Config
+from pgmedallion.config import Config, on_databricks
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +41,25 @@ def capture_target(cfg: Config):
         publication=cfg.source.publication,
         slot=cfg.source.slot,
         bronze=cfg.qualified("bronze", "bronze"),
+        bronze_path=cfg.local_table_path("bronze", "bronze"),
     )
 
 
+def capture_needs_spark(cfg: Config) -> bool:
+    """Whether capture commits bronze through Spark here (see ``bronze.store``); locally,
+    with the ``local`` extra, it runs without a JVM."""
+    from bronze.store import delta_rs_unusable, writer_choice
+
+    if on_databricks() or writer_choice() == "spark":
+        return True
+    return delta_rs_unusable(cfg.local_table_path("bronze", "bronze")) is not None
+
+
 def ensure_schemas(spark: SparkSession, cfg: Config) -> None:
+    """The layers' schemas, and bronze in the catalog (a capture without Spark creates it
+    where the catalog would, and this registers it)."""
+    from bronze.spark_table import ensure_bronze_table
+
     for layer in ("bronze", "silver", "gold"):
         schema = getattr(cfg.lakehouse, f"{layer}_schema")
         parts = [p for p in (cfg.lakehouse.catalog, schema) if p]
@@ -51,9 +67,25 @@ def ensure_schemas(spark: SparkSession, cfg: Config) -> None:
             "CREATE SCHEMA IF NOT EXISTS "
             + ".".join("`" + p.replace("`", "``") + "`" for p in parts)
         )
+    ensure_bronze_table(
+        spark, cfg.qualified("bronze", "bronze"), cfg.local_table_path("bronze", "bronze")
+    )
 
 
-def run_capture(spark: SparkSession, cfg: Config, *, continuous: bool = False, **kwargs):
+def open_lakehouse(cfg: Config) -> SparkSession:
+    """The session for commands that read the lakehouse (status, sql, verify): a bronze table
+    that a capture without Spark created is put in the catalog first."""
+    from pgmedallion.spark import get_spark
+
+    spark = get_spark(cfg.state_dir)
+    path = cfg.local_table_path("bronze", "bronze")
+    if path is not None and (Path(path) / "_delta_log").is_dir():
+        ensure_schemas(spark, cfg)
+    return spark
+
+
+def run_capture(spark: SparkSession | None, cfg: Config, *, continuous: bool = False, **kwargs):
+    """Capture into bronze; ``spark`` None: without Spark (see :func:`capture_needs_spark`)."""
     from bronze.land import capture_once
 
     tables = list(cfg.source.tables) or None
@@ -62,8 +94,26 @@ def run_capture(spark: SparkSession, cfg: Config, *, continuous: bool = False, *
     return capture_once(spark, capture_target(cfg), tables=tables, **kwargs)
 
 
+class SparkStarter:
+    """The local Spark session, started in a background thread: a run's capture does not need
+    it (bronze is written by delta-rs), so silver finds it ready instead of waiting for the
+    JVM after capture. Calling it waits for the session (and raises what starting raised)."""
+
+    def __init__(self, state_dir) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from pgmedallion.spark import get_spark
+
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="spark-start")
+        self._session = self._pool.submit(get_spark, state_dir)
+        self._pool.shutdown(wait=False)
+
+    def __call__(self) -> SparkSession:
+        return self._session.result()
+
+
 def run_stages(
-    spark: SparkSession,
+    spark: SparkSession | Callable[[], SparkSession],
     cfg: Config,
     stages: tuple[str, ...] = STAGES,
     *,
@@ -71,23 +121,39 @@ def run_stages(
     **capture_kwargs,
 ) -> RunResult:
     """Run ``stages`` in order; ``show(stage)``: a context around each stage (a progress
-    display)."""
-    ensure_schemas(spark, cfg)
+    display). ``spark``: the session, or a callable returning it (a :class:`SparkStarter`):
+    then capture runs without Spark where it can, and the session is asked for only after."""
     result = RunResult()
+    session: SparkSession | None = None if callable(spark) else spark
+    ready = False
+
+    def lakehouse() -> SparkSession:
+        nonlocal session, ready
+        if session is None:
+            session = spark()
+        if not ready:
+            ensure_schemas(session, cfg)
+            ready = True
+        return session
+
+    if session is not None:
+        lakehouse()
     for stage in STAGES:
         if stage not in stages:
             continue
         with show(stage) if show is not None else nullcontext():
             if stage == "capture":
-                result.capture = run_capture(spark, cfg, **capture_kwargs)
+                needs = session is not None or capture_needs_spark(cfg)
+                capture_spark = lakehouse() if needs else None
+                result.capture = run_capture(capture_spark, cfg, **capture_kwargs)
             elif stage == "silver":
                 from silver.build import run_silver
 
-                result.silver = run_silver(spark, cfg)
+                result.silver = run_silver(lakehouse(), cfg)
             else:
                 from gold.build import run_gold
 
-                result.gold = run_gold(spark, cfg)
+                result.gold = run_gold(lakehouse(), cfg)
         result.stages.append(stage)
     return result
 
@@ -128,18 +194,18 @@ class NotCaptured(ValueError):
     """``resync`` named a table this source does not capture."""
 
 
-def request_resync(spark: SparkSession, cfg: Config, names: list[str]) -> list[str]:
+def request_resync(spark: SparkSession | None, cfg: Config, names: list[str]) -> list[str]:
     """Ask the next capture to snapshot ``names`` (``schema.table``, or a table name that is
     unique among the captured tables) again; their silver and gold tables are rebuilt from that
     snapshot on, and no other table is touched. Returns the qualified names. Raises
-    :class:`NotCaptured`, having written nothing, when a name is not a captured table."""
-    from bronze.table import bronze_state, ensure_bronze_table
-    from bronze.table import request_resync as request
+    :class:`NotCaptured`, having written nothing, when a name is not a captured table.
+    ``spark`` None: bronze is read and written without Spark (as capture does)."""
+    from bronze.land import bronze_of
 
-    ensure_schemas(spark, cfg)
-    bronze = cfg.qualified("bronze", "bronze")
-    ensure_bronze_table(spark, bronze)
-    state = bronze_state(spark, bronze, cfg.source.name)
+    if spark is not None:
+        ensure_schemas(spark, cfg)
+    bronze = bronze_of(spark, capture_target(cfg))
+    state = bronze.state()
     captured = {f"{schema}.{name}": oid for oid, (_, schema, name) in state.snapshots.items()}
     by_name: dict[str, list[str]] = {}
     for qualified in captured:
@@ -160,6 +226,6 @@ def request_resync(spark: SparkSession, cfg: Config, names: list[str]) -> list[s
         )
     chosen = sorted(set(chosen))
     records = [(captured[q], *q.split(".", 1)) for q in chosen]
-    request(spark, bronze, cfg.source.name, records, state.frontier or 0)
+    bronze.request_resync(records, state.frontier or 0)
     log.info("resync requested for %s", ", ".join(chosen))
     return chosen

@@ -22,16 +22,14 @@ from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame, SparkSession
 
+from pgmedallion.config import on_databricks  # noqa: F401 (where callers import it from)
+
 MIN_JAVA = 17
 POSTGRES_JDBC = "org.postgresql:postgresql:42.7.4"
 
 
 class JavaMissing(RuntimeError):
     pass
-
-
-def on_databricks() -> bool:
-    return "DATABRICKS_RUNTIME_VERSION" in os.environ
 
 
 def check_java() -> int:

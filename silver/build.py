@@ -49,7 +49,8 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from bronze.table import bronze_frontier, copy_lines
+from bronze.spark_table import bronze_frontier
+from bronze.table import copy_lines
 from pgmedallion.config import Config
 from pgmedallion.failpoints import failpoint
 from pgmedallion.parallel import concurrently

@@ -1,11 +1,13 @@
 """Capture in a process of its own, for the crash and memory tests, and bronze replay helpers.
 
 Run as ``python -m tests.capture_child SPEC.json`` from the repository root. The spec names the
-source (conninfo, slot, publication), a Spark state directory of the child's own (Derby admits
-one JVM per metastore, so the test process reads the child's bronze table by path) and the
-stream limits, and whether to stream continuously (until SIGINT/SIGTERM). The child prints
-one JSON line: the capture result, the Python process's peak RSS (``VmHWM``) and the JVM's,
-then exits 0; a capture error exits 1 with its message.
+source (conninfo, slot, publication), a state directory of the child's own (bronze is
+``warehouse/<schema>.db/<table>`` under it, where a local Spark session would keep it; the
+test process reads it by path) and the stream limits, and whether to stream continuously
+(until SIGINT/SIGTERM). The child captures as a local ``pgmedallion run --stage capture``
+does: without Spark, bronze written by delta-rs. It prints one JSON line: the capture result,
+the process's peak RSS (``VmHWM``) and whether pyspark was ever imported, then exits 0; a
+capture error exits 1 with its message.
 
 :func:`replay` rebuilds a table from bronze rows the way silver will: the snapshot's rows, then
 for each commit LSN above the snapshot LSN the messages of one run that reached its Commit.
@@ -26,30 +28,24 @@ from pgmedallion.pgoutput import UNCHANGED_TOAST, Commit, Delete, Insert, Relati
 from silver.copy_text import decode_copy_row
 
 
-def _jvm_pid(spark) -> int:
-    return int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
-
-
 def main(spec_path: str) -> int:
     from bronze.land import CaptureTarget, RetryPolicy, StreamLimits, capture_once
     from capture.errors import CaptureError
-    from pgmedallion.spark import get_spark
 
     spec = json.loads(Path(spec_path).read_text())
-    spark = get_spark(spec["state_dir"])
-    schema = spec["bronze"].split(".")[0]
-    spark.sql(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+    schema, table = spec["bronze"].split(".")
     target = CaptureTarget(
         spec["conninfo"],
         source=spec["source"],
         publication=spec["publication"],
         slot=spec["slot"],
         bronze=spec["bronze"],
+        bronze_path=str(Path(spec["state_dir"]) / "warehouse" / f"{schema}.db" / table),
     )
     limits = StreamLimits(**spec.get("limits", {}))
     try:
         result = capture_once(
-            spark,
+            None,  # no Spark: bronze is written by delta-rs, as a local capture does
             target,
             workers=spec.get("workers", 2),
             continuous=spec.get("continuous", False),
@@ -59,7 +55,6 @@ def main(spec_path: str) -> int:
     except CaptureError as exc:
         print(f"capture failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    jvm = peak_rss_kib(_jvm_pid(spark))
     print(
         json.dumps(
             {
@@ -68,7 +63,7 @@ def main(spec_path: str) -> int:
                 "frontier": result.frontier,
                 "batches": result.batches,
                 "python_peak_rss_kib": peak_rss_kib(),
-                "jvm_peak_rss_kib": jvm,
+                "pyspark_imported": "pyspark" in sys.modules,
             }
         ),
         flush=True,

@@ -12,7 +12,8 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
-from bronze.table import ARROW_SCHEMA, RecordBuffer, WalBuffer, copy_lines, copy_row_counts
+from bronze.spark_table import copy_row_counts
+from bronze.table import ARROW_SCHEMA, RecordBuffer, WalBuffer, copy_lines
 from pgmedallion.spark import one_task_per_partition
 
 REPO = Path(__file__).resolve().parents[1]

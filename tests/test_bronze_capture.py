@@ -10,7 +10,8 @@ import pytest
 from pyspark.sql import functions as F
 
 from bronze.land import CaptureTarget, capture_once
-from bronze.table import copy_lines, copy_row_counts
+from bronze.spark_table import copy_row_counts
+from bronze.table import copy_lines
 from capture.connection import connect_replication
 from capture.slot import ensure_slot, slot_state
 from pgmedallion.pgoutput import Delete, Insert, Update, decode

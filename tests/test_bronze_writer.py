@@ -1,6 +1,7 @@
-"""Bronze's two batch writers on a real Delta table: what delta-rs commits, Spark reads row for
-row; a batch committed once is never committed again, whichever writer saw it first; and the
-choice of writer."""
+"""Bronze's two engines on a real Delta table: what delta-rs commits, Spark reads row for row; a
+batch committed once is never committed again, whichever writer saw it first; both engines
+answer capture's questions alike; a table delta-rs created is the one Spark would have; and the
+choice of engine."""
 
 from __future__ import annotations
 
@@ -12,15 +13,10 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
-from bronze.table import ARROW_SCHEMA, RecordBuffer, WalBuffer, app_id, ensure_bronze_table
-from bronze.writer import (
-    WRITER_ENV,
-    DeltaRsWriter,
-    SparkWriter,
-    batch_writer,
-    local_table_path,
-    write_data_file,
-)
+from bronze.spark_table import SparkBronze, SparkWriter, ensure_bronze_table, local_table_path
+from bronze.store import DeltaRsBronze, open_bronze
+from bronze.table import ARROW_SCHEMA, RecordBuffer, WalBuffer, app_id, json_payload
+from bronze.writer import WRITER_ENV, DeltaRsWriter, write_data_file
 
 SOURCE = "wsrc"
 
@@ -48,8 +44,14 @@ def _versions(spark, table) -> int:
     return spark.sql(f"DESCRIBE HISTORY {table}").count()
 
 
+def _writer(spark, bronze):
+    store = open_bronze(bronze, SOURCE, spark=spark)
+    assert isinstance(store, DeltaRsBronze)
+    return store.writer()
+
+
 def test_delta_rs_commits_what_spark_reads_once(spark, bronze):
-    writer = batch_writer(spark, bronze, SOURCE)
+    writer = _writer(spark, bronze)
     assert isinstance(writer, DeltaRsWriter)
     first, second = _sealed(0), _sealed(1, messages=40)
     writer.write(first)
@@ -63,7 +65,7 @@ def test_delta_rs_commits_what_spark_reads_once(spark, bronze):
     history = _versions(spark, bronze)
     # Retried after a crash (the same batch again, through either writer): nothing lands.
     writer.write(second)
-    DeltaRsWriter(local_table_path(spark, bronze), SOURCE).write(first)
+    DeltaRsWriter(local_table_path(spark, bronze), app_id(SOURCE)).write(first)
     SparkWriter(spark, bronze, SOURCE).write(second)
     assert _versions(spark, bronze) == history
     assert spark.table(bronze).count() == 3 + 1 + 40 + 1
@@ -85,14 +87,16 @@ def test_delta_rs_commits_what_spark_reads_once(spark, bronze):
     assert app_id(SOURCE) == "pgmedallion-wsrc"
 
 
-def test_the_writer_follows_the_setting(spark, bronze, monkeypatch):
+def test_the_engine_follows_the_setting(spark, bronze, monkeypatch):
     monkeypatch.setenv(WRITER_ENV, "spark")
-    assert isinstance(batch_writer(spark, bronze, SOURCE), SparkWriter)
+    assert isinstance(open_bronze(bronze, SOURCE, spark=spark), SparkBronze)
+    with pytest.raises(ValueError, match="through Spark here"):
+        open_bronze(bronze, SOURCE)  # and no session given
     monkeypatch.setenv(WRITER_ENV, "delta-rs")
-    assert isinstance(batch_writer(spark, bronze, SOURCE), DeltaRsWriter)
+    assert isinstance(open_bronze(bronze, SOURCE, spark=spark).writer(), DeltaRsWriter)
     monkeypatch.setenv(WRITER_ENV, "fast")
     with pytest.raises(ValueError, match="auto, delta-rs or spark"):
-        batch_writer(spark, bronze, SOURCE)
+        open_bronze(bronze, SOURCE, spark=spark)
 
 
 def test_a_table_delta_rs_must_not_write_goes_to_spark(spark, bronze, monkeypatch):
@@ -101,14 +105,14 @@ def test_a_table_delta_rs_must_not_write_goes_to_spark(spark, bronze, monkeypatc
         f"ALTER TABLE {bronze} SET TBLPROPERTIES ('delta.minReaderVersion' = '2',"
         " 'delta.minWriterVersion' = '5', 'delta.columnMapping.mode' = 'name')"
     )
-    assert isinstance(batch_writer(spark, bronze, SOURCE), SparkWriter)
+    assert isinstance(open_bronze(bronze, SOURCE, spark=spark).writer(), SparkWriter)
     monkeypatch.setenv(WRITER_ENV, "delta-rs")
     with pytest.raises(ValueError, match="writer protocol 5"):
-        batch_writer(spark, bronze, SOURCE)
+        open_bronze(bronze, SOURCE, spark=spark)
 
 
 def test_files_written_beside_the_table_commit_once_with_their_statistics(spark, bronze):
-    writer = batch_writer(spark, bronze, SOURCE)
+    writer = _writer(spark, bronze)
     tables = []
     for oid in (11, 12):
         records = RecordBuffer(SOURCE, "snap")
@@ -139,3 +143,130 @@ def test_files_written_beside_the_table_commit_once_with_their_statistics(spark,
         spark.table(bronze).where("table_oid = 12").select(F.input_file_name()).distinct().count()
     )
     assert scanned == 1
+
+
+def _control_records() -> list[pa.Table]:
+    """Batches as capture commits them: a snapshot of two tables (copy rows of two ranges,
+    schema and rewind records), stream progress, an error, a resync, a second snapshot."""
+    snap = RecordBuffer(SOURCE, "r1")
+    for oid, name, parts in ((21, "a", (3, 5)), (22, "b", (4,))):
+        for part, rows in enumerate(parts):
+            for ordinal in range(1, rows + 1):
+                snap.add(
+                    "copy",
+                    100,
+                    table_oid=oid,
+                    table_schema="s",
+                    table_name=name,
+                    ordinal=ordinal,
+                    part=part,
+                    payload=b"1\tx\n",
+                )
+        snap.add(
+            "schema",
+            100,
+            table_oid=oid,
+            table_schema="s",
+            table_name=name,
+            payload=json_payload({"partitions": [oid * 10, oid * 10 + 1]}),
+        )
+        snap.add("rewind", 100, table_oid=oid, table_schema="s", table_name=name)
+    stream = RecordBuffer(SOURCE, "r1")
+    stream.add("progress", 180, payload=json_payload({"system_id": "7", "timeline": 1}))
+    stream.add("progress", 250)
+    error = RecordBuffer(SOURCE, "r2")
+    error.add(
+        "error",
+        250,
+        table_oid=22,
+        table_schema="s",
+        table_name="b",
+        payload=json_payload({"code": "TableDropped", "message": "gone", "lsn": "0/FA"}),
+    )
+    resync = RecordBuffer(SOURCE, "r3")
+    resync.add("resync", 250, table_oid=21, table_schema="s", table_name="a")
+    again = RecordBuffer(SOURCE, "r4")
+    again.add(
+        "schema",
+        300,
+        table_oid=21,
+        table_schema="s",
+        table_name="a",
+        payload=json_payload({"partitions": [210]}),
+    )
+    again.add("rewind", 300, table_oid=21, table_schema="s", table_name="a")
+    other = RecordBuffer("another_source", "x")
+    other.add("progress", 999)
+    return [b.to_arrow(i) for i, b in enumerate((snap, stream, error, resync, again))] + [
+        other.to_arrow(50)
+    ]
+
+
+def test_both_engines_answer_capture_alike(spark, bronze):
+    delta_rs = open_bronze(bronze, SOURCE, spark=spark)
+    through_spark = SparkBronze(spark, bronze, SOURCE)
+    for store in (delta_rs, through_spark):  # empty
+        assert store.state().next_batch_id == 0 and store.frontier() is None
+        assert store.snapshotted_tables() == {} and store.recorded_errors() == set()
+    records = _control_records()
+    for batch_id, table in enumerate(records[:3]):
+        assert delta_rs.append(table, batch_id)
+    assert not delta_rs.append(records[2], 2)  # committed before: skipped
+    for batch_id, table in ((3, records[3]), (4, records[4])):
+        through_spark.append(table, batch_id)
+    DeltaRsWriter(delta_rs.path, app_id("another_source")).append(records[5], 50)
+    answers = []
+    for store in (delta_rs, through_spark):
+        state = store.state()
+        answers.append(
+            (
+                state,
+                store.frontier(),
+                store.next_batch_id(),
+                store.snapshotted_tables(),
+                store.recorded_errors(),
+                store.landed_counts(0),
+                store.landed_counts(4),
+                store.snapshot_partitions([21, 22, 23]),
+            )
+        )
+    assert answers[0] == answers[1]
+    state, frontier, next_batch, snapshots, errors, counts, none, partitions = answers[0]
+    assert (state.frontier, frontier, state.next_batch_id, next_batch) == (250, 250, 5, 5)
+    assert state.system_identity == {"system_id": "7", "timeline": 1}
+    assert state.snapshots == {21: (300, "s", "a"), 22: (100, "s", "b")}
+    assert state.resync == frozenset()  # the resync of 21 was followed by its snapshot
+    assert snapshots == {21: 300, 22: 100}
+    assert errors == {("TableDropped", 22, 250)}
+    assert counts == {"s.a": 8, "s.b": 4} and none == {}
+    assert partitions == {21: (210,), 22: (220, 221)}
+    # A resync request newer than the table's snapshot is pending.
+    assert delta_rs.request_resync([(22, "s", "b")], 250) == 5
+    assert delta_rs.state().resync == frozenset({22})
+    assert through_spark.state() == delta_rs.state()
+
+
+def test_a_table_created_without_spark_is_the_one_spark_creates(spark, tmp_path):
+    schema = "bronze_rs_" + uuid.uuid4().hex[:8]
+    spark.sql(f"CREATE SCHEMA {schema}")
+    try:
+        path = str(tmp_path / "bronze")
+        created = open_bronze(f"{schema}.rs", SOURCE, path=path)  # no Spark at all
+        assert isinstance(created, DeltaRsBronze)
+        created.writer().write(_sealed(0))
+        ensure_bronze_table(spark, f"{schema}.rs", path)  # the catalog now points at it
+        ensure_bronze_table(spark, f"{schema}.by_spark")
+        assert spark.table(f"{schema}.rs").schema == spark.table(f"{schema}.by_spark").schema
+        details = {
+            t: spark.sql(f"DESCRIBE DETAIL {schema}.{t}").first() for t in ("rs", "by_spark")
+        }
+        for column in ("minReaderVersion", "minWriterVersion"):
+            assert details["rs"][column] == details["by_spark"][column]
+        stats = "delta.dataSkippingStatsColumns"
+        assert details["rs"]["properties"][stats] == details["by_spark"]["properties"][stats]
+        assert spark.table(f"{schema}.rs").count() == 4
+        # Opened again (another run), it is the same table, not a new one.
+        again = open_bronze(f"{schema}.rs", SOURCE, path=path)
+        assert again.state().next_batch_id == 1
+    finally:
+        spark.sql(f"DROP SCHEMA {schema} CASCADE")

@@ -18,11 +18,11 @@ from bronze.land import (
     CaptureTarget,
     RetryPolicy,
     StreamLimits,
-    capture_error_from_spark,
     capture_once,
     land_snapshot,
 )
-from bronze.table import ARROW_SCHEMA, RecordBuffer, json_payload, write_batch
+from bronze.spark_table import capture_error_from_spark, write_batch
+from bronze.table import ARROW_SCHEMA, RecordBuffer, json_payload
 from bronze.writer import WRITER_ENV
 from capture.connection import connect_replication
 from capture.errors import (

@@ -1,0 +1,340 @@
+"""Where capture reads and writes bronze: one interface, a delta-rs and a Spark implementation.
+
+Capture needs little of bronze: a few aggregates over its control records (the frontier, the
+next batch id, which tables have a snapshot, which errors were recorded), idempotent appends
+(stream batches, snapshots, error and resync records) and a way to land a snapshot's ctid
+ranges in parallel. :class:`Bronze` asks its questions in SQL that Spark and DataFusion (inside
+delta-rs) both run, so the answers are the same whichever engine reads.
+
+``DeltaRsBronze`` (the ``deltalake`` package)
+    Where bronze is a directory of the local file system (local runs, the tests, the demo).
+    Nothing here needs a JVM: it creates the table if there is none (the same schema, protocol
+    and statistics columns as Spark's ``CREATE TABLE``), reads it with delta-rs' SQL engine,
+    appends with ``txnAppId``/``txnVersion`` checked first, and lands a snapshot with one
+    thread per ctid range, each writing its Parquet file into the table's directory, then one
+    commit of all of them.
+``SparkBronze`` (:mod:`bronze.spark_table`)
+    On Databricks (a Unity Catalog managed table is written through the catalog), wherever
+    bronze is not a local directory, when the table needs a protocol delta-rs does not write,
+    and when ``PGMEDALLION_BRONZE_WRITER=spark`` asks for it. The snapshot is one Spark job of
+    one task per ctid range.
+
+:func:`open_bronze` picks one. The capture process imports pyspark only for the Spark one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from bronze.table import (
+    ARROW_SCHEMA,
+    STATS_COLUMNS,
+    BronzeState,
+    RecordBuffer,
+    app_id,
+    json_payload,
+)
+from bronze.writer import WRITER_ENV, BatchWriter, DataFile, DeltaRsWriter, write_data_file
+from pgmedallion.config import on_databricks
+
+if TYPE_CHECKING:  # only the Spark implementation needs pyspark
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+CopyTask = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+"""A snapshot task body: given record batches of task ids (column ``id``), the bronze
+``copy`` records of those tasks' ctid ranges, in :data:`~bronze.table.ARROW_SCHEMA`."""
+
+_MAX_WRITER_VERSION = 2
+"""The protocol Spark gives bronze (writer version 2: NOT NULL invariants, no table features);
+delta-rs writes it. A table upgraded beyond it is left to Spark."""
+
+CONTROL_KINDS = ("progress", "rewind", "error", "resync")
+
+
+def _literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+class Bronze(ABC):
+    """One source's rows of the bronze table, as capture reads and writes them."""
+
+    name: str
+    """``delta-rs`` or ``spark``: which engine commits (reported in :class:`StreamResult`)."""
+
+    def __init__(self, table: str, source: str) -> None:
+        self.table = table
+        """The bronze table's qualified name (as the catalog knows it)."""
+        self.source = source
+        self.app = app_id(source)
+
+    # -- what each engine provides
+
+    @abstractmethod
+    def _query(self, sql: str) -> list[dict[str, Any]]:
+        """Run ``sql``, in which ``{bronze}`` names the table, and return its rows."""
+
+    @abstractmethod
+    def append(self, records: pa.Table, batch_id: int, app: str | None = None) -> bool:
+        """Commit ``records`` (in ARROW_SCHEMA) as batch ``batch_id`` of transaction ``app``
+        (default: the source's), unless that batch is committed already. Returns whether it
+        committed."""
+
+    @abstractmethod
+    def writer(self) -> BatchWriter:
+        """The committer of stream batches."""
+
+    @abstractmethod
+    def write_snapshot(
+        self, tasks: int, copy_task: CopyTask, meta: pa.Table, batch_id: int, workers: int
+    ) -> None:
+        """Run ``copy_task`` for task ids ``0 .. tasks-1``, at most ``workers`` at a time, and
+        commit their records with ``meta`` as batch ``batch_id``: all of it or none."""
+
+    # -- questions, in SQL both engines run
+
+    def _rows(self, sql: str) -> list[dict[str, Any]]:
+        where = f"source = {_literal(self.source)}"
+        return self._query(sql.replace("{source}", where))
+
+    def state(self) -> BronzeState:
+        """The frontier, the recorded server, the next batch id and the complete snapshots, from
+        the control records (every batch holds one)."""
+        kinds = ", ".join(_literal(k) for k in CONTROL_KINDS)
+        summary, identity, tables = (
+            self._rows(
+                "SELECT max(CASE WHEN kind = 'progress' THEN lsn END) AS lsn, "
+                f"max(batch_id) AS batch_id FROM {{bronze}} WHERE {{source}} AND kind IN ({kinds})"
+            ),
+            self._rows(
+                "SELECT payload FROM {bronze} WHERE {source} AND kind = 'progress' "
+                "AND payload IS NOT NULL ORDER BY batch_id DESC LIMIT 1"
+            ),
+            self._rows(
+                "SELECT kind, table_oid, table_schema, table_name, lsn, batch_id FROM {bronze} "
+                "WHERE {source} AND kind IN ('rewind', 'resync')"
+            ),
+        )
+        top = summary[0] if summary else {"lsn": None, "batch_id": None}
+        snapshots: dict[int, tuple[int, str, str]] = {}
+        newest: dict[tuple[str, int], int] = {}  # (kind, oid) -> newest batch
+        for r in tables:
+            key = (r["kind"], r["table_oid"])
+            newest[key] = max(newest.get(key, -1), r["batch_id"])
+            if r["kind"] == "resync":
+                continue
+            if r["table_oid"] not in snapshots or snapshots[r["table_oid"]][0] < r["lsn"]:
+                snapshots[r["table_oid"]] = (r["lsn"], r["table_schema"], r["table_name"])
+        resync = frozenset(
+            oid
+            for (kind, oid), batch in newest.items()
+            if kind == "resync" and batch > newest.get(("rewind", oid), -1)
+        )
+        return BronzeState(
+            frontier=top["lsn"],
+            system_identity=json.loads(bytes(identity[0]["payload"])) if identity else None,
+            next_batch_id=0 if top["batch_id"] is None else top["batch_id"] + 1,
+            snapshots=snapshots,
+            resync=resync,
+        )
+
+    def frontier(self) -> int | None:
+        """The highest committed frontier, or None before the first progress record."""
+        rows = self._rows("SELECT max(lsn) AS f FROM {bronze} WHERE {source} AND kind = 'progress'")
+        return rows[0]["f"] if rows else None
+
+    def next_batch_id(self) -> int:
+        rows = self._rows("SELECT max(batch_id) AS b FROM {bronze} WHERE {source}")
+        return 0 if not rows or rows[0]["b"] is None else rows[0]["b"] + 1
+
+    def snapshotted_tables(self) -> dict[int, int]:
+        """OID -> snapshot LSN of every table whose snapshot is complete in bronze."""
+        rows = self._rows(
+            "SELECT table_oid, max(lsn) AS lsn FROM {bronze} WHERE {source} AND kind = 'rewind' "
+            "GROUP BY table_oid"
+        )
+        return {r["table_oid"]: r["lsn"] for r in rows}
+
+    def recorded_errors(self) -> set[tuple[str, int | None, int]]:
+        """``(code, table_oid, lsn)`` of every error record."""
+        rows = self._rows(
+            "SELECT table_oid, lsn, payload FROM {bronze} WHERE {source} AND kind = 'error'"
+        )
+        return {(json.loads(bytes(r["payload"]))["code"], r["table_oid"], r["lsn"]) for r in rows}
+
+    def landed_counts(self, batch_id: int) -> dict[str, int]:
+        """``schema.table`` -> rows of the snapshot committed as batch ``batch_id`` (a ctid
+        range holds as many rows as its largest ``ordinal``)."""
+        rows = self._rows(
+            "SELECT table_schema, table_name, sum(n) AS n FROM ("
+            "SELECT table_schema, table_name, part, max(ordinal) AS n FROM {bronze} "
+            f"WHERE {{source}} AND kind = 'copy' AND batch_id = {int(batch_id)} "
+            "GROUP BY table_schema, table_name, part) GROUP BY table_schema, table_name"
+        )
+        return {f"{r['table_schema']}.{r['table_name']}": int(r["n"]) for r in rows}
+
+    def request_resync(self, tables: Sequence[tuple[int, str, str]], lsn: int) -> int:
+        """One batch of ``resync`` records for ``tables`` (``(oid, schema, name)``), at ``lsn``
+        (the bronze frontier): the next capture snapshots them again. Returns the batch id."""
+        now = datetime.now(UTC)
+        buffer = RecordBuffer(self.source, "resync-" + now.strftime("%Y%m%dT%H%M%S%f"))
+        payload = json_payload({"requested_at": now.isoformat()})
+        for oid, schema, name in tables:
+            buffer.add(
+                "resync", lsn, table_oid=oid, table_schema=schema, table_name=name, payload=payload
+            )
+        batch_id = self.next_batch_id()
+        # Its own transaction id: a capture committing the same batch id at the same time (a
+        # continuous capture) must not make Delta skip either commit as a repeat.
+        self.append(buffer.to_arrow(batch_id), batch_id, self.app + "-resync")
+        return batch_id
+
+    def snapshot_partitions(self, oids: Sequence[int]) -> dict[int, tuple[int, ...]]:
+        """OID -> the leaf partitions recorded by the table's newest snapshot."""
+        if not oids:
+            return {}
+        listed = ", ".join(str(int(o)) for o in oids)
+        rows = self._rows(
+            "SELECT table_oid, batch_id, payload FROM {bronze} "
+            f"WHERE {{source}} AND kind = 'schema' AND table_oid IN ({listed})"
+        )
+        newest: dict[int, tuple[int, bytes]] = {}
+        for r in rows:
+            if r["table_oid"] not in newest or newest[r["table_oid"]][0] < r["batch_id"]:
+                newest[r["table_oid"]] = (r["batch_id"], bytes(r["payload"]))
+        return {
+            oid: tuple(json.loads(payload).get("partitions", ()))
+            for oid, (_, payload) in newest.items()
+        }
+
+
+class DeltaRsBronze(Bronze):
+    """Bronze in a local directory, read and written by delta-rs (no JVM)."""
+
+    name = "delta-rs"
+
+    def __init__(self, path: str, table: str, source: str) -> None:
+        from deltalake import DeltaTable
+
+        super().__init__(table, source)
+        self.path = path
+        if not (Path(path) / "_delta_log").is_dir():
+            create_local_bronze(path)
+        self._table = DeltaTable(path)
+
+    def _query(self, sql: str) -> list[dict[str, Any]]:
+        from deltalake import QueryBuilder
+
+        self._table.update_incremental()
+        reader = (
+            QueryBuilder()
+            .register("bronze", self._table)
+            .execute(sql.replace("{bronze}", "bronze"))
+        )
+        return pa.table(reader.read_all()).to_pylist()
+
+    def append(self, records: pa.Table, batch_id: int, app: str | None = None) -> bool:
+        return DeltaRsWriter(self.path, app or self.app).append(records, batch_id)
+
+    def writer(self) -> DeltaRsWriter:
+        return DeltaRsWriter(self.path, self.app)
+
+    def write_snapshot(
+        self, tasks: int, copy_task: CopyTask, meta: pa.Table, batch_id: int, workers: int
+    ) -> None:
+        def one(task: int) -> DataFile | None:
+            ids = pa.record_batch({"id": pa.array([task], pa.int64())})
+            return write_data_file(self.path, copy_task(iter([ids])))
+
+        # The COPY is read by asyncpg and encoded by Arrow, both outside the GIL for most of
+        # their work, so threads run the ranges in parallel without worker processes.
+        with ThreadPoolExecutor(max(1, min(workers, tasks)), "snapshot-copy") as pool:
+            files = [f for f in pool.map(one, range(tasks)) if f is not None]
+        meta_file = write_data_file(self.path, meta.to_batches())
+        DeltaRsWriter(self.path, self.app).commit_files([*files, meta_file], batch_id)
+
+
+def create_local_bronze(path: str) -> None:
+    """Create an empty bronze table at ``path`` with delta-rs: the schema, protocol (1, 2) and
+    statistics columns of Spark's ``CREATE TABLE`` (``bronze.spark_table.ensure_bronze_table``).
+    """
+    from deltalake import DeltaTable
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    DeltaTable.create(
+        path,
+        ARROW_SCHEMA,
+        mode="ignore",  # another process created it first: use that one
+        configuration={"delta.dataSkippingStatsColumns": STATS_COLUMNS},
+    )
+    log.info("created bronze table at %s", path)
+
+
+def writer_choice() -> str:
+    choice = os.environ.get(WRITER_ENV, "auto")
+    if choice not in ("auto", "delta-rs", "spark"):
+        raise ValueError(f"{WRITER_ENV} must be auto, delta-rs or spark, not {choice!r}")
+    return choice
+
+
+def delta_rs_unusable(path: str | None) -> str | None:
+    """Why delta-rs cannot write bronze at ``path`` (None: it can)."""
+    try:
+        from deltalake import DeltaTable
+    except ImportError:
+        return "the deltalake package is not installed"
+    if path is None:
+        return "bronze is not a directory of the local file system"
+    if not (Path(path) / "_delta_log").is_dir():
+        return None  # created by delta-rs, with the protocol it writes
+    protocol = DeltaTable(path).protocol()
+    if protocol.min_writer_version > _MAX_WRITER_VERSION or protocol.writer_features:
+        return f"bronze at {path} has writer protocol {protocol.min_writer_version}"
+    return None
+
+
+def open_bronze(
+    table: str, source: str, *, path: str | None = None, spark: SparkSession | None = None
+) -> Bronze:
+    """Bronze for capture: delta-rs where it can write (see the module docstring), else Spark.
+
+    ``path``: bronze's local directory when the caller knows it without Spark (the configured
+    state directory's warehouse); with ``spark``, the table is created through the catalog if
+    it does not exist and its location asked of Spark. Without ``spark`` nothing here starts a
+    JVM, and bronze must be a local directory.
+    """
+    choice = writer_choice()
+    if choice == "spark" or (choice == "auto" and on_databricks()):
+        return _spark_bronze(spark, table, source, path)
+    if spark is not None:
+        from bronze.spark_table import ensure_bronze_table, local_table_path
+
+        ensure_bronze_table(spark, table, path)
+        path = local_table_path(spark, table)
+    reason = delta_rs_unusable(path)
+    if reason is None:
+        return DeltaRsBronze(str(path), table, source)
+    if choice == "delta-rs":
+        raise ValueError(f"{WRITER_ENV}=delta-rs, but {reason}")
+    log.info("bronze is committed through Spark: %s", reason)
+    return _spark_bronze(spark, table, source, path)
+
+
+def _spark_bronze(spark: SparkSession | None, table: str, source: str, path: str | None) -> Bronze:
+    if spark is None:
+        raise ValueError(f"bronze table {table} is committed through Spark here: start a session")
+    from bronze.spark_table import SparkBronze, ensure_bronze_table
+
+    ensure_bronze_table(spark, table, path)
+    return SparkBronze(spark, table, source)
