@@ -249,7 +249,12 @@ class SealedBatch:
         return self.wal.num_rows
 
     def to_arrow(self) -> pa.Table:
-        """The batch's bronze rows in :data:`ARROW_SCHEMA`: the constant columns are repeated
+        """The batch's bronze rows in :data:`ARROW_SCHEMA` (see :meth:`wal_arrow`)."""
+        wal = self.wal_arrow()
+        return wal if self.others is None else pa.concat_tables([wal, self.others])
+
+    def wal_arrow(self) -> pa.Table:
+        """The batch's wal messages in :data:`ARROW_SCHEMA`: the constant columns are repeated
         (Arrow's ``repeat``, one value and a length), the payloads shared, not copied."""
         n = self.messages
         constants = {
@@ -267,8 +272,7 @@ class SealedBatch:
             f.name: constants[f.name] if f.name in constants else self.wal.column(f.name)
             for f in ARROW_SCHEMA
         }
-        wal = pa.table(columns, schema=ARROW_SCHEMA)
-        return wal if self.others is None else pa.concat_tables([wal, self.others])
+        return pa.table(columns, schema=ARROW_SCHEMA)
 
 
 def copy_lines(payload: bytes) -> list[bytes]:

@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 try:  # in the `local` extra: a Databricks cluster commits bronze through Spark
-    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+    from deltalake import CommitProperties, DeltaTable, Transaction
     from deltalake.exceptions import CommitFailedError
     from deltalake.transaction import AddAction
 except ImportError:
@@ -98,21 +98,24 @@ class DeltaRsWriter:
 
     def append(self, records: pa.Table, batch_id: int) -> bool:
         """Commit ``records`` as batch ``batch_id``; False if it was committed before."""
+        return self._commit(records.to_batches(), batch_id)
+
+    def write(self, batch: SealedBatch) -> None:
+        # The wal messages and the batch's progress record go into separate row groups, so
+        # that a reader of the control records skips the messages by their statistics.
+        parts = [batch.wal_arrow()]
+        if batch.others is not None:
+            parts.append(batch.others)
+        self._commit([b for part in parts for b in part.to_batches()], batch.batch_id)
+
+    def _commit(self, batches: Sequence[pa.RecordBatch], batch_id: int) -> bool:
+        # The Parquet file is written here and committed by delta-rs' transaction API: the
+        # same file and log entry as ``write_deltalake``, without loading its query engine.
         if self.committed(batch_id):
             log.info("bronze batch %d was committed before: skipped", batch_id)
             return False
-        try:
-            write_deltalake(
-                self.table, records, mode="append", commit_properties=self._transaction(batch_id)
-            )
-        except CommitFailedError:
-            if self.committed(batch_id):  # another writer of the same batch won
-                return False
-            raise
-        return True
-
-    def write(self, batch: SealedBatch) -> None:
-        self.append(batch.to_arrow(), batch.batch_id)
+        written = write_data_file(self.path, batches)
+        return self.commit_files([written] if written is not None else [], batch_id)
 
     def _transaction(self, batch_id: int) -> CommitProperties:
         return CommitProperties(app_transactions=[Transaction(self.app, batch_id)])
@@ -133,6 +136,15 @@ class DataFile:
 _STATS_COLUMNS = STATS_COLUMNS.split(",")
 
 
+PARQUET_OPTIONS = {
+    "compression": "snappy",
+    # Dictionaries and statistics only where they serve: a payload column tried as a
+    # dictionary (then given up) and min/max over megabyte payloads cost every write.
+    "use_dictionary": ["source", "kind", "table_schema", "table_name", "run_id"],
+    "write_statistics": _STATS_COLUMNS,
+}
+
+
 def write_data_file(table_dir: str, batches: Iterable[pa.RecordBatch]) -> DataFile | None:
     """Write ``batches`` (in :data:`~bronze.table.ARROW_SCHEMA`) as one Parquet file of the
     Delta table at ``table_dir``, with the statistics Delta keeps for bronze; None if there were
@@ -149,7 +161,7 @@ def write_data_file(table_dir: str, batches: Iterable[pa.RecordBatch]) -> DataFi
             if not batch.num_rows:
                 continue
             if writer is None:
-                writer = pq.ParquetWriter(path, ARROW_SCHEMA, compression="snappy")
+                writer = pq.ParquetWriter(path, ARROW_SCHEMA, **PARQUET_OPTIONS)
             writer.write_batch(batch)
             rows += batch.num_rows
             for column in _STATS_COLUMNS:
