@@ -311,6 +311,7 @@ def _copy_task_rows(
             )
             rows = 0
             for count, chunk in chunks:
+                failpoint("snapshot.copy_chunk")
                 rows += count
                 buffer.add(
                     "copy",

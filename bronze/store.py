@@ -49,6 +49,7 @@ from bronze.table import (
 )
 from bronze.writer import WRITER_ENV, BatchWriter, DataFile, DeltaRsWriter, write_data_file
 from pgmedallion.config import on_databricks
+from pgmedallion.failpoints import failpoint
 
 if TYPE_CHECKING:  # only the Spark implementation needs pyspark
     from pyspark.sql import SparkSession
@@ -362,6 +363,7 @@ class DeltaRsBronze(Bronze):
         with ThreadPoolExecutor(max(1, min(workers, tasks)), "snapshot-copy") as pool:
             files = [f for f in pool.map(one, range(tasks)) if f is not None]
         meta_file = write_data_file(self.path, meta.to_batches())
+        failpoint("snapshot.before_commit")
         DeltaRsWriter(self.path, self.app).commit_files([*files, meta_file], batch_id)
 
 

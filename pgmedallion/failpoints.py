@@ -10,8 +10,9 @@ around gold's MERGE). Nothing happens unless the environment variable
     PGMEDALLION_FAILPOINTS="silver.before_append,gold.after_merge=2"
 
 The process kills itself with SIGKILL, as an OOM killer or a lost machine would: no cleanup,
-no ``finally`` blocks, no flushing. Failpoints in Spark tasks (Python workers) kill the worker
-only when the point's name says so (``snapshot.copy_row``): Spark then retries the task.
+no ``finally`` blocks, no flushing. Where the snapshot runs as Spark tasks (Databricks), a
+failpoint in a task (``snapshot.copy_chunk``) kills only its Python worker, and Spark retries
+the task; locally the ranges run in the capture process, which the failpoint kills.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
-from bronze.spark_table import copy_row_counts
+from bronze.spark_table import copy_row_counts, sealed_dataframe
 from bronze.table import ARROW_SCHEMA, RecordBuffer, WalBuffer, copy_lines
 from pgmedallion.spark import one_task_per_partition
 
@@ -52,7 +52,7 @@ def test_a_sealed_batch_gives_the_rows_of_the_full_arrow_table(spark):
     expected = spark.createDataFrame(buffer.to_arrow(42))
     sealed = buffer.seal(42)
     assert sealed.messages == 4 and sealed.wal.num_columns == 5  # constants are not shipped
-    actual = sealed.to_dataframe(spark)
+    actual = sealed_dataframe(spark, sealed)
     assert actual.columns == [f.name for f in ARROW_SCHEMA]
     assert_df_equality(
         actual.drop("captured_at"),

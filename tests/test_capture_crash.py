@@ -1,13 +1,14 @@
 """SIGKILL the capture during the snapshot and during streaming, rerun, and check bronze.
 
-The capture runs in a process group of its own (``tests/capture_child.py``: a Python driver,
-its Spark JVM and Python workers) with its own Spark state directory; the whole group is
-killed with SIGKILL, as a machine crash would. This test process reads the child's bronze
-table by path. After every kill, and in samples taken while the child runs, the slot's
-``confirmed_flush_lsn`` must not be ahead of bronze's frontier (the confirmed position is read
-first, then the frontier, which only grows). After a final run to completion, bronze replayed
-(snapshot rows, then each commit LSN's messages from one run that reached its Commit) must
-equal the source table: nothing missing, nothing twice.
+The capture runs in a process group of its own (``tests/capture_child.py``: one Python process
+without Spark, as a local capture runs) with its own state directory; the whole group is
+killed with SIGKILL, as a machine crash would, at a random moment or by a failpoint at a
+chosen one (mid-COPY, or with every range's file written but not committed). This test
+process reads the child's bronze table by path. After every kill, and in samples taken while
+the child runs, the slot's ``confirmed_flush_lsn`` must not be ahead of bronze's frontier
+(the confirmed position is read first, then the frontier, which only grows). After a final
+run to completion, bronze replayed (snapshot rows, then each commit LSN's messages from one run
+that reached its Commit) must equal the source table: nothing missing, nothing twice.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import psycopg
 import pytest
 from pyspark.sql import functions as F
 
+from pgmedallion.failpoints import ENV as FAILPOINTS_ENV
 from tests.capture_child import complete_transactions, replay
 
 pytestmark = pytest.mark.slow
@@ -37,8 +39,10 @@ ROWS = 50_000
 class Child:
     """One capture process, in its own process group."""
 
-    def __init__(self, spec: Path, log: Path) -> None:
+    def __init__(self, spec: Path, log: Path, failpoints: str = "") -> None:
         env = dict(os.environ, PYTHONPATH=str(REPO))
+        if failpoints:
+            env[FAILPOINTS_ENV] = failpoints
         self.log = log.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.capture_child", str(spec)],
@@ -247,29 +251,38 @@ def test_sigkill_during_the_snapshot_then_rerun(spark, db, tmp_path):
     writer = Writer(db, seed=1)
     kills = 0
     try:
-        for trial in range(2):
-            child = Child(spec, tmp_path / "child.log")
-            wait_for(
-                lambda: src.query(
-                    "SELECT 1 FROM pg_replication_slots WHERE slot_name LIKE 'pgm_snap_%%'"
-                ),
-                "the snapshot to start",
-                child,
-            )
-            time.sleep(random.Random(trial).uniform(0, 1.0))
-            child.kill()
+        # Mid-COPY (the second chunk read), then with both ranges' files written and not yet
+        # committed: the snapshot must not be in bronze after either.
+        for point in ("snapshot.copy_chunk=2", "snapshot.before_commit"):
+            child = Child(spec, tmp_path / "child.log", failpoints=point)
+            assert child.proc.wait(timeout=600) == -signal.SIGKILL, f"{point} was not reached"
+            child.log.close()
             kills += 1
             check_slot_not_ahead(spark, src)
             if (src.bronze_path / "_delta_log").exists():
                 bronze = spark.read.format("delta").load(str(src.bronze_path))
-                assert bronze.where("kind = 'rewind'").count() == 0, "killed after the snapshot"
+                assert bronze.where("kind = 'rewind'").count() == 0, f"{point}: snapshot landed"
+        # And at a random moment once the snapshot has started (it may have committed by then).
+        child = Child(spec, tmp_path / "child.log")
+        wait_for(
+            lambda: src.query(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name LIKE 'pgm_snap_%%'"
+            ),
+            "the snapshot to start",
+            child,
+        )
+        time.sleep(random.Random(0).uniform(0, 0.3))
+        child.kill()
+        kills += 1
+        check_slot_not_ahead(spark, src)
     finally:
         writes = writer.stop()
     final = Child(spec, tmp_path / "child.log").finish()
-    assert list(final["snapshotted"]) == ["public.items"]
     stats = verify(spark, src)
     assert src.confirmed() == frontier(spark, src)
-    print(f"\nsnapshot kills: {kills}, writer transactions: {writes}, {stats}")
+    rewinds = spark.read.format("delta").load(str(src.bronze_path)).where("kind = 'rewind'")
+    assert rewinds.count() == 1  # one complete snapshot, by the last run or the random kill's
+    print(f"\nsnapshot kills: {kills}, writer transactions: {writes}, {stats}, {final}")
 
 
 def test_sigkill_during_streaming_then_rerun(spark, db, tmp_path):
