@@ -1,10 +1,12 @@
 """snapshot: land a >= 1 GB table in bronze vs. parallel ``psql COPY`` (or ``spark.read.jdbc``).
 
 What is compared
-    Ours is :func:`bronze.land.land_snapshot` on a fresh bronze table with ``--workers`` ranges:
-    exported snapshot (a temporary slot), one Spark task per ctid range copying COPY TEXT rows
-    into Arrow batches, one Delta commit, and the per-table row count it reads back from
-    bronze. The peer is the floor of any COPY-based capture: the *same* ctid ranges
+    Ours is :func:`bronze.land.land_snapshot` on a fresh bronze table with ``--workers`` ranges,
+    as a local capture runs it (without Spark, bronze written by delta-rs): exported snapshot
+    (a temporary slot), one thread per ctid range copying COPY TEXT chunks into a Parquet
+    file, one Delta commit of the files, and the per-table row count it reads back from
+    bronze. (Through session 12 it ran in a Spark session: one Spark task per range.) The peer
+    is the floor of any COPY-based capture: the *same* ctid ranges
     (:func:`capture.snapshot.worker_ctid_ranges`), each ``COPY (SELECT ...) TO STDOUT`` in its
     own concurrent ``psql`` process writing to ``/dev/null``. ``--peer jdbc`` compares with
     what a Spark user would write instead: ``spark.read.jdbc`` partitioned on ``id`` into as
@@ -18,9 +20,8 @@ The table
     run that finds the mark reuses it: building 1 GB takes minutes, reading it seconds.
 
 Before timing either side, one untimed ``psql`` pass reads the table so both sides find it in
-the page cache, and one untimed ``land_snapshot`` of a 1 MB table starts what a long-running
-process has started already (the JVM's first Delta commit, Spark's Python workers: 10-15 s
-here); its time is recorded as ``ours_warmup_s``.
+the page cache, and one untimed ``land_snapshot`` of a 1 MB table loads what a long-running
+process has loaded already; its time is recorded as ``ours_warmup_s``.
 
 The JDBC driver must be on the Spark session's classpath when the session starts. The command
 line starts it with the driver for ``--peer jdbc``; when the session at hand lacks it (the
@@ -46,7 +47,7 @@ from psycopg import sql
 
 from benchmarks.common import MB, BenchEnv, Result, Stopwatch, Timing, jdbc_url, say
 from bronze.land import CaptureTarget, land_snapshot
-from bronze.spark_table import copy_row_counts, ensure_bronze_table
+from bronze.spark_table import copy_row_counts
 from capture.snapshot import copy_query, estimate_table_block_counts, worker_ctid_ranges
 
 NAME = "snapshot"
@@ -213,29 +214,37 @@ def land_ours(
     env: BenchEnv, table: dict[str, int], workers: int, *, bronze: str = "snapshot"
 ) -> tuple[Timing, dict]:
     """Time ``land_snapshot`` of the table into a fresh bronze table; check every row landed."""
-    spark = env.spark
+    path = env.state_dir / "bronze-without-spark" / bronze
+    shutil.rmtree(path, ignore_errors=True)
     target = CaptureTarget(
-        env.conninfo, source="bench", publication="", slot="", bronze=env.bronze_table(bronze)
+        env.conninfo,
+        source="bench",
+        publication="",
+        slot="",
+        bronze=env.bronze_table(bronze),
+        bronze_path=str(path),
     )
-    ensure_bronze_table(spark, target.bronze)
     with Stopwatch() as watch:
         _, counts = land_snapshot(
-            spark, target, [table["oid"]], workers=workers, run_id=uuid.uuid4().hex
+            None, target, [table["oid"]], workers=workers, run_id=uuid.uuid4().hex
         )
     landed = sum(counts.values())
     if landed != table["rows"]:
         raise RuntimeError(f"land_snapshot landed {landed} rows of {table['rows']}")
-    # land_snapshot ends by counting the landed rows in bronze; time that read on its own.
+    # Spark reads what landed, and counts the same rows.
     with Stopwatch() as count_watch:
-        copy_row_counts(spark.table(target.bronze).where("kind = 'copy'")).collect()
+        [row] = copy_row_counts(
+            env.spark.read.format("delta").load(str(path)).where("kind = 'copy'")
+        ).collect()
+    if row["rows"] != table["rows"]:
+        raise RuntimeError(f"Spark counts {row['rows']} rows in bronze of {table['rows']}")
     return Timing("pgmedallion", watch.seconds), {
         "bronze_count_query_s": round(count_watch.seconds, 2),
     }
 
 
 def warm_up_ours(env: BenchEnv, workers: int) -> float:
-    """Land a small table once, untimed: the JVM's first Delta write and Spark's Python workers
-    start here (10-15 s on this machine), not in the measurement."""
+    """Land a small table once, untimed: what a long-running process has loaded already."""
     with env.connect() as conn:
         table = ensure_table(conn, table_name(WARMUP_MB), WARMUP_MB * MB)
     return land_ours(env, table, workers, bronze="snapshot_warmup")[0].seconds

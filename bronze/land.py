@@ -1,4 +1,4 @@
-"""Landing capture output in bronze: the snapshot as one Spark job, the stream in batches.
+"""Landing capture output in bronze: the snapshot as one commit, the stream in batches.
 
 ::
 
@@ -12,15 +12,16 @@
             read ─> buffer ─> commit batch (with its progress record) ─> ack(frontier)
             triggered: until pg_current_wal_lsn() seen at the start; continuous: until stopped
 
-Snapshot. The driver holds the exported snapshot's transaction open while a Spark job runs one
-task per ctid range; every task imports the snapshot and streams its COPY rows straight into
-Arrow batches, so the COPY work runs in parallel Python worker processes, not threads. The copy
+Snapshot. The leader holds the exported snapshot's transaction open while one task per ctid
+range imports the snapshot and streams its COPY rows straight into Arrow batches: a thread of
+the capture process each where delta-rs writes bronze (each writes its Parquet file, read and
+encoded mostly outside the GIL), one Spark task each where Spark does (``bronze.store``). The copy
 rows, one ``schema`` record and one ``rewind`` record per table are a single Delta commit: a
 table's snapshot is in bronze whole or not at all, and a crash before the commit simply means
 the next run snapshots again at a new LSN (rewinds make any snapshot LSN correct). The leader
 holds ``ACCESS SHARE`` on every table until the commit, as ``pg_dump`` does, so a table
 present at the snapshot is copied whole; one already dropped is skipped with an ``error``
-record, and the other tables go on. While the job runs, a thread of the driver polls
+record, and the other tables go on. While the tasks run, a thread of the leader polls
 ``pg_stat_progress_copy`` for rows copied so far (``capture.progress``).
 
 Stream. The main slot exists before any snapshot is taken, so the stream always starts at or
