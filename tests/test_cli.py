@@ -29,3 +29,55 @@ def test_malformed_config_exits_2_with_the_key(tmp_path):
     )
     assert proc.returncode == 2
     assert "[source] port must be an integer" in proc.stderr
+
+
+def test_a_local_capture_needs_no_java(db, spark, tmp_path):
+    """``run --stage capture`` with no Java to be found: it snapshots and streams into bronze,
+    which Spark then reads (so nothing in the capture started a JVM)."""
+    import os
+    import sys
+    from pathlib import Path
+
+    import psycopg
+
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE nojvm (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO nojvm SELECT g, 'v' || g FROM generate_series(1, 500) g")
+        conn.execute("CREATE PUBLICATION nojvm_pub FOR TABLE nojvm")
+    state = tmp_path / "state"
+    config = tmp_path / "pgmedallion.toml"
+    config.write_text(
+        "[source]\n"
+        f"name = 'nojvm'\nhost = '{db['host']}'\nport = {db['port']}\n"
+        f"dbname = '{db['dbname']}'\nuser = '{db['user']}'\npassword_env = 'NOJVM_PW'\n"
+        "publication = 'nojvm_pub'\nslot = 'nojvm_slot'\n"
+        f"[lakehouse]\nstate_dir = '{state}'\n"
+    )
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(
+        os.environ,
+        NOJVM_PW=db["password"],
+        JAVA_HOME=str(tmp_path / "no-java-here"),  # get_spark would fail: JavaMissing
+        PYTHONPATH=str(repo),
+    )
+    outputs = []
+    for late in (True, False):  # the snapshot, then a run that finds bronze and streams on
+        proc = subprocess.run(
+            [sys.executable, "-m", "pgmedallion.cli", "-c", str(config), "run"]
+            + ["--stage", "capture"],
+            capture_output=True,
+            text=True,
+            cwd=repo,
+            env=env,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+        outputs.append(proc.stdout)
+        if late:
+            with psycopg.connect(**db, autocommit=True) as conn:
+                conn.execute("INSERT INTO nojvm VALUES (1000, 'late')")
+    assert "capture: snapshot public.nojvm: 500 rows" in outputs[0]
+    assert "snapshot" not in outputs[1] and "capture: 0 messages" not in outputs[1]
+    bronze = spark.read.format("delta").load(str(state / "warehouse" / "pgm_bronze.db" / "bronze"))
+    assert bronze.where("kind = 'rewind'").count() == 1
+    assert bronze.where("kind = 'wal' AND substring(payload, 1, 1) = 'I'").count() == 1
