@@ -74,11 +74,13 @@ class DeltaRsWriter:
         version = self.table.transaction_version(self.app)
         return version is not None and version >= batch_id
 
-    def commit_files(self, files: Sequence[DataFile], batch_id: int) -> bool:
+    def commit_files(
+        self, files: Sequence[DataFile], batch_id: int, *, checked: bool = False
+    ) -> bool:
         """Commit Parquet files already written into the table's directory (a snapshot's, by
         :func:`write_data_file`) as one commit of batch ``batch_id``. Returns False if that
         batch was committed before (the files are then left unused)."""
-        if self.committed(batch_id):
+        if not checked and self.committed(batch_id):
             log.info("bronze batch %d was committed before: skipped", batch_id)
             return False
         now = int(time.time() * 1000)
@@ -115,7 +117,8 @@ class DeltaRsWriter:
             log.info("bronze batch %d was committed before: skipped", batch_id)
             return False
         written = write_data_file(self.path, batches)
-        return self.commit_files([written] if written is not None else [], batch_id)
+        files = [written] if written is not None else []
+        return self.commit_files(files, batch_id, checked=True)  # checked just above
 
     def _transaction(self, batch_id: int) -> CommitProperties:
         return CommitProperties(app_transactions=[Transaction(self.app, batch_id)])
