@@ -17,7 +17,7 @@ its own Spark warehouse), prints its details and, as its last line, ``NAME: pgme
 <peer> <rate>, ratio <r> (goal >= <g>)``, and appends the result as one JSON line to
 ``.pgmedallion/bench/results.jsonl``. The memory benchmark ``rss`` prints peak resident sets
 instead: ``rss: pgmedallion peak RSS <mb> MB, pg_recvlogical peak RSS <mb> MB, ratio <ours /
-peer> (ours / peer, lower is better; goal pgmedallion <= 512 MB)``.
+peer> (ours / peer, lower is better; goal pgmedallion <= 256 MB)``.
 
 Adding a benchmark: write ``benchmarks/<name>.py`` with
 

@@ -185,6 +185,7 @@ def run(args: argparse.Namespace) -> MemoryResult:
             "peer_is": f"VmHWM of pg_recvlogical, polled from /proc every {POLL_S} s",
             "peer_wait4_maxrss_kib": measured["peer_wait4_kib"],
             "setup_peak_rss_kib": ready["python_peak_rss_kib"],
+            "pyspark_imported": done["pyspark_imported"],
             "messages": done["messages"],
             "landed_by_kind": done["landed"],
             "bronze_commits": done["batches"],
