@@ -1,7 +1,7 @@
 """incremental: a gold run applying the same changes to a small and to a ten times larger table.
 
 Setup (untimed), once per size
-    Silver crafted by hand (``gold.craft``) for a keyed table ``accounts`` (id BIGINT primary
+    Silver crafted by hand (``craft``) for a keyed table ``accounts`` (id BIGINT primary
     key, name, balance DECIMAL(12,2), updated_at TIMESTAMP): run 1 is the snapshot of
     ``--small`` (default 1M) or ``--large`` (10M) rows, and a gold run builds the table in
     full. Then silver run 2 holds ``--changes`` (default 10k) changes: half updates, a quarter
@@ -34,11 +34,11 @@ from pyspark.sql import Column, Window
 from pyspark.sql import functions as F
 
 from benchmarks.common import Result, Stopwatch, say, small_vs_large
+from core.config import Config, LakehouseConfig, SourceConfig
 from gold.build import run_gold
-from gold.craft import CraftedTable, SilverCrafter
-from pgmedallion.config import Config, LakehouseConfig, SourceConfig
 from silver.changes import FILL, PLAIN, RETRACT
 from silver.identity import COLUMNS, KIND, ORDINAL, resolve_previous_images
+from tests.craft import CraftedTable, SilverCrafter
 
 NAME = "incremental"
 DESCRIPTION = "gold run applying 10k changes to a 1M-row vs. a 10M-row keyed table"

@@ -11,7 +11,7 @@ Setup (untimed)
     commit.
 
 What is compared
-    Ours is the real capture, ``bronze.land.capture_once`` with the production stream limits,
+    Ours is the real capture, ``capture.run.capture_once`` with the production stream limits,
     as a local ``pgmedallion run --stage capture`` runs it: in a Python process of its own
     (``python -m benchmarks.rss SPEC``) without Spark, bronze (under ``--state-dir``/
     ``rss-capture``) read and written by delta-rs. Our figure is that process's ``VmHWM``
@@ -68,7 +68,7 @@ from benchmarks.common import (
     recvlogical_command,
     say,
 )
-from pgmedallion.pgoutput import format_lsn, parse_lsn
+from capture.pgoutput import format_lsn, parse_lsn
 
 NAME = "rss"
 DESCRIPTION = "capture peak RSS through one large transaction vs. pg_recvlogical to /dev/null"
@@ -323,7 +323,7 @@ def child_main(spec_path: str) -> int:
     import pyarrow.compute as pc
     from deltalake import DeltaTable
 
-    from bronze.land import CaptureTarget, RetryPolicy, capture_once
+    from capture.run import CaptureTarget, RetryPolicy, capture_once
 
     spec = json.loads(Path(spec_path).read_text())
     schema, table = spec["bronze"].split(".")

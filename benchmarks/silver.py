@@ -38,7 +38,7 @@ from psycopg import sql
 from pyspark.sql import functions as F
 
 from benchmarks.common import BenchEnv, Result, Stopwatch, Timing, say
-from pgmedallion.config import Config, LakehouseConfig, SourceConfig
+from core.config import Config, LakehouseConfig, SourceConfig
 
 NAME = "silver"
 DESCRIPTION = "silver decode + cast of bronze COPY rows vs. Spark's CSV reader"

@@ -1,7 +1,7 @@
 """snapshot: land a >= 1 GB table in bronze vs. parallel ``psql COPY`` (or ``spark.read.jdbc``).
 
 What is compared
-    Ours is :func:`bronze.land.land_snapshot` on a fresh bronze table with ``--workers`` ranges,
+    Ours is :func:`capture.run.land_snapshot` on a fresh bronze table with ``--workers`` ranges,
     as a local capture runs it (without Spark, bronze written by delta-rs): exported snapshot
     (a temporary slot), one thread per ctid range copying COPY TEXT chunks into a Parquet
     file, one Delta commit of the files, and the per-table row count it reads back from
@@ -46,8 +46,8 @@ from typing import Any
 from psycopg import sql
 
 from benchmarks.common import MB, BenchEnv, Result, Stopwatch, Timing, jdbc_url, say
-from bronze.land import CaptureTarget, land_snapshot
 from bronze.spark_table import copy_row_counts
+from capture.run import CaptureTarget, land_snapshot
 from capture.snapshot import copy_query, estimate_table_block_counts, worker_ctid_ranges
 
 NAME = "snapshot"
@@ -325,7 +325,7 @@ def jdbc_in_child(env: BenchEnv, job: dict[str, Any]) -> float:
 
 def _jdbc_child_main() -> int:
     """The child process of :func:`jdbc_in_child`: its own Spark with the driver."""
-    from pgmedallion.spark import POSTGRES_JDBC, get_spark
+    from core.spark import POSTGRES_JDBC, get_spark
 
     job = json.loads(os.environ[JDBC_PEER_ENV])
     spark = get_spark(job["state_dir"], packages=(POSTGRES_JDBC,))

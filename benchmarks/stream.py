@@ -12,7 +12,7 @@ What is compared
     The peer is ``pg_recvlogical --start --endpos <end LSN> -o proto_version=1 -o
     publication_names=<pub> -f /dev/null`` on its slot: the server's walsender decoding and
     sending, received by a C client that throws the bytes away. Ours is
-    :func:`bronze.land.land_stream` on the other slot into a fresh bronze table: the same
+    :func:`capture.run.land_stream` on the other slot into a fresh bronze table: the same
     walsender work, received and stamped in Python, buffered into Arrow and committed to Delta
     every 200,000 messages, each commit followed by an acknowledgement. ``land_stream`` reads
     up to ``pg_current_wal_lsn()`` at its own start, which is at or past the end LSN; nothing
@@ -34,9 +34,9 @@ from psycopg import sql
 from pyspark.sql import functions as F
 
 from benchmarks.common import MB, BenchEnv, Result, Stopwatch, Timing, recvlogical_command, say
-from bronze.land import CaptureTarget, land_stream
 from bronze.spark_table import ensure_bronze_table
-from pgmedallion.pgoutput import format_lsn, parse_lsn
+from capture.pgoutput import format_lsn, parse_lsn
+from capture.run import CaptureTarget, land_stream
 
 NAME = "stream"
 DESCRIPTION = "pgoutput backlog into bronze vs. pg_recvlogical to /dev/null"

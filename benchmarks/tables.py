@@ -25,7 +25,7 @@ import argparse
 import time
 
 from benchmarks.common import Result, Stopwatch, Timing, say
-from pgmedallion.config import Config, LakehouseConfig, SourceConfig
+from core.config import Config, LakehouseConfig, SourceConfig
 
 NAME = "tables"
 DESCRIPTION = "triggered runs over 100 tables of 1,000 rows: first, nothing new, one, all"

@@ -17,11 +17,10 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-import capture.errors as capture_errors
 from bronze.store import Bronze, CopyTask
 from bronze.table import ARROW_SCHEMA, BRONZE_DDL, STATS_COLUMNS, SealedBatch, app_id
-from capture.errors import CaptureError
-from pgmedallion.spark import one_task_per_partition
+from core.errors import PipelineError, error_type
+from core.spark import one_task_per_partition
 
 
 def ensure_bronze_table(spark: SparkSession, table: str, path: str | None = None) -> None:
@@ -146,16 +145,16 @@ class SparkBronze(Bronze):
             raise error from exc
 
 
-_CAPTURE_ERROR_IN_TRACE = re.compile(r"capture\.errors\.(\w+): ([^\n]*)")
+_ERROR_IN_TRACE = re.compile(r"(?:core|capture|silver)\.errors\.(\w+): ([^\n]*)")
 
 
-def capture_error_from_spark(exc: BaseException) -> CaptureError | None:
+def capture_error_from_spark(exc: BaseException) -> PipelineError | None:
     """The capture error a Spark task died of, from the Python traceback Spark relays."""
-    matches = _CAPTURE_ERROR_IN_TRACE.findall(str(exc))
+    matches = _ERROR_IN_TRACE.findall(str(exc))
     if not matches:
         return None
     name, message = matches[-1]
-    cls = getattr(capture_errors, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, CaptureError)):
+    cls = error_type(name)
+    if cls is None:
         return None
     return cls(message.strip())

@@ -48,8 +48,8 @@ from bronze.table import (
     json_payload,
 )
 from bronze.writer import WRITER_ENV, BatchWriter, DataFile, DeltaRsWriter, write_data_file
-from pgmedallion.config import on_databricks
-from pgmedallion.failpoints import failpoint
+from core.config import on_databricks
+from core.failpoints import failpoint
 
 if TYPE_CHECKING:  # only the Spark implementation needs pyspark
     from pyspark.sql import SparkSession

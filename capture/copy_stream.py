@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from capture.connection import DEFAULT_CONNECT_TIMEOUT_S, SESSION_SETTINGS, redact
-from capture.errors import CaptureError, TransientError, classify
+from capture.errors import PipelineError, TransientError, classify
 
 try:  # asyncpg is a dependency of the wheel; without it every read goes through psycopg.
     import asyncpg
@@ -218,7 +218,7 @@ def copy_chunks(
 
 
 def _capture_error(exc: BaseException) -> BaseException:
-    if isinstance(exc, CaptureError):
+    if isinstance(exc, PipelineError):
         return exc
     if asyncpg is not None and isinstance(exc, asyncpg.PostgresError):
         error = classify(exc.sqlstate, getattr(exc, "message", None) or str(exc))

@@ -1,6 +1,6 @@
 """What can go wrong on the PostgreSQL side, as types.
 
-Every failure capture raises is a :class:`CaptureError`, and every one is either
+Every failure capture raises is a :class:`~core.errors.PipelineError`, and every one is either
 
 - **transient**: the world may heal on its own (a connection refused or lost, an authentication
   timeout, a slot still held by a dying walsender, a walsender killed by an administrator).
@@ -29,25 +29,12 @@ from dataclasses import dataclass
 
 import psycopg
 
+from core.errors import DefiniteError, PipelineError, TransientError  # the shared taxonomy
 
-class CaptureError(Exception):
-    """Any failure of the PostgreSQL side of capture."""
-
-    def __init__(self, message: str, sqlstate: str | None = None) -> None:
-        super().__init__(message)
-        self.sqlstate = sqlstate
-
-
-class TransientError(CaptureError):
-    """Retry later: connection refused or lost, timeouts, a slot in use, a killed walsender."""
 
 
 class SlotInUse(TransientError):
     """Another session still streams from the slot (often a stale connection of ours)."""
-
-
-class DefiniteError(CaptureError):
-    """A fact about the source that no retry changes; recorded as data for its tables."""
 
 
 class PublicationDropped(DefiniteError):
@@ -82,7 +69,7 @@ class TableDropped(DefiniteError):
 class _Rule:
     sqlstate: str
     needle: str
-    error: type[CaptureError]
+    error: type[PipelineError]
 
 
 # Server errors are matched on SQLSTATE and, where one SQLSTATE covers several causes, on a
@@ -98,7 +85,7 @@ _RULES = (
 )
 
 
-def classify(sqlstate: str | None, message: str) -> CaptureError:
+def classify(sqlstate: str | None, message: str) -> PipelineError:
     """The capture error for a server error with this SQLSTATE and primary message."""
     line = " ".join(message.split())
     for rule in _RULES:
@@ -107,7 +94,7 @@ def classify(sqlstate: str | None, message: str) -> CaptureError:
     return TransientError(line, sqlstate)
 
 
-def from_psycopg(exc: psycopg.Error) -> CaptureError:
+def from_psycopg(exc: psycopg.Error) -> PipelineError:
     """The capture error for a psycopg error; a lost connection has no SQLSTATE: transient."""
     return classify(exc.sqlstate, exc.diag.message_primary or str(exc))
 

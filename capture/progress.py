@@ -34,7 +34,7 @@ import psycopg
 from psycopg import sql
 
 from capture.connection import connect
-from capture.errors import CaptureError, server_errors
+from capture.errors import PipelineError, server_errors
 
 log = logging.getLogger(__name__)
 
@@ -201,14 +201,14 @@ class CopyProgressMonitor:
     def _run(self) -> None:
         try:
             conn = connect(self.conninfo)
-        except CaptureError as exc:
+        except PipelineError as exc:
             log.warning("snapshot progress unavailable: %s", exc)
             return
         try:
             while not self._stop.wait(self.interval_s):
                 self.poll(conn)
                 self.report()
-        except CaptureError as exc:
+        except PipelineError as exc:
             log.warning("snapshot progress stopped: %s", exc)
         finally:
             conn.close()

@@ -30,7 +30,7 @@ import psycopg
 from psycopg import sql
 
 from capture.connection import connect, connect_replication
-from capture.errors import CaptureError, SlotMissing, server_errors
+from capture.errors import PipelineError, SlotMissing, server_errors
 from capture.slot import PLUGIN, identify_system, slot_state
 from capture.snapshot import TID_RANGE_SCAN_MIN_VERSION, publishes_stored_generated
 
@@ -103,7 +103,7 @@ def run_checks(
     """
     try:
         conn = connect(conninfo)
-    except CaptureError as exc:
+    except PipelineError as exc:
         return [CheckResult("server", False, str(exc))]
     with conn:
         results = _guarded("server", check_server_version, conn)
@@ -112,7 +112,7 @@ def run_checks(
         results += _guarded("wal senders", check_free_wal_senders, conn)
         try:
             role = current_role(conn)
-        except CaptureError as exc:
+        except PipelineError as exc:
             results.append(CheckResult("role", False, f"check could not run: {exc}"))
             role = Role(str(conninfo.get("user", "")), False, False, False)
         results += _guarded("replication privilege", check_replication_privilege, conn, role)
@@ -127,7 +127,7 @@ def run_checks(
         advice: list[IdentityAdvice] = []
         try:
             advice = identity_advice_for(conn, publication, found)
-        except CaptureError:
+        except PipelineError:
             pass  # the replica identity check reports it
         # Publishing a table whose identity cannot carry updates makes PostgreSQL reject the
         # application's UPDATEs and DELETEs on it: such tables join after their fix.
@@ -146,7 +146,7 @@ def run_checks(
         published = set()
         try:
             published = set(_published_tables(conn, publication))
-        except CaptureError:
+        except PipelineError:
             pass
         held_back = [t for t in held_back if (t.schema, t.name) not in published]
         results += _guarded("select privilege", check_select_privilege, conn, role, found)
@@ -723,7 +723,7 @@ def _guarded(name: str, check: Callable[..., Any], *args: Any) -> list[CheckResu
     """Run one check; an error inside it becomes its failed result, not the end of the report."""
     try:
         result = check(*args)
-    except (CaptureError, psycopg.Error) as exc:
+    except (PipelineError, psycopg.Error) as exc:
         message = _primary(exc) if isinstance(exc, psycopg.Error) else str(exc)
         return [CheckResult(name, False, f"check could not run: {message}")]
     return result if isinstance(result, list) else [result]

@@ -75,8 +75,8 @@ import psycopg
 from psycopg import pq, sql
 from psycopg.pq.abc import PGconn, PGresult
 
-from capture.errors import CaptureError, TransientError, classify
-from pgmedallion.pgoutput import MSG_BEGIN, MSG_COMMIT, format_lsn
+from capture.errors import PipelineError, TransientError, classify
+from capture.pgoutput import MSG_BEGIN, MSG_COMMIT, format_lsn
 
 PROTO_VERSION = "1"
 
@@ -148,7 +148,7 @@ class WalMessage(NamedTuple):
     message_lsn: int
     """The XLogData ``dataStart`` (0 where the server does not set it)."""
     payload: bytes
-    """One raw pgoutput message (``pgmedallion.pgoutput.decode`` reads it)."""
+    """One raw pgoutput message (``capture.pgoutput.decode`` reads it)."""
 
 
 def parse_copy_data(buf: bytes | memoryview) -> XLogData | Keepalive:
@@ -400,7 +400,7 @@ class ReplicationStream:
             return
         try:
             self.close()
-        except CaptureError:
+        except PipelineError:
             if exc_type is None:
                 raise  # otherwise the error that ended the block says more
 
@@ -451,7 +451,7 @@ def _wait(pgconn: PGconn, write: bool, timeout_s: float | None) -> bool:
     return bool(readable or writable)
 
 
-def _result_error(result: PGresult | None) -> CaptureError:
+def _result_error(result: PGresult | None) -> PipelineError:
     if result is None:
         return TransientError("replication stream ended without a result")
     if result.status == pq.ExecStatus.FATAL_ERROR:

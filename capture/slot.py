@@ -37,7 +37,7 @@ from capture.errors import (
     TimelineChanged,
     server_errors,
 )
-from pgmedallion.pgoutput import format_lsn, parse_lsn
+from capture.pgoutput import format_lsn, parse_lsn
 
 PLUGIN = "pgoutput"
 

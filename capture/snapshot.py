@@ -54,7 +54,7 @@ from psycopg import sql
 from capture.connection import connect, connect_replication
 from capture.copy_stream import asyncpg_params, copy_chunks
 from capture.errors import PublicationDropped, TableDropped, TransientError, server_errors
-from pgmedallion.pgoutput import parse_lsn
+from capture.pgoutput import parse_lsn
 
 TID_RANGE_SCAN_MIN_VERSION = 140000
 

@@ -65,7 +65,10 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from gold.craft import COLUMN_MAPPING
+from core.config import Config
+from core.failpoints import failpoint
+from core.naming import COLUMN_MAPPING
+from core.parallel import concurrently
 from gold.quality import (
     NO_DEFINITE_ERRORS,
     VALUES_ADJUSTED,
@@ -92,9 +95,6 @@ from gold.state import (
     null_safe_join,
     q,
 )
-from pgmedallion.config import Config
-from pgmedallion.failpoints import failpoint
-from pgmedallion.parallel import concurrently
 
 TAG = "pgmedallion_gold"
 GOLD_PROPERTIES = {**COLUMN_MAPPING, "delta.enableDeletionVectors": "true"}

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pgmedallion.config import Config
+from core.config import Config
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ Rules per gold table (names as they appear in ``<gold schema>._quality``):
 ``multiplicity_not_negative``  no row has a negative multiplicity (a retraction of a row that
                                was never there: a broken invariant, never silently dropped)
 
-The row rules are the same kind of DLT-style expectation as ``pgmedallion.pipelines`` (a row
+The row rules are the same kind of DLT-style expectation as ``core.expectations`` (a row
 fails when its condition is false or NULL); the policy is the table's ``on_error``:
 
 ``fail`` (default)  the table is not written this run (it stays at its last good state); the
@@ -27,7 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pgmedallion.pipelines import Expectation
+from core.expectations import Expectation
+from core.naming import quote
 
 NO_DEFINITE_ERRORS = "no_definite_errors"
 VALUES_ADJUSTED = "values_adjusted"
@@ -38,10 +39,6 @@ MULT_NOT_NEGATIVE = "multiplicity_not_negative"
 Rule = Expectation
 
 
-def _q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
 def row_rules(key: Sequence[str], not_null: Sequence[str], policy: str) -> list[Rule]:
     """The row rules of a table, evaluated on its consolidated state.
 
@@ -50,10 +47,12 @@ def row_rules(key: Sequence[str], not_null: Sequence[str], policy: str) -> list[
     """
     rules: list[Rule] = []
     if key:
-        rules.append(Rule(PK_NOT_NULL, " AND ".join(f"{_q(k)} IS NOT NULL" for k in key), policy))
+        rules.append(
+            Rule(PK_NOT_NULL, " AND ".join(f"{quote(k)} IS NOT NULL" for k in key), policy)
+        )
         rules.append(Rule(PK_UNIQUE, "_key_rows <= 1", policy))
     for col in not_null:
-        rules.append(Rule(f"not_null_{col}", f"{_q(col)} IS NOT NULL", policy))
+        rules.append(Rule(f"not_null_{col}", f"{quote(col)} IS NOT NULL", policy))
     rules.append(Rule(MULT_NOT_NEGATIVE, "_multiplicity >= 0", policy))
     return rules
 

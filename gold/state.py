@@ -28,6 +28,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from core.naming import quote
 from gold.quality import Rule
 
 LSN, DIFF, RUN = "_lsn", "_diff", "_run"
@@ -37,13 +38,8 @@ UPSERT, DELETE, INSERT = "upsert", "delete", "insert"
 METADATA = (LSN, DIFF, RUN)
 
 
-def q(name: str) -> str:
-    """A column name back-quoted for Spark SQL, whatever characters it has."""
-    return "`" + name.replace("`", "``") + "`"
-
-
 def c(name: str, alias: str | None = None) -> Column:
-    return F.col(f"{alias}.{q(name)}" if alias else q(name))
+    return F.col(f"{alias}.{quote(name)}" if alias else quote(name))
 
 
 def consolidate(updates: DataFrame, columns: Sequence[str]) -> DataFrame:

@@ -7,10 +7,10 @@ a column, and whether its values can take the type, is known only from PostgreSQ
 from __future__ import annotations
 
 from capture.connection import connect
-from capture.errors import CaptureError
+from capture.errors import PipelineError
 from capture.provision import CheckResult
 from capture.snapshot import table_schema_at_snapshot
-from pgmedallion.config import Config
+from core.config import Config
 from silver.policies import column_policy_problems
 
 
@@ -21,7 +21,7 @@ def check_column_policies(cfg: Config) -> CheckResult:
         return CheckResult("column policies", True, "no column overrides")
     try:
         conn = connect(cfg.source.conninfo())
-    except CaptureError as exc:
+    except PipelineError as exc:
         return CheckResult("column policies", False, f"check could not run: {exc}")
     problems = []
     with conn:

@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from pgmedallion.config import Config, ConfigError, load_config
+from core.config import Config, ConfigError, load_config
 
 log = logging.getLogger("pgmedallion")
 
@@ -94,10 +94,10 @@ def _preflight(config: Config, command: str) -> bool:
 
 
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
-    from capture.errors import CaptureError
-    from pgmedallion.pgoutput import format_lsn
+    from capture.errors import PipelineError
+    from capture.pgoutput import format_lsn
+    from core.spark import get_spark
     from pgmedallion.pipeline import STAGES, SparkStarter, capture_needs_spark, run_stages
-    from pgmedallion.spark import get_spark
 
     stages = STAGES if args.stage == "all" else (args.stage,)
     resync = [t.strip() for t in (args.resync or "").split(",") if t.strip()]
@@ -125,7 +125,7 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
     try:
         session = spark if spark is not None else (lambda: get_spark(config.state_dir))
         result = run_stages(session, config, stages, show=stage_spinner(), **extra)
-    except CaptureError as e:
+    except PipelineError as e:
         print(f"capture failed: {e}", file=sys.stderr)
         return 1
     except Exception as e:
@@ -171,8 +171,8 @@ def _request_resync(spark, config: Config, tables: list[str]) -> bool:
 
 def cmd_resync(config: Config, args: argparse.Namespace) -> int:
     if args.request_only:
+        from core.spark import get_spark
         from pgmedallion.pipeline import capture_needs_spark
-        from pgmedallion.spark import get_spark
 
         spark = get_spark(config.state_dir) if capture_needs_spark(config) else None
         return 0 if _request_resync(spark, config, args.tables) else 2
@@ -222,12 +222,12 @@ def cmd_sql(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_capture(config: Config, args: argparse.Namespace) -> int:
-    from bronze.land import RetryPolicy, capture_once
-    from capture.errors import CaptureError
+    from capture.errors import PipelineError
+    from capture.pgoutput import format_lsn
     from capture.progress import RichSnapshotProgress
-    from pgmedallion.pgoutput import format_lsn
+    from capture.run import RetryPolicy, capture_once
+    from core.spark import get_spark
     from pgmedallion.pipeline import capture_needs_spark, capture_target, ensure_schemas
-    from pgmedallion.spark import get_spark
 
     if not _preflight(config, "capture"):
         return 1
@@ -247,7 +247,7 @@ def cmd_capture(config: Config, args: argparse.Namespace) -> int:
             progress=bars,
             retry=RetryPolicy(attempts=args.retries),
         )
-    except CaptureError as e:
+    except PipelineError as e:
         print(f"capture failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     finally:
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    from pgmedallion.spark import JavaMissing
+    from core.spark import JavaMissing
 
     started = None
     if args.func in _ON_DEMO_STATE and _no_own_source(args):
@@ -419,7 +419,7 @@ def _no_own_source(args: argparse.Namespace) -> bool:
     """No config file and no source in the environment: the user has not set one up."""
     import os
 
-    from pgmedallion.config import DEFAULT_FILE
+    from core.config import DEFAULT_FILE
 
     if getattr(args, "config", None) or Path(DEFAULT_FILE).exists():
         return False

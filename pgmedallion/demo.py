@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 
-from pgmedallion.config import Config
+from core.config import Config
 
 DEMO_DB = "shop"
 PUBLICATION = "pgmedallion"
@@ -219,8 +219,8 @@ def demo_marker(config: Config):
 
 
 def _demo(config: Config, pg) -> int:
+    from core.spark import get_spark
     from pgmedallion.pipeline import run_stages, stage_spinner
-    from pgmedallion.spark import get_spark
     from pgmedallion.status import format_rows, status_report
     from pgmedallion.verify import verify
 

@@ -17,7 +17,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pgmedallion.config import Config, on_databricks
+from core.config import Config, on_databricks
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class RunResult:
 
 
 def capture_target(cfg: Config):
-    from bronze.land import CaptureTarget
+    from capture.run import CaptureTarget
 
     return CaptureTarget(
         cfg.source.conninfo(),
@@ -75,7 +75,7 @@ def ensure_schemas(spark: SparkSession, cfg: Config) -> None:
 def open_lakehouse(cfg: Config) -> SparkSession:
     """The session for commands that read the lakehouse (status, sql, verify): a bronze table
     that a capture without Spark created is put in the catalog first."""
-    from pgmedallion.spark import get_spark
+    from core.spark import get_spark
 
     spark = get_spark(cfg.state_dir)
     path = cfg.local_table_path("bronze", "bronze")
@@ -86,7 +86,7 @@ def open_lakehouse(cfg: Config) -> SparkSession:
 
 def run_capture(spark: SparkSession | None, cfg: Config, *, continuous: bool = False, **kwargs):
     """Capture into bronze; ``spark`` None: without Spark (see :func:`capture_needs_spark`)."""
-    from bronze.land import capture_once
+    from capture.run import capture_once
 
     tables = list(cfg.source.tables) or None
     if continuous:
@@ -102,7 +102,7 @@ class SparkStarter:
     def __init__(self, state_dir) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from pgmedallion.spark import get_spark
+        from core.spark import get_spark
 
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="spark-start")
         self._session = self._pool.submit(get_spark, state_dir)
@@ -200,7 +200,7 @@ def request_resync(spark: SparkSession | None, cfg: Config, names: list[str]) ->
     snapshot on, and no other table is touched. Returns the qualified names. Raises
     :class:`NotCaptured`, having written nothing, when a name is not a captured table.
     ``spark`` None: bronze is read and written without Spark (as capture does)."""
-    from bronze.land import bronze_of
+    from capture.run import bronze_of
 
     if spark is not None:
         ensure_schemas(spark, cfg)

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pgmedallion.spark import check_java, spark_settings, write_log4j2, write_spark_defaults
+from core.spark import check_java, spark_settings, write_log4j2, write_spark_defaults
 
 
 @dataclass(frozen=True)

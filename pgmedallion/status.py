@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import psycopg
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pgmedallion.config import Config
-from pgmedallion.pgoutput import format_lsn
+from capture.connection import connect
+from capture.pgoutput import format_lsn
+from core.config import Config
 
 
 def _table(spark: SparkSession, name: str) -> DataFrame | None:
@@ -19,10 +21,6 @@ def _table(spark: SparkSession, name: str) -> DataFrame | None:
 
 
 def _slot_lines(cfg: Config) -> tuple[list[str], bool]:
-    import psycopg
-
-    from capture.connection import connect
-
     try:
         conn = connect(cfg.source.conninfo())
     except Exception as e:  # the message is already redacted by capture.connection

@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from capture.connection import connect
+from capture.pgoutput import format_lsn
 from capture.snapshot import (
     copy_range,
     estimate_table_block_counts,
@@ -37,9 +38,8 @@ from capture.snapshot import (
     use_snapshot,
     worker_ctid_ranges,
 )
-from pgmedallion.config import Config
-from pgmedallion.pgoutput import format_lsn
-from pgmedallion.spark import one_task_per_partition
+from core.config import Config
+from core.spark import one_task_per_partition
 from silver.copy_text import decode_copy_row
 
 log = logging.getLogger(__name__)

@@ -51,10 +51,10 @@ from pyspark.sql import types as T
 
 from bronze.spark_table import bronze_frontier
 from bronze.table import copy_lines
-from pgmedallion.config import Config
-from pgmedallion.failpoints import failpoint
-from pgmedallion.parallel import concurrently
-from pgmedallion.pgoutput import Relation, Truncate, decode, format_lsn
+from capture.pgoutput import Relation, Truncate, decode, format_lsn
+from core.config import Config
+from core.failpoints import failpoint
+from core.parallel import concurrently
 from silver.casts import (
     CAST_ERRORS_COLUMN,
     SUSPECT_COLUMN,
@@ -518,7 +518,7 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
                     (
                         oid,
                         r["lsn"],  # the payload's "lsn" is the same position, as text
-                        e.get("code", "CaptureError"),
+                        e.get("code", "PipelineError"),
                         None,
                         None,
                         e.get("message", ""),

@@ -130,7 +130,7 @@ from pyspark.sql.types import (
 )
 from pyspark.sql.utils import is_remote
 
-from pgmedallion.config import parse_type_override
+from core.config import parse_type_override
 
 # --- PostgreSQL type oids (pg_type, stable since they are built in) -----------------------------
 
@@ -271,7 +271,7 @@ _OVERRIDES = {
 
 def override_type(text: str) -> DataType | None:
     """The Spark type a configured override names (see
-    :func:`pgmedallion.config.parse_type_override`), or None."""
+    :func:`core.config.parse_type_override`), or None."""
     parsed = parse_type_override(text)
     if parsed is None:
         return None

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from pgmedallion.pgoutput import (
+from capture.pgoutput import (
     UNCHANGED_TOAST,
     BinaryValue,
     Delete,

@@ -45,6 +45,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from core.naming import quote
 from silver.changes import FILL, PLAIN, RETRACT
 
 
@@ -181,10 +182,6 @@ _SIDE = "_pgm_side"  # 0: a base row, 1: a change
 _CODE, _MESSAGE = "_pgm_code", "_pgm_message"
 
 
-def _quoted(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
 def _key_filter(keys_df: DataFrame, names: Sequence[str], types: Sequence[T.DataType]) -> Any:
     """A range on each key column of an atomic type (what Delta's file statistics skip by)."""
     ranged = (T.NumericType, T.StringType, T.DateType, T.TimestampType, T.TimestampNTZType)
@@ -194,7 +191,7 @@ def _key_filter(keys_df: DataFrame, names: Sequence[str], types: Sequence[T.Data
         *(F.max(f"_pgm_key{i}").alias(f"hi{i}") for i in range(len(names))),
     ).first()
     conditions = [
-        F.col(_quoted(n)).between(F.lit(bounds[f"lo{i}"]), F.lit(bounds[f"hi{i}"]))
+        F.col(quote(n)).between(F.lit(bounds[f"lo{i}"]), F.lit(bounds[f"hi{i}"]))
         for i, n in enumerate(names)
         if n is not None and bounds[f"lo{i}"] is not None
     ]
@@ -228,14 +225,14 @@ def resolve_previous_images(
     The resolved rows are computed once (one Python task for the table) and kept in
     ``cached`` until the caller has written them.
     """
-    data = [_quoted(n) for n in names]
+    data = [quote(n) for n in names]
     key_names = [names[p] for p in keys]
     key_types = [typed.schema[n].dataType for n in key_names]
     above = F.col(_LSN) > F.lit(-1 if floor is None else floor)
     changes = typed.where(F.col(KIND).isNotNull() & above)
     wanted = (
         changes.where(F.col(KIND) == RETRACT)
-        .select(*(F.col(_quoted(n)).alias(f"_pgm_key{i}") for i, n in enumerate(key_names)))
+        .select(*(F.col(quote(n)).alias(f"_pgm_key{i}") for i, n in enumerate(key_names)))
         .distinct()
     )
     base = typed.where(F.col(KIND).isNull()).select(*data, F.col(_DIFF))
@@ -244,7 +241,7 @@ def resolve_previous_images(
     if key_names:
         on = functools.reduce(
             lambda a, b: a & b,
-            [F.col(_quoted(n)) == F.col(f"_pgm_key{i}") for i, n in enumerate(key_names)],
+            [F.col(quote(n)) == F.col(f"_pgm_key{i}") for i, n in enumerate(key_names)],
         )
         base = base.where(_key_filter(wanted, key_names, key_types)).join(
             F.broadcast(wanted), on, "left_semi"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pgmedallion.config import ConfigError, TablePolicy
+from core.config import ConfigError, TablePolicy
 from silver.casts import override_problem, pg_type_of
 
 

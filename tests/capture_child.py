@@ -24,13 +24,13 @@ from typing import Any
 
 from benchmarks.common import peak_rss_kib
 from bronze.table import copy_lines
-from pgmedallion.pgoutput import UNCHANGED_TOAST, Commit, Delete, Insert, Relation, Update, decode
+from capture.pgoutput import UNCHANGED_TOAST, Commit, Delete, Insert, Relation, Update, decode
 from silver.copy_text import decode_copy_row
 
 
 def main(spec_path: str) -> int:
-    from bronze.land import CaptureTarget, RetryPolicy, StreamLimits, capture_once
-    from capture.errors import CaptureError
+    from capture.errors import PipelineError
+    from capture.run import CaptureTarget, RetryPolicy, StreamLimits, capture_once
 
     spec = json.loads(Path(spec_path).read_text())
     schema, table = spec["bronze"].split(".")
@@ -52,7 +52,7 @@ def main(spec_path: str) -> int:
             limits=limits,
             retry=RetryPolicy(attempts=3, initial_delay_s=0.2),
         )
-    except CaptureError as exc:
+    except PipelineError as exc:
         print(f"capture failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(

@@ -20,7 +20,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: each worker its own serv
     STATE = STATE / os.environ["PYTEST_XDIST_WORKER"]
 
 # Spark's JVM in tests (and in the child processes they start) skips the optimizing JIT: on
-# the suite's small tables compiling cost more CPU than it saved (see pgmedallion/spark.py).
+# the suite's small tables compiling cost more CPU than it saved (see core/spark.py).
 os.environ.setdefault("PGMEDALLION_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 SERVERS = ["pg18"] + (["pg15"] if (PG15_BIN / "postgres").exists() else [])
@@ -109,7 +109,7 @@ def _drop_db(server: LocalPostgres, name: str) -> None:
 @pytest.fixture(scope="session")
 def spark():
     """The one SparkSession of the test run (local, Delta, Hive catalog under the test state)."""
-    from pgmedallion.spark import get_spark
+    from core.spark import get_spark
 
     session = get_spark(STATE / "spark")
     yield session

@@ -24,7 +24,7 @@ import os
 import sys
 from pathlib import Path
 
-from pgmedallion.failpoints import ENV
+from core.failpoints import ENV
 
 
 def emit(**fields) -> None:
@@ -32,9 +32,9 @@ def emit(**fields) -> None:
 
 
 def main(spec_path: str) -> int:
-    from bronze.land import RetryPolicy, StreamLimits
+    from capture.run import RetryPolicy, StreamLimits
+    from core.spark import get_spark
     from pgmedallion.pipeline import run_stages
-    from pgmedallion.spark import get_spark
     from pgmedallion.verify import verify
     from tests.workload import make_config
 

@@ -18,9 +18,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from bronze.land import RetryPolicy
-from capture.errors import CaptureError
-from pgmedallion.config import ConfigError, load_config
+from capture.errors import PipelineError
+from capture.run import RetryPolicy
+from core.config import ConfigError, load_config
 from pgmedallion.pipeline import run_stages
 from pgmedallion.verify import verify
 from tests.workload import assert_exact, drop_schemas, make_config
@@ -79,7 +79,7 @@ def test_wrong_password_through_the_pipeline_names_it_and_never_shows_it(spark, 
     caplog.set_level(logging.DEBUG)
     execute(db, "CREATE TABLE t (id int PRIMARY KEY)", "CREATE PUBLICATION pub FOR TABLE t")
     cfg = make_config(dict(db, password=SECRET), "badpw")
-    with pytest.raises(CaptureError) as info:
+    with pytest.raises(PipelineError) as info:
         run_stages(spark, cfg, retry=QUICK)
     message = str(info.value)
     assert "password authentication failed" in message
@@ -142,7 +142,7 @@ def test_missing_privileges_fail_the_run_naming_what_is_missing(spark, pg, db, w
     cfg = make_config(role_db, "badpriv")
     drop_schemas(spark, cfg)
     # No REPLICATION: the replication connection is refused.
-    with pytest.raises(CaptureError) as info:
+    with pytest.raises(PipelineError) as info:
         run_stages(spark, cfg, retry=QUICK)
     refused = str(info.value).lower()
     assert "permission denied" in refused, refused

@@ -145,7 +145,7 @@ def test_stream_runs_end_to_end(bench_env, capsys):
 
 @pytest.mark.slow
 def test_rss_runs_end_to_end(bench_env, capsys):
-    """The capture runs in a child process without Spark; the Spark session lives in a process of its own."""
+    """The capture runs in a child process without Spark (the tests' JVM is another process)."""
     result, last, records = _run(bench_env, "rss", ["--rows", "20000"], capsys)
     match = RSS_LINE.match(last)
     assert match, last

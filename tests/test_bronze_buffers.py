@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 
 from bronze.spark_table import copy_row_counts, sealed_dataframe
 from bronze.table import ARROW_SCHEMA, RecordBuffer, WalBuffer, copy_lines
-from pgmedallion.spark import one_task_per_partition
+from core.spark import one_task_per_partition
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -111,7 +111,7 @@ def test_one_task_per_partition_gives_each_id_its_own_partition(spark):
 
 def _run_with_failpoints(spec: str | None, hits: int) -> subprocess.CompletedProcess:
     code = (
-        "from pgmedallion.failpoints import failpoint\n"
+        "from core.failpoints import failpoint\n"
         f"for i in range({hits}):\n"
         "    print(i, flush=True)\n"
         "    failpoint('demo.point')\n"

@@ -9,12 +9,12 @@ import psycopg
 import pytest
 from pyspark.sql import functions as F
 
-from bronze.land import CaptureTarget, capture_once
 from bronze.spark_table import copy_row_counts
 from bronze.table import copy_lines
 from capture.connection import connect_replication
+from capture.pgoutput import Delete, Insert, Update, decode
+from capture.run import CaptureTarget, capture_once
 from capture.slot import ensure_slot, slot_state
-from pgmedallion.pgoutput import Delete, Insert, Update, decode
 from silver.copy_text import decode_copy_row
 from tests.capture_child import complete_transactions, replay
 

@@ -34,9 +34,9 @@ import pytest
 import yaml
 from databricks.bundles.jobs import Job, JobRunAs
 
+from core.config import LakehouseConfig, SourceConfig, load_config
+from core.spark import JVM_OPTIONS, spark_settings
 from pgmedallion.cli import build_parser
-from pgmedallion.config import LakehouseConfig, SourceConfig, load_config
-from pgmedallion.spark import JVM_OPTIONS, spark_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE_FILE = ROOT / "databricks.yml"

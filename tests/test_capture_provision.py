@@ -448,8 +448,8 @@ def test_full_is_never_advised_where_postgresql_18_would_reject_updates():
 
 
 def test_column_policies_are_checked_against_the_catalog(db):
+    from core.config import ColumnPolicy, TablePolicy
     from pgmedallion.checks import check_column_policies
-    from pgmedallion.config import ColumnPolicy, TablePolicy
     from tests.workload import make_config
 
     execute(db, "CREATE TABLE ledger (id int PRIMARY KEY, ratio numeric, memo text)")

@@ -20,6 +20,7 @@ from capture.errors import (
     TimelineChanged,
     TransientError,
 )
+from capture.pgoutput import Begin, Commit, Delete, Insert, Truncate, Update, decode
 from capture.replication import (
     Keepalive,
     WalMessage,
@@ -38,7 +39,6 @@ from capture.slot import (
     slot_state,
 )
 from capture.snapshot import publication_tables
-from pgmedallion.pgoutput import Begin, Commit, Delete, Insert, Truncate, Update, decode
 
 
 def slot_for(conninfo) -> str:

@@ -12,6 +12,7 @@ from psycopg import sql
 
 from capture.connection import connect, connect_replication
 from capture.errors import TableDropped, TransientError
+from capture.pgoutput import Delete, decode
 from capture.replication import WalMessage, start_replication
 from capture.slot import current_wal_lsn, ensure_slot
 from capture.snapshot import (
@@ -24,7 +25,6 @@ from capture.snapshot import (
     use_snapshot,
     worker_ctid_ranges,
 )
-from pgmedallion.pgoutput import Delete, decode
 
 SALES = 'Sales "EU"'
 ORDER_ITEMS = (SALES, "Order Items; DROP TABLE x")

@@ -14,13 +14,6 @@ import psycopg
 import pytest
 from pyspark.sql import functions as F
 
-from bronze.land import (
-    CaptureTarget,
-    RetryPolicy,
-    StreamLimits,
-    capture_once,
-    land_snapshot,
-)
 from bronze.spark_table import capture_error_from_spark, write_batch
 from bronze.table import ARROW_SCHEMA, RecordBuffer, json_payload
 from bronze.writer import WRITER_ENV
@@ -33,6 +26,7 @@ from capture.errors import (
     TimelineChanged,
     TransientError,
 )
+from capture.pgoutput import Insert, decode
 from capture.progress import (
     CopyProgressMonitor,
     TableSize,
@@ -42,9 +36,15 @@ from capture.progress import (
     table_progress,
 )
 from capture.replication import status_interval
+from capture.run import (
+    CaptureTarget,
+    RetryPolicy,
+    StreamLimits,
+    capture_once,
+    land_snapshot,
+)
 from capture.slot import identify_system, slot_state
 from capture.snapshot import PublishedTable
-from pgmedallion.pgoutput import Insert, decode
 from tests.capture_child import replay
 
 QUICK_RETRY = RetryPolicy(attempts=6, initial_delay_s=0.2, max_delay_s=1.0)
@@ -193,7 +193,7 @@ def test_continuous_capture_picks_up_commits_and_stops_cleanly(spark, source):
 
 def test_walsender_terminated_and_server_restart_are_retried(spark, source, pg, caplog):
     target = _target(spark, source, "retried")
-    caplog.set_level(logging.WARNING, logger="bronze.land")
+    caplog.set_level(logging.WARNING, logger="capture.run")
     patient = RetryPolicy(attempts=10, initial_delay_s=0.2, max_delay_s=2.0)
     run = Background(spark, target, limits=QUICK_LIMITS, retry=patient)
     try:

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from pgmedallion.config import ColumnPolicy, ConfigError, SourceConfig, TablePolicy, load_config
+from core.config import ColumnPolicy, ConfigError, SourceConfig, TablePolicy, load_config
 
 
 def _write(tmp_path, text: str):

@@ -7,7 +7,7 @@ from chispa import assert_df_equality
 from pyspark.errors import PySparkException
 from pyspark.sql import Row
 
-from pgmedallion.pipelines import (
+from core.expectations import (
     DROP,
     FAIL,
     WARN,

@@ -25,7 +25,6 @@ import pytest
 from psycopg import sql
 from pyspark.sql import functions as F
 
-from bronze.land import RetryPolicy, StreamLimits
 from capture.errors import (
     PublicationDropped,
     SlotCompacted,
@@ -33,9 +32,10 @@ from capture.errors import (
     SlotMissing,
     TransientError,
 )
+from capture.run import RetryPolicy, StreamLimits
+from core.config import TablePolicy
 from gold.build import run_gold
 from gold.quality import GoldQualityError
-from pgmedallion.config import TablePolicy
 from pgmedallion.localpg import LocalPostgres
 from pgmedallion.pipeline import run_capture, run_stages
 from pgmedallion.verify import verify

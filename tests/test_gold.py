@@ -1,6 +1,6 @@
 """Gold built from hand-crafted silver tables: state at the frontier, incremental, exactly once.
 
-Silver is written by ``gold.craft.SilverCrafter`` following the contract in
+Silver is written by ``craft.SilverCrafter`` following the contract in
 ``silver/__init__.py``; every test has its own silver and gold schemas.
 """
 
@@ -11,10 +11,10 @@ import re
 from chispa import assert_df_equality
 from pyspark.sql import types as T
 
+from core.config import Config, LakehouseConfig, SourceConfig, TablePolicy
 from gold.build import ErrorSummary as NoErrors
 from gold.build import applied_state, build_table, read_tables, run_gold
-from gold.craft import CraftedTable, SilverCrafter
-from pgmedallion.config import Config, LakehouseConfig, SourceConfig, TablePolicy
+from tests.craft import CraftedTable, SilverCrafter
 
 CUSTOMERS = T.StructType(
     [

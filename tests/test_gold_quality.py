@@ -1,5 +1,5 @@
 """Gold's expectations under each policy, the ``_quality`` table, and the great_expectations
-report. Silver is crafted by hand (``gold.craft``); each policy gets its own table in one run,
+report. Silver is crafted by hand (``craft``); each policy gets its own table in one run,
 which also shows that a failing table does not stop the others."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from gold.build import run_gold
-from gold.craft import CraftedTable, SilverCrafter
 from gold.ge_suite import validate_gold
 from gold.quality import GoldQualityError
+from tests.craft import CraftedTable, SilverCrafter
 from tests.test_gold import assert_gold, frontier_rows, make_cfg
 
 ITEMS = T.StructType([T.StructField("id", T.LongType()), T.StructField("label", T.StringType())])

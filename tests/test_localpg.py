@@ -5,8 +5,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from capture.pgoutput import Begin, Commit, Insert, Relation, decode
 from pgmedallion.localpg import LocalPostgres
-from pgmedallion.pgoutput import Begin, Commit, Insert, Relation, decode
 
 
 def test_server_is_configured_for_logical_replication(any_pg: LocalPostgres):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pgmedallion.pgoutput import (
+from capture.pgoutput import (
     TRUNCATE_CASCADE,
     TRUNCATE_RESTART_IDENTITY,
     UNCHANGED_TOAST,

@@ -7,7 +7,7 @@ fourth trial and the last one through ``verify`` (whose catch-up run is the reru
 compares every table with a fresh snapshot of the source. While the child waits, this process
 compares the child's gold tables (read by path) with PostgreSQL key by key, counting lost and
 duplicated rows, applies a workload burst, and lets the child run the pipeline again with a
-crash armed: a failpoint (``pgmedallion/failpoints.py``: the process SIGKILLs itself) or a
+crash armed: a failpoint (``core/failpoints.py``: the process SIGKILLs itself) or a
 timer (SIGKILL of the whole group during the snapshot COPY, in the middle of a large streamed
 transaction, or anywhere in the run). The last child only recovers, and verifies.
 
@@ -51,7 +51,7 @@ GOLD_KEYS = {
 
 # (how, failpoints): "snapshot" = timer kill during the snapshot COPY, "stream" = timer kill in
 # the middle of a large streamed transaction, "timer" = a kill anywhere in the run, "fp" = a
-# failpoint. Every point of pgmedallion/failpoints.py appears; 24 trials in all (a failpoint a
+# failpoint. Every point of core/failpoints.py appears; 24 trials in all (a failpoint a
 # run does not reach, or a timer that fires after the run ended, is a trial without a kill).
 TRIALS = [
     # The first CI_TRIALS reach every crash point once; the rest repeat them at other hits and

@@ -9,7 +9,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from pgmedallion.pgoutput import UNCHANGED_TOAST, Delete, Update, decode
+from capture.pgoutput import UNCHANGED_TOAST, Delete, Update, decode
 from pgmedallion.pipeline import run_stages
 from pgmedallion.verify import verify
 from silver.build import run_silver

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 
 from capture.connection import connect_replication
 from capture.slot import ensure_slot
-from pgmedallion.config import Config, LakehouseConfig, SourceConfig, TablePolicy
+from core.config import Config, LakehouseConfig, SourceConfig, TablePolicy
 from pgmedallion.pipeline import run_stages, silver_state
 from pgmedallion.verify import verify
 from silver.build import load_tables, run_silver

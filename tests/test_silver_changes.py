@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgmedallion.pgoutput import UNCHANGED_TOAST, Delete, Insert, Relation, RelationColumn, Update
+from capture.pgoutput import UNCHANGED_TOAST, Delete, Insert, Relation, RelationColumn, Update
 from silver.changes import (
     FILL,
     RETRACT,

@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame, SparkSession
 
-from pgmedallion.config import on_databricks  # noqa: F401 (where callers import it from)
+from core.config import on_databricks  # noqa: F401 (where callers import it from)
 
 MIN_JAVA = 17
 POSTGRES_JDBC = "org.postgresql:postgresql:42.7.4"

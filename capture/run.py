@@ -104,8 +104,8 @@ from bronze.table import (
 )
 from capture.connection import connect, connect_replication
 from capture.errors import (
-    CaptureError,
     DefiniteError,
+    PipelineError,
     PublicationDropped,
     SlotCompacted,
     SlotInvalidated,
@@ -115,6 +115,7 @@ from capture.errors import (
     TransientError,
     server_errors,
 )
+from capture.pgoutput import format_lsn
 from capture.progress import (
     CopyProgressMonitor,
     ProgressCallback,
@@ -148,8 +149,7 @@ from capture.snapshot import (
     use_snapshot,
     worker_ctid_ranges,
 )
-from pgmedallion.failpoints import failpoint
-from pgmedallion.pgoutput import format_lsn
+from core.failpoints import failpoint
 
 if TYPE_CHECKING:  # a capture without Spark never imports it
     from pyspark.sql import SparkSession
@@ -520,7 +520,7 @@ def land_stream(
                 _stream_loop(
                     stream, writer, conn, target, stop_at, stop, end_at, limits, new_tables
                 )
-            except CaptureError:
+            except PipelineError:
                 writer.salvage()
                 raise
             finally:
@@ -706,7 +706,7 @@ def _check_recorded_system(state: BronzeState, system: SystemIdentity) -> None:
 
 def record_error(
     bronze: Bronze,
-    error: CaptureError,
+    error: PipelineError,
     *,
     lsn: int,
     run_id: str,

@@ -224,7 +224,7 @@ class Config:
         return ".".join("`" + p.replace("`", "``") + "`" for p in parts)
 
     def local_table_path(self, layer: str, name: str) -> str | None:
-        """Where the local Spark session (``pgmedallion.spark.get_spark(state_dir)``, a Hive
+        """Where the local Spark session (``core.spark.get_spark(state_dir)``, a Hive
         catalog with its warehouse under the state directory) keeps managed table ``name`` of
         ``layer``: what a process without Spark writes. None on Databricks or with a catalog."""
         if on_databricks() or self.lakehouse.catalog:

@@ -16,13 +16,8 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from pgmedallion.config import Config
-
-COLUMN_MAPPING = {
-    "delta.columnMapping.mode": "name",
-    "delta.minReaderVersion": "2",
-    "delta.minWriterVersion": "5",
-}
+from core.config import Config
+from core.naming import COLUMN_MAPPING  # noqa: E402
 
 TABLES_SCHEMA = T.StructType(
     [

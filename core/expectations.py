@@ -2,7 +2,7 @@
 
 Dataset files are written once and run unmodified on Databricks Lakeflow and locally::
 
-    from pgmedallion.pipelines import expect_or_drop, materialized_view
+    from core.expectations import expect_or_drop, materialized_view
 
     @materialized_view(name="orders_gold")
     @expect_or_drop("id_not_null", "id IS NOT NULL")
@@ -34,7 +34,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from pgmedallion.spark import on_databricks
+from core.spark import on_databricks
 
 WARN, DROP, FAIL = "warn", "drop", "fail"
 _RULES_ATTR = "__pgmedallion_expectations__"

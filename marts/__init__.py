@@ -1,0 +1,1 @@
+"""Marts: what users build on gold, as Spark Declarative Pipelines datasets."""

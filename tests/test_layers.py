@@ -1,0 +1,115 @@
+"""The layer order the README draws, held by the code's imports (no Spark, no PostgreSQL).
+
+core <- bronze <- capture <- silver <- gold <- marts <- pgmedallion: a module imports only from
+its own package and the packages before it, so no cycle can form between packages. Imports
+sit at module top, except where a module states why below.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ["core", "bronze", "capture", "silver", "gold", "marts", "pgmedallion"]
+
+# Modules allowed to import project code inside functions, and why.
+LAZY_IMPORTS = {
+    "bronze/store.py": "bronze's Spark writer loads pyspark, which a local capture never needs",
+    "pgmedallion/cli.py": "a command imports only what it runs (no pyspark for `capture`)",
+    "pgmedallion/pipeline.py": "a capture-only run must not import pyspark (silver, gold do)",
+    "pgmedallion/demo.py": "the demo starts PostgreSQL before importing the Spark side",
+    "pgmedallion/verify.py": "verify runs the silver decoder only for tables it checks",
+}
+
+
+def _modules() -> list[Path]:
+    return sorted(p for layer in LAYERS for p in (ROOT / layer).rglob("*.py"))
+
+
+def _imports(path: Path) -> list[tuple[str, bool, int]]:
+    """(module imported, inside a function?, line) for every import of a project package."""
+    found: list[tuple[str, bool, int]] = []
+
+    def walk(node: ast.AST, nested: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                names = [a.name for a in child.names]
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                names = [child.module]
+            else:
+                names = []
+            for name in names:
+                if name.split(".")[0] in LAYERS:
+                    found.append((name, nested, child.lineno))
+            inner = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            walk(child, nested or inner)
+
+    walk(ast.parse(path.read_text(), str(path)), False)
+    return found
+
+
+def test_every_layer_package_exists_and_has_modules():
+    for layer in LAYERS:
+        assert (ROOT / layer / "__init__.py").is_file(), layer
+    assert len(_modules()) > 40
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_a_layer_imports_only_itself_and_the_layers_before_it(layer):
+    rank = LAYERS.index(layer)
+    wrong = []
+    for path in sorted((ROOT / layer).rglob("*.py")):
+        for name, _, line in _imports(path):
+            target = name.split(".")[0]
+            if LAYERS.index(target) > rank:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    assert wrong == []
+
+
+def test_project_imports_sit_at_module_top_unless_a_reason_is_stated():
+    wrong = []
+    for path in _modules():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in LAZY_IMPORTS:
+            continue
+        for name, nested, line in _imports(path):
+            if nested:
+                wrong.append(f"{rel}:{line} imports {name} inside a function")
+    assert wrong == []
+
+
+def test_no_cycle_among_modules_imported_at_module_top():
+    graph: dict[str, set[str]] = {}
+    for path in _modules():
+        rel = path.relative_to(ROOT).with_suffix("")
+        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        graph[module] = {name for name, nested, _ in _imports(path) if not nested}
+    for module in graph:
+        graph[module] = {n if n in graph else n.rsplit(".", 1)[0] for n in graph[module]}
+
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(trail[trail.index(nxt) :] + [nxt] if nxt in trail else [node, nxt])
+            elif nxt in graph and nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_the_checker_sees_a_wrong_import(tmp_path):
+    """The checks above are not vacuous: an upward import and a nested one are found."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("import gold.build\n\ndef f():\n    from silver.build import run_silver\n")
+    assert _imports(bad) == [("gold.build", False, 1), ("silver.build", True, 4)]
