@@ -67,7 +67,7 @@ from pyspark.sql import types as T
 
 from core.config import Config
 from core.failpoints import failpoint
-from core.naming import COLUMN_MAPPING
+from core.naming import COLUMN_MAPPING, quote
 from core.parallel import concurrently
 from gold.quality import (
     NO_DEFINITE_ERRORS,
@@ -93,7 +93,6 @@ from gold.state import (
     expand,
     merge_operations,
     null_safe_join,
-    q,
 )
 
 TAG = "pgmedallion_gold"
@@ -658,7 +657,7 @@ def key_filter(t: _Table, keys: DataFrame, count: int) -> tuple[Column, Column] 
     bitmap = ",".join(str(w - (1 << 64) if w >= 1 << 63 else w) for w in words)
     filters = []
     for alias in (None, "t"):
-        cols = ", ".join(f"{alias}.{q(k)}" if alias else q(k) for k in t.key)
+        cols = ", ".join(f"{alias}.{quote(k)}" if alias else quote(k) for k in t.key)
         bit = f"pmod(xxhash64({cols}), {size})"
         filters.append(
             F.expr(
@@ -777,7 +776,7 @@ def _write_quarantine(
             F.lit("delete").alias(OP),
         )
         markers = markers.select(
-            *[F.col(q(f.name)).cast(f.dataType).alias(f.name) for f in rows.schema.fields],
+            *[F.col(quote(f.name)).cast(f.dataType).alias(f.name) for f in rows.schema.fields],
             OP,
         )
         source = markers.unionByName(rows.withColumn(OP, F.lit("insert")))
@@ -789,7 +788,7 @@ def _write_quarantine(
                 .whenMatchedDelete()
                 .whenNotMatchedInsert(
                     condition=F.col(f"s.{OP}") == "insert",
-                    values={q(f.name): c(f.name, "s") for f in rows.schema.fields},
+                    values={quote(f.name): c(f.name, "s") for f in rows.schema.fields},
                 )
                 .execute()
             )
@@ -817,7 +816,7 @@ def _merge_gold(t: _Table, ops: DataFrame, affected: DataFrame) -> None:
     # (a condition comparing old and new values made it read every column: 9 s instead of
     # 5.3 s at 10M rows). An upsert equal to the old row is rare (the LSN moves with any
     # change) and costs one rewritten row.
-    values = {q(n): c(n, "s") for n in [*t.names, LSN]}
+    values = {quote(n): c(n, "s") for n in [*t.names, LSN]}
     cond = (F.col(f"s.{OP}") != "insert") & _key_match(t.key) & _ranges_target(t)
     target = DeltaTable.forName(t.spark, t.gold).alias("t")
     (
