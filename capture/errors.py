@@ -32,7 +32,6 @@ import psycopg
 from core.errors import DefiniteError, PipelineError, TransientError  # the shared taxonomy
 
 
-
 class SlotInUse(TransientError):
     """Another session still streams from the slot (often a stale connection of ours)."""
 
