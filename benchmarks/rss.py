@@ -323,7 +323,7 @@ def child_main(spec_path: str) -> int:
     import pyarrow.compute as pc
     from deltalake import DeltaTable
 
-    from capture.run import CaptureTarget, RetryPolicy, capture_once
+    from capture.run import CaptureOptions, CaptureTarget, RetryPolicy, bronze_of, capture_once
 
     spec = json.loads(Path(spec_path).read_text())
     schema, table = spec["bronze"].split(".")
@@ -335,13 +335,14 @@ def child_main(spec_path: str) -> int:
         bronze=spec["bronze"],
         bronze_path=str(Path(spec["state_dir"]) / "warehouse" / f"{schema}.db" / table),
     )
-    retry = RetryPolicy(attempts=3, initial_delay_s=0.2)
-    setup = capture_once(None, target, retry=retry)  # no Spark, as a local capture runs
+    options = CaptureOptions(retry=RetryPolicy(attempts=3, initial_delay_s=0.2))
+    bronze = bronze_of(None, target)  # no Spark, as a local capture runs
+    setup = capture_once(bronze, target, options)
     _report("ready", snapshotted=setup.snapshotted, python_peak_rss_kib=peak_rss_kib())
     if sys.stdin.readline().strip() != "go":
         return 1
     with Stopwatch() as watch:
-        result = capture_once(None, target, retry=retry)
+        result = capture_once(bronze, target, options)
     python_kib = peak_rss_kib()  # before the check below, which is not the capture's work
     wal = DeltaTable(target.bronze_path).to_pyarrow_table(
         columns=["payload"], filters=[("kind", "=", "wal")]

@@ -47,7 +47,7 @@ from psycopg import sql
 
 from benchmarks.common import MB, BenchEnv, Result, Stopwatch, Timing, jdbc_url, say
 from bronze.spark_table import copy_row_counts
-from capture.run import CaptureTarget, land_snapshot
+from capture.run import CaptureTarget, bronze_of, land_snapshot
 from capture.snapshot import copy_query, estimate_table_block_counts, worker_ctid_ranges
 
 NAME = "snapshot"
@@ -226,7 +226,11 @@ def land_ours(
     )
     with Stopwatch() as watch:
         _, counts = land_snapshot(
-            None, target, [table["oid"]], workers=workers, run_id=uuid.uuid4().hex
+            bronze_of(None, target),
+            target,
+            [table["oid"]],
+            workers=workers,
+            run_id=uuid.uuid4().hex,
         )
     landed = sum(counts.values())
     if landed != table["rows"]:

@@ -36,7 +36,7 @@ from pyspark.sql import functions as F
 from benchmarks.common import MB, BenchEnv, Result, Stopwatch, Timing, recvlogical_command, say
 from bronze.spark_table import ensure_bronze_table
 from capture.pgoutput import format_lsn, parse_lsn
-from capture.run import CaptureTarget, land_stream
+from capture.run import CaptureTarget, bronze_of, land_stream
 
 NAME = "stream"
 DESCRIPTION = "pgoutput backlog into bronze vs. pg_recvlogical to /dev/null"
@@ -211,7 +211,7 @@ def land_ours(env: BenchEnv, slot: str, bronze: str) -> tuple[Timing, int, int, 
     )
     ensure_bronze_table(spark, target.bronze)
     with Stopwatch() as watch:
-        result = land_stream(spark, target, run_id=uuid.uuid4().hex)
+        result = land_stream(bronze_of(spark, target), target, run_id=uuid.uuid4().hex)
     messages, batches = _counts(result)
     say(
         f"  bronze commits ({result.writer}): {result.commit_s:.2f} s in all, the reader waited "

@@ -225,7 +225,7 @@ def cmd_capture(config: Config, args: argparse.Namespace) -> int:
     from capture.errors import PipelineError
     from capture.pgoutput import format_lsn
     from capture.progress import RichSnapshotProgress
-    from capture.run import RetryPolicy, capture_once
+    from capture.run import CaptureOptions, RetryPolicy, bronze_of, capture_once
     from core.spark import get_spark
     from pgmedallion.pipeline import capture_needs_spark, capture_target, ensure_schemas
 
@@ -238,15 +238,14 @@ def cmd_capture(config: Config, args: argparse.Namespace) -> int:
     target = capture_target(config)
     bars = RichSnapshotProgress()
     try:
-        result = capture_once(
-            spark,
-            target,
+        options = CaptureOptions(
             workers=args.workers,
             tables=list(config.source.tables) or None,
             continuous=args.continuous,
             progress=bars,
             retry=RetryPolicy(attempts=args.retries),
         )
+        result = capture_once(bronze_of(spark, target), target, options)
     except PipelineError as e:
         print(f"capture failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

@@ -85,13 +85,15 @@ def open_lakehouse(cfg: Config) -> SparkSession:
 
 
 def run_capture(spark: SparkSession | None, cfg: Config, *, continuous: bool = False, **kwargs):
-    """Capture into bronze; ``spark`` None: without Spark (see :func:`capture_needs_spark`)."""
-    from capture.run import capture_once
+    """Capture into bronze; ``spark`` None: without Spark (see :func:`capture_needs_spark`).
+    ``kwargs``: the other fields of :class:`capture.options.CaptureOptions`."""
+    from capture.run import CaptureOptions, bronze_of, capture_once
 
-    tables = list(cfg.source.tables) or None
-    if continuous:
-        kwargs["continuous"] = True
-    return capture_once(spark, capture_target(cfg), tables=tables, **kwargs)
+    target = capture_target(cfg)
+    options = CaptureOptions(
+        tables=list(cfg.source.tables) or None, continuous=continuous, **kwargs
+    )
+    return capture_once(bronze_of(spark, target), target, options)
 
 
 class SparkStarter:

@@ -30,7 +30,14 @@ from silver.copy_text import decode_copy_row
 
 def main(spec_path: str) -> int:
     from capture.errors import PipelineError
-    from capture.run import CaptureTarget, RetryPolicy, StreamLimits, capture_once
+    from capture.run import (
+        CaptureOptions,
+        CaptureTarget,
+        RetryPolicy,
+        StreamLimits,
+        bronze_of,
+        capture_once,
+    )
 
     spec = json.loads(Path(spec_path).read_text())
     schema, table = spec["bronze"].split(".")
@@ -44,14 +51,14 @@ def main(spec_path: str) -> int:
     )
     limits = StreamLimits(**spec.get("limits", {}))
     try:
-        result = capture_once(
-            None,  # no Spark: bronze is written by delta-rs, as a local capture does
-            target,
+        options = CaptureOptions(
             workers=spec.get("workers", 2),
             continuous=spec.get("continuous", False),
             limits=limits,
             retry=RetryPolicy(attempts=3, initial_delay_s=0.2),
         )
+        # no Spark: bronze is written by delta-rs, as a local capture does
+        result = capture_once(bronze_of(None, target), target, options)
     except PipelineError as exc:
         print(f"capture failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -13,13 +13,18 @@ from bronze.spark_table import copy_row_counts
 from bronze.table import copy_lines
 from capture.connection import connect_replication
 from capture.pgoutput import Delete, Insert, Update, decode
-from capture.run import CaptureTarget, capture_once
+from capture.run import CaptureOptions, CaptureTarget, bronze_of, capture_once
 from capture.slot import ensure_slot, slot_state
 from silver.copy_text import decode_copy_row
 from tests.capture_child import complete_transactions, replay
 
 HOSTILE_SCHEMA = 'Sales "EU"'
 HOSTILE_TABLE = "Order Items; DROP TABLE x"
+
+
+def capture(spark, target, **options):
+    """One capture run into ``target``'s bronze through ``spark``'s session."""
+    return capture_once(bronze_of(spark, target), target, CaptureOptions(**options))
 
 
 @pytest.fixture
@@ -67,7 +72,7 @@ def test_snapshot_then_stream_lands_everything_once(spark, shop, any_pg):
         slot=f"pgm_{any_pg.major}",
         bronze=_bronze(spark, f"b{any_pg.major}"),
     )
-    first = capture_once(spark, target, workers=3)
+    first = capture(spark, target, workers=3)
     assert first.snapshotted == {
         "public.customers": 3000,
         "public.notes": 50,
@@ -94,7 +99,7 @@ def test_snapshot_then_stream_lands_everything_once(spark, shop, any_pg):
         conn.execute("INSERT INTO customers VALUES (5000, 'new')")
         conn.execute("UPDATE customers SET name = 'renamed' WHERE id = 1")
         conn.execute("DELETE FROM customers WHERE id = 2")
-    second = capture_once(spark, target)
+    second = capture(spark, target)
     assert second.snapshotted == {}  # no table is snapshotted twice
     wal = spark.table(target.bronze).where("kind = 'wal'").orderBy("lsn", "ordinal").collect()
     changes = [decode(r["payload"]) for r in wal]
@@ -157,11 +162,11 @@ def test_writes_during_the_snapshot_are_counted_exactly_once(spark, any_db, any_
     try:
         while len(written) < 20:
             time.sleep(0.05)
-        first = capture_once(spark, target, workers=3)  # the writer keeps going throughout
+        first = capture(spark, target, workers=3)  # the writer keeps going throughout
     finally:
         stop.set()
         thread.join()
-    capture_once(spark, target)
+    capture(spark, target)
     rows = [r.asDict() for r in spark.table(target.bronze).collect()]
     commits = complete_transactions(rows)
     assert any(lsn <= first.snapshot_lsn for lsn in commits)  # rewound: in the snapshot

@@ -37,9 +37,11 @@ from capture.progress import (
 )
 from capture.replication import status_interval
 from capture.run import (
+    CaptureOptions,
     CaptureTarget,
     RetryPolicy,
     StreamLimits,
+    bronze_of,
     capture_once,
     land_snapshot,
 )
@@ -51,6 +53,11 @@ QUICK_RETRY = RetryPolicy(attempts=6, initial_delay_s=0.2, max_delay_s=1.0)
 QUICK_LIMITS = StreamLimits(
     commit_interval_s=0.5, idle_commit_interval_s=3600, publication_check_interval_s=0.5
 )
+
+
+def capture(spark, target, **options):
+    """One capture run into ``target``'s bronze through ``spark``'s session."""
+    return capture_once(bronze_of(spark, target), target, CaptureOptions(**options))
 
 
 def _target(spark, conninfo, name: str) -> CaptureTarget:
@@ -138,7 +145,7 @@ class Background:
 
         def run():
             try:
-                self.result = capture_once(
+                self.result = capture(
                     spark,
                     target,
                     continuous=True,
@@ -224,7 +231,7 @@ def test_either_writer_lands_the_stream_once(spark, source, monkeypatch, writer)
     same changes in several batches, each once, and the slot follows bronze."""
     monkeypatch.setenv(WRITER_ENV, writer)
     target = _target(spark, source, "writer_" + writer.replace("-", "_"))
-    capture_once(spark, target)
+    capture(spark, target)
     _sql(
         source,
         "INSERT INTO t SELECT g, 'new ' || g FROM generate_series(1001, 1020) g",
@@ -232,7 +239,7 @@ def test_either_writer_lands_the_stream_once(spark, source, monkeypatch, writer)
         "DELETE FROM t WHERE id BETWEEN 6 AND 8",
     )
     batches = spark.table(target.bronze).select("batch_id").distinct().count()
-    result = capture_once(spark, target, limits=StreamLimits(batch_messages=10))
+    result = capture(spark, target, limits=StreamLimits(batch_messages=10))
     assert result.messages > 30 and result.batches >= 3
     assert spark.table(target.bronze).select("batch_id").distinct().count() == (
         batches + result.batches
@@ -243,11 +250,11 @@ def test_either_writer_lands_the_stream_once(spark, source, monkeypatch, writer)
 
 def test_unpublished_writes_move_the_slot_to_the_runs_start(spark, source, record_property):
     target = _target(spark, source, "unpublished")
-    capture_once(spark, target)
+    capture(spark, target)
     for _ in range(20):
         _sql(source, "INSERT INTO u SELECT g FROM generate_series(1, 5000) g")
     ((start,),) = _sql(source, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
-    result = capture_once(spark, target)
+    result = capture(spark, target)
     assert result.messages == 0
     ((confirmed, retained),) = _sql(
         source,
@@ -263,11 +270,11 @@ def test_unpublished_writes_move_the_slot_to_the_runs_start(spark, source, recor
 
 def test_dropped_publication_is_recorded_once_and_raised(spark, source):
     target = _target(spark, source, "pubdropped")
-    capture_once(spark, target)
+    capture(spark, target)
     _sql(source, "DROP PUBLICATION pub")
     for _ in range(2):
         with pytest.raises(PublicationDropped):
-            capture_once(spark, target, retry=QUICK_RETRY)
+            capture(spark, target, retry=QUICK_RETRY)
     (error,) = _errors(spark, target)
     assert error["table_oid"] is None and error["lsn"] == _frontier(spark, target)
     assert error["payload"]["code"] == "PublicationDropped"
@@ -276,10 +283,10 @@ def test_dropped_publication_is_recorded_once_and_raised(spark, source):
 
 def test_dropped_slot_with_a_bronze_frontier_is_recorded_not_recreated(spark, source):
     target = _target(spark, source, "slotdropped")
-    capture_once(spark, target)
+    capture(spark, target)
     _sql(source, f"SELECT pg_drop_replication_slot('{target.slot}')")
     with pytest.raises(SlotMissing, match="changes since are lost"):
-        capture_once(spark, target)
+        capture(spark, target)
     (error,) = _errors(spark, target)
     assert error["payload"]["code"] == "SlotMissing" and error["table_oid"] is None
     assert not _sql(source, f"SELECT 1 FROM pg_replication_slots WHERE slot_name = '{target.slot}'")
@@ -287,7 +294,7 @@ def test_dropped_slot_with_a_bronze_frontier_is_recorded_not_recreated(spark, so
 
 def test_changed_timeline_is_recorded(spark, source):
     target = _target(spark, source, "timeline")
-    capture_once(spark, target)
+    capture(spark, target)
     system = identify_system(connect_replication(source))
     buffer = RecordBuffer(target.source, "forged")
     identity = {"system_id": system.system_id, "timeline": system.timeline + 1}
@@ -295,7 +302,7 @@ def test_changed_timeline_is_recorded(spark, source):
     batch = spark.table(target.bronze).agg(F.max("batch_id")).first()[0] + 1
     write_batch(spark.createDataFrame(buffer.to_arrow(batch)), target.bronze, "src", batch)
     with pytest.raises(TimelineChanged):
-        capture_once(spark, target)
+        capture(spark, target)
     (error,) = _errors(spark, target)
     assert error["payload"]["code"] == "TimelineChanged"
 
@@ -303,11 +310,11 @@ def test_changed_timeline_is_recorded(spark, source):
 def test_dropped_tables_are_recorded_and_the_others_go_on(spark, source):
     target = _target(spark, source, "tabledropped")
     _sql(source, "CREATE TABLE g (id int PRIMARY KEY)", "ALTER PUBLICATION pub ADD TABLE g")
-    first = capture_once(spark, target)
+    first = capture(spark, target)
     assert set(first.snapshotted) == {"public.t", "public.g"}
     ((g_oid,),) = _sql(source, "SELECT 'g'::regclass::oid::int8")
     _sql(source, "DROP TABLE g", "INSERT INTO t VALUES (5000, 'after')")
-    second = capture_once(spark, target)
+    second = capture(spark, target)
     assert list(second.table_errors) == ["public.g"]
     (error,) = _errors(spark, target)
     assert (error["table_oid"], error["table_schema"], error["table_name"]) == (
@@ -316,7 +323,7 @@ def test_dropped_tables_are_recorded_and_the_others_go_on(spark, source):
         "g",
     )
     assert error["payload"]["code"] == "TableDropped"
-    assert capture_once(spark, target).table_errors == {}  # recorded once
+    assert capture(spark, target).table_errors == {}  # recorded once
     assert replay(_bronze(spark, target), "public", "t") == _source_rows(source)
 
     # Dropped between the publication listing and the snapshot: skipped, the others land.
@@ -325,7 +332,7 @@ def test_dropped_tables_are_recorded_and_the_others_go_on(spark, source):
     ((h_oid, k_oid),) = _sql(source, "SELECT 'h'::regclass::oid::int8, 'k'::regclass::oid::int8")
     _sql(source, "DROP TABLE h")
     landed = land_snapshot(
-        spark,
+        bronze_of(spark, target),
         target,
         [PublishedTable(h_oid, "public", "h"), PublishedTable(k_oid, "public", "k")],
         workers=2,
@@ -342,7 +349,7 @@ def test_snapshot_progress_reports_each_table(spark, source):
     _sql(source, "CREATE TABLE w (id int, pad text)", "ALTER PUBLICATION pub ADD TABLE w")
     _sql(source, "INSERT INTO w SELECT g, repeat('x', 20) FROM generate_series(1, 20000) g")
     updates = []
-    result = capture_once(spark, target, progress=updates.extend)
+    result = capture(spark, target, progress=updates.extend)
     tables = {u.table for u in updates}
     assert tables == {"public.t", "public.w"}
     final = {u.table: u for u in updates if u.done}

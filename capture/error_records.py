@@ -1,0 +1,66 @@
+"""Definite errors written into bronze as ``error`` records, once each."""
+
+from __future__ import annotations
+
+import logging
+
+from bronze.store import Bronze
+from bronze.table import (
+    RecordBuffer,
+    error_payload,
+)
+from capture.errors import (
+    PipelineError,
+)
+from capture.pgoutput import format_lsn
+from capture.snapshot import (
+    PublishedTable,
+)
+
+log = logging.getLogger(__name__)
+
+
+def record_error(
+    bronze: Bronze,
+    error: PipelineError,
+    *,
+    lsn: int,
+    run_id: str,
+    table: PublishedTable | None = None,
+) -> bool:
+    """Write ``error`` as one ``error`` record in a batch of its own, unless already recorded.
+
+    A table's error is recorded once per table; a source-wide one once per LSN. Returns
+    whether a record was written.
+    """
+    code = type(error).__name__
+    oid = None if table is None else table.oid
+    for known_code, known_oid, known_lsn in bronze.recorded_errors():
+        if known_code == code and known_oid == oid and (oid is not None or known_lsn == lsn):
+            return False
+    buffer = RecordBuffer(bronze.source, run_id)
+    buffer.add(
+        "error",
+        lsn,
+        table_oid=oid,
+        table_schema=None if table is None else table.schema or None,
+        table_name=None if table is None else table.name or None,
+        payload=error_payload(code, str(error), format_lsn(lsn)),
+    )
+    batch_id = bronze.next_batch_id()
+    bronze.append(buffer.to_arrow(batch_id), batch_id)
+    where = "" if table is None else f" for {table_name(table)}"
+    log.error("recorded %s%s at %s: %s", code, where, format_lsn(lsn), error)
+    return True
+
+
+def table_name(table: PublishedTable) -> str:
+    return f"{table.schema}.{table.name}" if table.name else f"oid {table.oid}"
+
+
+def error_lsn(bronze: Bronze) -> int:
+    """Where a source-wide error stops capture: bronze's frontier, else its last snapshot."""
+    frontier = bronze.frontier()
+    if frontier is not None:
+        return frontier
+    return max(bronze.snapshotted_tables().values(), default=0)

@@ -1,0 +1,293 @@
+"""The slot's stream landed in bronze in batches; each batch's frontier acknowledged after its
+commit, never before."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import psycopg
+
+from bronze.store import Bronze
+from bronze.table import (
+    BronzeState,
+    SealedBatch,
+    WalBuffer,
+    json_payload,
+)
+from capture.connection import connect, connect_replication
+from capture.errors import (
+    PipelineError,
+)
+from capture.options import (
+    DELTA_RS_BATCH_BYTES,
+    DELTA_RS_BATCH_MESSAGES,
+    STREAM_BATCH_BYTES,
+    STREAM_BATCH_MESSAGES,
+    CaptureOptions,
+    CaptureTarget,
+    StreamLimits,
+    StreamResult,
+)
+from capture.pgoutput import format_lsn
+from capture.replication import Keepalive, ReplicationStream, start_replication
+from capture.slot import (
+    SystemIdentity,
+    check_resume_point,
+    check_system,
+    current_wal_lsn,
+    identify_system,
+    release_slot,
+)
+from capture.snapshot import (
+    PublishedTable,
+    publication_tables,
+)
+from core.failpoints import failpoint
+
+log = logging.getLogger(__name__)
+
+
+def land_stream(
+    bronze: Bronze,
+    target: CaptureTarget,
+    options: CaptureOptions | None = None,
+    *,
+    run_id: str,
+    new_tables: Callable[[list[PublishedTable]], bool] | None = None,
+    result: StreamResult | None = None,
+    state: BronzeState | None = None,
+) -> StreamResult:
+    """Stream the slot into bronze from bronze's frontier.
+
+    Triggered (default): until caught up with the WAL position seen at the start. Continuous
+    (``options.continuous``): until ``options.stop`` is set, ``options.max_seconds`` pass, or
+    (checked every ``limits.publication_check_interval_s``) ``new_tables`` says the publication
+    gained tables that need a snapshot first. ``result`` is updated as batches commit, so a
+    caller still knows what landed when an error ends the stream. ``state`` is bronze's state if
+    the caller has just read it (nothing was written since).
+    """
+    options = options or CaptureOptions()
+    result = result if result is not None else StreamResult()
+    max_seconds = options.max_seconds
+    end_at = None if max_seconds is None else time.monotonic() + max_seconds
+    continuous = options.continuous
+    conn = connect(target.conninfo)
+    try:
+        repl = connect_replication(target.conninfo)
+        try:
+            system = identify_system(repl)
+            if state is None:
+                state = bronze.state()
+            _check_recorded_system(state, system)
+            slot = release_slot(repl, target.slot)
+            frontier = state.frontier
+            resume = frontier if frontier is not None else slot.confirmed_flush_lsn or 0
+            check_resume_point(slot, resume)
+            # PostgreSQL 18 skips a dropped publication silently: check it by name first.
+            publication_tables(conn, target.publication)
+            stop_at = None if continuous else current_wal_lsn(conn)
+            log.info(
+                "streaming slot %s from %s %s",
+                target.slot,
+                format_lsn(resume),
+                "continuously" if continuous else f"to {format_lsn(stop_at)}",
+            )
+            stream = start_replication(repl, target.slot, target.publication, resume)
+            writer = _BatchWriter(
+                bronze, stream, run_id, system, resume, result, state.next_batch_id
+            )
+            try:
+                loop = _Loop(stop_at, options.stop or threading.Event(), end_at, options.limits)
+                _stream_loop(stream, writer, conn, target, loop, new_tables)
+            except PipelineError:
+                writer.salvage()
+                raise
+            finally:
+                writer.close()
+            stream.close()
+            return result
+        finally:
+            repl.close()
+    finally:
+        conn.close()
+
+
+@dataclass(frozen=True)
+class _Loop:
+    """When the stream loop commits and when it ends."""
+
+    stop_at: int | None
+    """Triggered: the WAL position to catch up with; None: continuous."""
+    stop: threading.Event
+    end_at: float | None
+    limits: StreamLimits
+
+
+def _stream_loop(
+    stream: ReplicationStream,
+    writer: _BatchWriter,
+    conn: psycopg.Connection,
+    target: CaptureTarget,
+    loop: _Loop,
+    new_tables: Callable[[list[PublishedTable]], bool] | None,
+) -> None:
+    stop_at, stop, end_at, limits = loop.stop_at, loop.stop, loop.end_at, loop.limits
+    continuous = stop_at is None
+    next_check = time.monotonic() + limits.publication_check_interval_s
+    small = writer.committer.name == "delta-rs"
+    max_messages = limits.batch_messages or (
+        DELTA_RS_BATCH_MESSAGES if small else STREAM_BATCH_MESSAGES
+    )
+    max_bytes = limits.batch_bytes or (DELTA_RS_BATCH_BYTES if small else STREAM_BATCH_BYTES)
+    while True:
+        deadline = time.monotonic() + limits.commit_interval_s if continuous else None
+        if end_at is not None:
+            deadline = end_at if deadline is None else min(deadline, end_at)
+        buffer = writer.buffer
+        add, data, messages = buffer.add_wal, buffer.data, buffer.messages
+        for event in stream.read_until(stop_at, deadline=deadline):
+            if event.__class__ is Keepalive:
+                writer.poll()
+                if stop.is_set():
+                    break
+                continue
+            commit_lsn, end_lsn, xid, ordinal, _, payload = event
+            add(commit_lsn, end_lsn, xid, ordinal, payload)
+            messages += 1
+            if messages >= max_messages or len(data) >= max_bytes:
+                writer.commit()
+                buffer = writer.buffer
+                add, data, messages = buffer.add_wal, buffer.data, buffer.messages
+            if not messages & 1023:
+                writer.poll()
+                if stop.is_set():
+                    break
+        now = time.monotonic()
+        caught_up = stop_at is not None and stream.position >= stop_at and not stream.in_transaction
+        stopping = stop.is_set() or caught_up or (end_at is not None and now >= end_at)
+        if continuous and not stopping and now >= next_check:
+            next_check = now + limits.publication_check_interval_s
+            published = publication_tables(conn, target.publication)
+            if new_tables is not None and new_tables(published):
+                log.info("new tables in publication %s: snapshotting them", target.publication)
+                writer.result.new_tables = stopping = True
+        idle_due = now - writer.last_commit >= limits.idle_commit_interval_s
+        if len(buffer) or (stream.position > writer.sealed and (stopping or idle_due)):
+            writer.commit()
+        writer.poll()
+        if stopping:
+            writer.wait()
+            return
+
+
+class _BatchWriter:
+    """Commits the buffered stream as numbered bronze batches, then acknowledges the slot.
+
+    Commits run in a background thread, one at a time and in batch order, while the reader
+    fills the next batch (the reader never waits for Delta unless a second batch is full before
+    the first is committed). The reader's thread acknowledges a batch's frontier once its
+    commit is in (``poll``/``wait``): the replication connection is only used by that thread.
+    Memory: at most two batches, the one being committed and the one being filled.
+    """
+
+    def __init__(
+        self,
+        bronze: Bronze,
+        stream: ReplicationStream,
+        run_id: str,
+        system: SystemIdentity,
+        resume: int,
+        result: StreamResult,
+        batch_id: int,
+    ) -> None:
+        self.source = bronze.source
+        self.stream = stream
+        self.run_id = run_id
+        self.buffer = WalBuffer(self.source, run_id)
+        self.batch_id = batch_id
+        self.identity = json_payload({"system_id": system.system_id, "timeline": system.timeline})
+        self.committed = resume
+        """The frontier of the last batch committed (and acknowledged, unless salvaged)."""
+        self.sealed = resume
+        """The frontier of the last batch handed to the committer."""
+        self.last_commit = time.monotonic()
+        self.result = result
+        self.committer = bronze.writer()
+        result.writer = self.committer.name
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bronze-commit")
+        self._pending: tuple[Future, int, bool] | None = None
+        result.frontier = resume if result.frontier is None else max(result.frontier, resume)
+
+    def commit(self, ack: bool = True) -> None:
+        """Seal the buffer as the next batch and start committing it (after the previous one)."""
+        frontier = max(self.sealed, self.stream.position)
+        buffer = self.buffer
+        self.result.messages += buffer.messages
+        buffer.others.add("progress", frontier, payload=self.identity)
+        sealed = buffer.seal(self.batch_id)
+        del buffer
+        self.buffer = WalBuffer(self.source, self.run_id)
+        self.wait()
+        self._pending = (self._pool.submit(self._write, sealed), frontier, ack)
+        self.sealed = frontier
+        self.batch_id += 1
+        self.last_commit = time.monotonic()
+
+    def _write(self, sealed: SealedBatch) -> None:
+        failpoint("bronze.before_commit")
+        started = time.monotonic()
+        self.committer.write(sealed)
+        self.result.commit_s += time.monotonic() - started
+
+    def poll(self) -> None:
+        """Acknowledge the batch in flight if its commit has finished (raise its error)."""
+        if self._pending is not None and self._pending[0].done():
+            self.wait()
+
+    def wait(self) -> None:
+        """Wait for the batch in flight, then acknowledge its frontier (raise its error)."""
+        if self._pending is None:
+            return
+        future, frontier, ack = self._pending
+        self._pending = None
+        started = time.monotonic()
+        future.result()
+        self.result.wait_s += time.monotonic() - started
+        self.committed = max(self.committed, frontier)
+        self.result.frontier = max(self.result.frontier or 0, frontier)
+        self.result.batches += 1
+        failpoint("bronze.after_commit")  # committed, not yet acknowledged
+        if ack:
+            self.stream.ack(frontier)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def salvage(self) -> None:
+        """After a capture error: keep what was read (no ack; the next run acknowledges it)."""
+        try:
+            self.wait()
+        except Exception as exc:  # the error being raised says more than this one
+            log.warning("the batch being committed failed too: %s", exc)
+        if not len(self.buffer) and self.stream.position <= self.sealed:
+            return
+        try:
+            self.commit(ack=False)
+            self.wait()
+        except Exception as exc:  # the error being raised says more than this one
+            log.warning("could not commit the last %d records: %s", len(self.buffer), exc)
+
+
+def _check_recorded_system(state: BronzeState, system: SystemIdentity) -> None:
+    recorded = state.system_identity
+    if recorded is None:
+        return
+    check_system(
+        system,
+        SystemIdentity(str(recorded["system_id"]), int(recorded["timeline"]), 0, system.database),
+    )

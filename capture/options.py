@@ -1,0 +1,151 @@
+"""What a capture run is given and what it returns: the target, the options, the results.
+
+``CaptureTarget`` names the source and its bronze table; ``CaptureOptions`` says how one run
+goes (every attempt of it the same); ``StreamLimits`` when the stream commits a batch;
+``RetryPolicy`` how transient errors are retried. The sizes below are measured choices (see
+benchmarks/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from bronze.store import Bronze, open_bronze
+from capture.progress import (
+    ProgressCallback,
+)
+
+if TYPE_CHECKING:  # a capture without Spark never imports it
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+
+COPY_CHUNK_BYTES = 1 << 20
+"""Raw COPY bytes per bronze ``copy`` record (a record holds whole rows, so it can be larger)."""
+ARROW_BATCH_BYTES = 16 << 20
+STREAM_BATCH_MESSAGES = 500_000
+STREAM_BATCH_BYTES = 48 << 20
+"""Payload bytes per stream batch committed through Spark. Two batches live at once (one
+committing, one filling): through a 1M-row transaction the capture's peak RSS was 530 MB at
+64 MiB, 385 MB at 48 MiB and 334 MB at 32 MiB; a Spark commit costs about the same at any of
+these sizes, so smaller batches slow the stream (1M messages: 3 commits, ratio 0.22; 5 commits
+at 32 MiB, 0.17)."""
+DELTA_RS_BATCH_MESSAGES = 100_000
+DELTA_RS_BATCH_BYTES = 8 << 20
+"""The same through delta-rs, whose commit costs tens of milliseconds: small batches cost the
+stream little and keep the capture's memory low (see benchmarks/RESULTS.md, session 12)."""
+
+
+@dataclass(frozen=True)
+class CaptureTarget:
+    conninfo: Mapping[str, Any]
+    source: str
+    publication: str
+    slot: str
+    bronze: str
+    """The bronze table's qualified name."""
+    bronze_path: str | None = None
+    """Its local directory, when known without Spark (see :func:`bronze.store.open_bronze`)."""
+
+
+def bronze_of(spark: SparkSession | Bronze | None, target: CaptureTarget) -> Bronze:
+    """``target``'s bronze: given, or opened with ``spark`` (None: without Spark, by delta-rs)."""
+    if isinstance(spark, Bronze):
+        return spark
+    return open_bronze(target.bronze, target.source, path=target.bronze_path, spark=spark)
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """When the stream commits a batch."""
+
+    batch_messages: int | None = None
+    """Messages per batch; None: the writer's (``STREAM_BATCH_*`` for Spark, ``DELTA_RS_*``)."""
+    batch_bytes: int | None = None
+    """Payload bytes per batch; None: the writer's."""
+    commit_interval_s: float = 10.0
+    """Continuous mode: commit what arrived at least this often."""
+    idle_commit_interval_s: float = 60.0
+    """Continuous mode: commit a frontier moved only by keepalives at least this often."""
+    publication_check_interval_s: float = 10.0
+    """Continuous mode: look for a dropped publication or newly published tables."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Transient errors: ``attempts`` tries in a row without progress, exponential backoff."""
+
+    attempts: int = 5
+    initial_delay_s: float = 1.0
+    max_delay_s: float = 60.0
+
+    def delay_s(self, failures: int) -> float:
+        """The wait after the ``failures``-th failure in a row (1, 2, 4, ... seconds, capped)."""
+        return min(self.max_delay_s, self.initial_delay_s * 2 ** max(0, failures - 1))
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    snapshotted: dict[str, int]
+    """``schema.table`` -> rows landed, for the tables snapshotted by this run."""
+    snapshot_lsn: int | None
+    messages: int
+    frontier: int
+    batches: int
+    table_errors: dict[str, str] = field(default_factory=dict)
+    """``schema.table`` -> the definite error recorded for it by this run (e.g. dropped)."""
+    retries: int = 0
+
+
+@dataclass(frozen=True)
+class SnapshotLanded:
+    """What :func:`land_snapshot` landed; unpacks as ``snapshot_lsn, counts``."""
+
+    snapshot_lsn: int
+    counts: dict[str, int]
+    dropped: dict[str, str] = field(default_factory=dict)
+    """``schema.table`` -> message, for the tables skipped because they were dropped."""
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.snapshot_lsn, self.counts))
+
+
+@dataclass
+class StreamResult:
+    messages: int = 0
+    frontier: int | None = None
+    batches: int = 0
+    new_tables: bool = False
+    """Continuous mode ended the stream because new tables were published."""
+    commit_s: float = 0.0
+    """Seconds spent in bronze commits (in the background, while reading went on)."""
+    wait_s: float = 0.0
+    """Seconds the reader waited for a commit (its slack: commit_s - wait_s overlapped)."""
+    writer: str = ""
+    """Which writer committed the batches: ``delta-rs`` or ``spark`` (see bronze/writer.py)."""
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """How one capture run goes; the same for every attempt of the run."""
+
+    workers: int = 2
+    """Parallel COPY ranges per table snapshot."""
+    tables: Sequence[str] | None = None
+    """``schema.table`` names to capture; None: every table of the publication."""
+    continuous: bool = False
+    """Stream until stopped (``stop``, ``max_seconds``, a signal) instead of catching up once."""
+    max_seconds: float | None = None
+    retry: RetryPolicy = RetryPolicy()
+    limits: StreamLimits = StreamLimits()
+    handle_signals: bool = True
+    """In the main thread, SIGINT/SIGTERM commit the batch in hand, then stop."""
+    progress: ProgressCallback | None = None
+    """Receives per-table snapshot progress."""
+    stop: threading.Event | None = field(default=None, compare=False)
+    """Set it (from another thread) to end the run after committing what was read."""
