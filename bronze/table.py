@@ -226,10 +226,6 @@ class WalBuffer:
         others = self.others.to_arrow(batch_id, now) if len(self.others) else None
         return SealedBatch(self.source, self.run_id, batch_id, now, wal, others)
 
-    def to_arrow(self, batch_id: int) -> pa.Table:
-        """The whole batch in :data:`ARROW_SCHEMA` (the sealed batch plus its constant columns)."""
-        return self.seal(batch_id).to_arrow()
-
 
 @dataclass(frozen=True)
 class SealedBatch:

@@ -7,7 +7,15 @@ around gold's MERGE). Nothing happens unless the environment variable
 
     PGMEDALLION_FAILPOINTS="bronze.after_commit"        # SIGKILL at the first hit
     PGMEDALLION_FAILPOINTS="bronze.after_commit=3"      # ... at the third hit
-    PGMEDALLION_FAILPOINTS="silver.before_append,gold.after_merge=2"
+    PGMEDALLION_FAILPOINTS="silver.before_append,gold.after_table=2"
+
+The points (``grep -rn 'failpoint("'`` finds them): ``snapshot.copy_chunk`` (per COPY chunk read),
+``snapshot.before_commit`` (every range's file written, nothing committed),
+``snapshot.after_commit`` (committed, the table locks still held), ``bronze.before_commit`` and
+``bronze.after_commit`` (a stream batch, around its commit; after it, not yet acknowledged),
+``silver.before_append`` and ``silver.after_append`` (around a table's diffs append),
+``gold.after_table`` (one table's MERGE committed) and ``gold.before_reports`` (every table
+done, the reports not written).
 
 The process kills itself with SIGKILL, as an OOM killer or a lost machine would: no cleanup,
 no ``finally`` blocks, no flushing. Where the snapshot runs as Spark tasks (Databricks), a

@@ -265,13 +265,3 @@ class LocalPostgres:
     def restart(self) -> None:
         self.stop()
         self.start()
-
-    def set_config(self, **settings: str) -> None:
-        """Append settings to ``postgresql.auto.conf``; they take effect at the next start."""
-        with open(self.data / "postgresql.auto.conf", "a") as f:
-            for k, v in settings.items():
-                f.write(f"{k} = {v}\n")
-
-    def destroy(self) -> None:
-        self.stop(mode="immediate")
-        shutil.rmtree(self.root, ignore_errors=True)

@@ -39,7 +39,7 @@ def test_wal_buffer_packs_the_same_records_as_the_row_buffer():
     rows.add("progress", 0x30, payload=b"{}")
     assert len(packed) == 5 and packed.messages == 4
     assert packed.payload_bytes == rows.payload_bytes
-    table = packed.to_arrow(42)
+    table = packed.seal(42).to_arrow()
     assert table.schema == ARROW_SCHEMA
     assert _without_time(table).to_pylist() == _without_time(rows.to_arrow(42)).to_pylist()
 
@@ -49,7 +49,7 @@ def test_a_sealed_batch_gives_the_rows_of_the_full_arrow_table(spark):
     for lsn, end, xid, ordinal, payload in MESSAGES:
         buffer.add_wal(lsn, end, xid, ordinal, payload)
     buffer.others.add("progress", 0x30, payload=b"{}")
-    expected = spark.createDataFrame(buffer.to_arrow(42))
+    expected = spark.createDataFrame(buffer.seal(42).to_arrow())
     sealed = buffer.seal(42)
     assert sealed.messages == 4 and sealed.wal.num_columns == 5  # constants are not shipped
     actual = sealed_dataframe(spark, sealed)
@@ -67,12 +67,12 @@ def test_a_sealed_batch_gives_the_rows_of_the_full_arrow_table(spark):
 def test_wal_buffer_clear_starts_a_new_batch_and_keeps_the_old_table_intact():
     buffer = WalBuffer("src", "run1")
     buffer.add_wal(1, 2, 3, 0, b"first")
-    table = buffer.to_arrow(0)
+    table = buffer.seal(0).to_arrow()
     buffer.clear()
     buffer.add_wal(4, 5, 6, 0, b"second")
     assert table.column("payload").to_pylist() == [b"first"]
-    assert buffer.to_arrow(1).column("payload").to_pylist() == [b"second"]
-    assert WalBuffer("src", "r").to_arrow(0).num_rows == 0
+    assert buffer.seal(1).to_arrow().column("payload").to_pylist() == [b"second"]
+    assert WalBuffer("src", "r").seal(0).to_arrow().num_rows == 0
 
 
 def test_copy_lines_splits_a_chunk_on_row_newlines():
