@@ -59,7 +59,9 @@ class Role:
 
 
 @dataclass(frozen=True)
-class TableInfo:
+class TableFacts:
+    """What doctor learns about one table from the catalog: ownership, identity, access."""
+
     schema: str
     name: str
     owned: bool
@@ -117,7 +119,7 @@ def run_checks(
             role = Role(str(conninfo.get("user", "")), False, False, False)
         results += _guarded("replication privilege", check_replication_privilege, conn, role)
         results += _guarded("replication session", check_replication_session, conninfo)
-        found: list[TableInfo] = []
+        found: list[TableFacts] = []
 
         def resolve() -> list[CheckResult]:
             found[:], result = resolve_tables(conn, publication, tables)
@@ -290,7 +292,7 @@ def parse_table(name: str) -> tuple[str, str]:
 
 def resolve_tables(
     conn: psycopg.Connection, publication: str, tables: Sequence[str]
-) -> tuple[list[TableInfo], CheckResult]:
+) -> tuple[list[TableFacts], CheckResult]:
     """The configured tables (or, if none, the published ones) that exist, and a check of that."""
     if tables:
         wanted = [parse_table(name) for name in tables]
@@ -314,7 +316,7 @@ def resolve_tables(
 
 def table_info(
     conn: psycopg.Connection, tables: Sequence[tuple[str, str]]
-) -> dict[tuple[str, str], TableInfo]:
+) -> dict[tuple[str, str], TableFacts]:
     """What the checks need to know about each existing ordinary or partitioned table."""
     if not tables:
         return {}
@@ -344,16 +346,16 @@ def table_info(
                 " WHERE c.relkind IN ('r', 'p') AND (n.nspname, c.relname) IN ({})"
             ).format(keys)
         ).fetchall()
-    return {(row[0], row[1]): TableInfo(*row) for row in rows}
+    return {(row[0], row[1]): TableFacts(*row) for row in rows}
 
 
 def check_publication(
     conn: psycopg.Connection,
     publication: str,
-    tables: Sequence[TableInfo],
+    tables: Sequence[TableFacts],
     role: Role,
     create: bool,
-    held_back: Sequence[TableInfo] = (),
+    held_back: Sequence[TableFacts] = (),
 ) -> list[CheckResult]:
     """The publication exists, publishes every change kind and covers ``tables``.
 
@@ -430,7 +432,7 @@ def check_publication(
 
 
 def check_select_privilege(
-    conn: psycopg.Connection, role: Role, tables: Sequence[TableInfo]
+    conn: psycopg.Connection, role: Role, tables: Sequence[TableFacts]
 ) -> CheckResult:
     denied = [t for t in tables if not t.can_select]
     no_usage = sorted({t.schema for t in tables if not t.schema_usage})
@@ -461,7 +463,7 @@ def check_select_privilege(
 class IdentityAdvice:
     """Why a table's replica identity does not work for capture, and what to run about it."""
 
-    table: TableInfo
+    table: TableFacts
     reason: str
     statements: tuple[str, ...]
     """SQL that is safe to run against production (comments where none is), in order."""
@@ -473,7 +475,7 @@ class IdentityAdvice:
 
 def identity_advice(
     conn: psycopg.Connection | None,
-    table: TableInfo,
+    table: TableFacts,
     *,
     server_version: int,
     publication: str,
@@ -555,7 +557,7 @@ def identity_advice(
 
 
 def identity_advice_for(
-    conn: psycopg.Connection, publication: str, tables: Sequence[TableInfo]
+    conn: psycopg.Connection, publication: str, tables: Sequence[TableFacts]
 ) -> list[IdentityAdvice]:
     version = conn.info.server_version
     publishes = publishes_stored_generated(conn, publication) if tables else False
@@ -574,9 +576,9 @@ def identity_advice_for(
 
 def check_replica_identity(
     conn: psycopg.Connection | None,
-    tables: Sequence[TableInfo],
+    tables: Sequence[TableFacts],
     advice: Sequence[IdentityAdvice] | None = None,
-    add_to_publication: Sequence[TableInfo] = (),
+    add_to_publication: Sequence[TableFacts] = (),
     publication: str = "",
 ) -> CheckResult:
     """Every table's identity lets capture read its changes exactly (see
@@ -617,7 +619,7 @@ def check_replica_identity(
 
 
 def check_row_security(
-    conn: psycopg.Connection, role: Role, tables: Sequence[TableInfo]
+    conn: psycopg.Connection, role: Role, tables: Sequence[TableFacts]
 ) -> CheckResult:
     hidden = [t for t in tables if t.row_security_active]
     if not hidden:

@@ -8,7 +8,7 @@ from psycopg import sql
 
 from capture.provision import (
     CheckResult,
-    TableInfo,
+    TableFacts,
     all_ok,
     check_replica_identity,
     format_report,
@@ -335,8 +335,8 @@ def test_old_server_is_a_warning_not_a_failure():
 
 
 def test_replica_identity_on_values():
-    def table(identity: str, key: bool) -> TableInfo:
-        return TableInfo("s", f"{identity}{key}", True, identity, key, True, True, False)
+    def table(identity: str, key: bool) -> TableFacts:
+        return TableFacts("s", f"{identity}{key}", True, identity, key, True, True, False)
 
     ok = [table("f", False), table("d", True), table("i", False)]
     assert check_replica_identity(None, ok).ok
@@ -423,7 +423,7 @@ def test_every_remediation_is_safe_to_run_in_production(any_db):
 
 def test_full_is_never_advised_where_postgresql_18_would_reject_updates():
     def table(name, identity="d", key=False, index=None, stored=False, virtual=False):
-        return TableInfo("s", name, True, identity, key, True, True, False, index, stored, virtual)
+        return TableFacts("s", name, True, identity, key, True, True, False, index, stored, virtual)
 
     def advice(t, version=180006, publishes=False):
         result = identity_advice(
