@@ -26,4 +26,20 @@ acknowledged by the caller, after the sink has committed.
     progress.py     pg_stat_progress_copy polled from a thread: rows copied / estimated
          │
     errors.py       TransientError (retry) | DefiniteError (record for the table)
+    pgoutput.py     the pgoutput protocol: message types by name, decode, LSN formatting
+
+The capture run, which lands all of this in bronze (``bronze.store`` opens the writer)::
+
+    run.py            capture_once: attempts, retries with backoff, signals, dropped tables
+      ├─ land_snapshot.py   every wanted table at one exported snapshot, one bronze commit
+      ├─ land_stream.py     the slot in batches; a batch's frontier acked after its commit
+      └─ error_records.py   definite errors as bronze ``error`` records, once each
+    options.py        CaptureTarget, CaptureOptions, StreamLimits, RetryPolicy, results
+
+Preflight (``pgmedallion doctor``)::
+
+    provision.py         run_checks: server, role, slots, WAL senders, then the modules below
+      ├─ publication.py       the tables exist, are readable, and the publication covers them
+      ├─ replica_identity.py  replica identity and row security, with safe advice
+      └─ preflight.py         CheckResult, Role, TableFacts: what the checks share
 """

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from capture.connection import connect
 from capture.errors import PipelineError
-from capture.provision import CheckResult
+from capture.preflight import CheckResult
 from capture.snapshot import table_schema_at_snapshot
 from core.config import Config
 from silver.policies import column_policy_problems

@@ -6,19 +6,17 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from capture.preflight import CheckResult, TableFacts
 from capture.provision import (
-    CheckResult,
-    TableFacts,
     all_ok,
-    check_replica_identity,
     format_report,
     free_slots_result,
     free_wal_senders_result,
-    identity_advice,
     run_checks,
     server_version_result,
     wal_level_result,
 )
+from capture.replica_identity import check_replica_identity, identity_advice
 
 PASSWORD = "x-doctor-secret-7f3a"
 """Distinctive, so "not in any message" means something (a bare 'x' is in many words)."""

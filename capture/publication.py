@@ -1,0 +1,233 @@
+"""Doctor's checks of the tables to capture: they exist, the role reads them, and the
+publication covers them (created or extended only when the caller allows it)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import psycopg
+from psycopg import sql
+
+from capture.errors import server_errors
+from capture.preflight import CheckResult, Role, TableFacts, server_message
+
+PUBLISH_ACTIONS = ("insert", "update", "delete", "truncate")
+
+
+def parse_table(name: str) -> tuple[str, str]:
+    """``schema.table`` split at the first dot; a bare name is in ``public``."""
+    schema, dot, table = name.partition(".")
+    return (schema, table) if dot else ("public", name)
+
+
+def resolve_tables(
+    conn: psycopg.Connection, publication: str, tables: Sequence[str]
+) -> tuple[list[TableFacts], CheckResult]:
+    """The configured tables (or, if none, the published ones) that exist, and a check of that."""
+    if tables:
+        wanted = [parse_table(name) for name in tables]
+    else:
+        wanted = published_tables(conn, publication)
+        if not wanted:
+            return [], CheckResult(
+                "tables",
+                False,
+                f"no tables configured and publication {publication!r} publishes none",
+            )
+    found = table_info(conn, wanted)
+    missing = [f"{schema}.{name}" for schema, name in wanted if (schema, name) not in found]
+    infos = [found[key] for key in wanted if key in found]
+    if missing:
+        return infos, CheckResult(
+            "tables", False, f"tables not found (or not tables): {', '.join(missing)}"
+        )
+    return infos, CheckResult("tables", True, f"{len(infos)} table(s) to capture")
+
+
+def table_info(
+    conn: psycopg.Connection, tables: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], TableFacts]:
+    """What the checks need to know about each existing ordinary or partitioned table."""
+    if not tables:
+        return {}
+    keys = sql.SQL(", ").join(
+        sql.SQL("({}, {})").format(sql.Literal(schema), sql.Literal(name))
+        for schema, name in tables
+    )
+    with server_errors():
+        rows = conn.execute(
+            sql.SQL(
+                "SELECT n.nspname, c.relname, pg_has_role(c.relowner, 'USAGE'),"
+                " c.relreplident::text,"
+                " EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),"
+                " has_table_privilege(c.oid, 'SELECT'), has_schema_privilege(n.oid, 'USAGE'),"
+                " row_security_active(c.oid),"
+                " (SELECT ic.relname FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid"
+                "  WHERE i.indrelid = c.oid AND i.indisunique AND i.indimmediate"
+                "  AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL"
+                "  AND NOT EXISTS (SELECT 1 FROM pg_attribute a"
+                "   WHERE a.attrelid = c.oid AND a.attnum = ANY(i.indkey) AND NOT a.attnotnull)"
+                "  ORDER BY i.indisprimary DESC, ic.relname LIMIT 1),"
+                " EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0"
+                "  AND NOT a.attisdropped AND a.attgenerated = 's'),"
+                " EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0"
+                "  AND NOT a.attisdropped AND a.attgenerated = 'v')"
+                " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE c.relkind IN ('r', 'p') AND (n.nspname, c.relname) IN ({})"
+            ).format(keys)
+        ).fetchall()
+    return {(row[0], row[1]): TableFacts(*row) for row in rows}
+
+
+def check_publication(
+    conn: psycopg.Connection,
+    publication: str,
+    tables: Sequence[TableFacts],
+    role: Role,
+    create: bool,
+    held_back: Sequence[TableFacts] = (),
+) -> list[CheckResult]:
+    """The publication exists, publishes every change kind and covers ``tables``.
+
+    With ``create`` it is created or extended when the role may: superusers, or owners of every
+    table (and of the publication, to extend it). Anything else gets the SQL to run.
+    ``held_back``: tables to capture that join only after their replica identity is fixed (see
+    :func:`check_replica_identity`); the publication is created for the others, if any.
+    """
+    name = sql.Identifier(publication)
+    row = _publication(conn, publication)
+    if row is None:
+        if not tables and not held_back:
+            return [
+                CheckResult(
+                    "publication",
+                    False,
+                    f"publication {publication!r} does not exist and there are no tables to "
+                    "create it for",
+                )
+            ]
+        statement = (
+            sql.SQL("CREATE PUBLICATION {} FOR TABLE {};").format(
+                name, sql.SQL(", ").join(table.identifier for table in tables)
+            )
+            if tables
+            else sql.SQL("CREATE PUBLICATION {};").format(name)
+        )
+        allowed = role.superuser or (all(t.owned for t in tables) and _can_create_in_db(conn))
+        return [
+            _provision(
+                conn,
+                statement,
+                create and allowed,
+                f"created publication {publication!r}",
+                f"publication {publication!r} does not exist",
+            )
+        ]
+    all_tables, owner_is_us, actions = row
+    results = []
+    unpublished = [a for a, on in zip(PUBLISH_ACTIONS, actions, strict=True) if not on]
+    if unpublished:
+        results.append(
+            CheckResult(
+                "publication",
+                False,
+                f"publication {publication!r} does not publish {', '.join(unpublished)}",
+                sql.SQL("ALTER PUBLICATION {} SET (publish = {});")
+                .format(name, sql.Literal(", ".join(PUBLISH_ACTIONS)))
+                .as_string(conn),
+            )
+        )
+    published = set(published_tables(conn, publication))
+    missing = [t for t in tables if (t.schema, t.name) not in published]
+    if all_tables or not missing:
+        results.append(
+            CheckResult("publication", True, f"publication {publication!r} covers the tables")
+        )
+        return results
+    statement = sql.SQL("ALTER PUBLICATION {} ADD TABLE {};").format(
+        name, sql.SQL(", ").join(table.identifier for table in missing)
+    )
+    allowed = role.superuser or (owner_is_us and all(t.owned for t in missing))
+    missing_names = ", ".join(t.qualified_name for t in missing)
+    results.append(
+        _provision(
+            conn,
+            statement,
+            create and allowed,
+            f"added {missing_names} to publication {publication!r}",
+            f"publication {publication!r} does not publish {missing_names}",
+        )
+    )
+    return results
+
+
+def check_select_privilege(
+    conn: psycopg.Connection, role: Role, tables: Sequence[TableFacts]
+) -> CheckResult:
+    denied = [t for t in tables if not t.can_select]
+    no_usage = sorted({t.schema for t in tables if not t.schema_usage})
+    if not denied and not no_usage:
+        return CheckResult("select privilege", True, f"role {role.name!r} can read every table")
+    grantee = sql.Identifier(role.name)
+    statements = [
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {};").format(sql.Identifier(schema), grantee)
+        for schema in no_usage
+    ]
+    if denied:
+        statements.append(
+            sql.SQL("GRANT SELECT ON {} TO {};").format(
+                sql.SQL(", ").join(t.identifier for t in denied), grantee
+            )
+        )
+    problems = [f"no SELECT on {t.qualified_name}" for t in denied]
+    problems += [f"no USAGE on schema {schema}" for schema in no_usage]
+    return CheckResult(
+        "select privilege",
+        False,
+        f"role {role.name!r} cannot read: {'; '.join(problems)}",
+        "\n".join(statement.as_string(conn) for statement in statements),
+    )
+
+
+def _provision(
+    conn: psycopg.Connection, statement: sql.Composed, run: bool, done: str, problem: str
+) -> CheckResult:
+    """Run ``statement`` if allowed to; otherwise, or if it fails, report it as the fix."""
+    text = statement.as_string(conn)
+    if not run:
+        return CheckResult("publication", False, problem, text)
+    try:
+        conn.execute(statement)
+    except psycopg.Error as exc:
+        return CheckResult("publication", False, f"{problem}; {server_message(exc)}", text)
+    return CheckResult("publication", True, done)
+
+
+def _publication(conn: psycopg.Connection, publication: str) -> tuple | None:
+    with server_errors():
+        return conn.execute(
+            sql.SQL(
+                "SELECT puballtables, pg_has_role(pubowner, 'USAGE'),"
+                " ARRAY[pubinsert, pubupdate, pubdelete, pubtruncate]"
+                " FROM pg_publication WHERE pubname = {}"
+            ).format(sql.Literal(publication))
+        ).fetchone()
+
+
+def published_tables(conn: psycopg.Connection, publication: str) -> list[tuple[str, str]]:
+    with server_errors():
+        rows = conn.execute(
+            sql.SQL(
+                "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = {}"
+                " ORDER BY schemaname, tablename"
+            ).format(sql.Literal(publication))
+        ).fetchall()
+    return [(schema, name) for schema, name in rows]
+
+
+def _can_create_in_db(conn: psycopg.Connection) -> bool:
+    with server_errors():
+        (allowed,) = conn.execute(
+            "SELECT has_database_privilege(current_database(), 'CREATE')"
+        ).fetchone()
+    return allowed
