@@ -295,72 +295,34 @@ def capture_once(
 
 def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> bool:
     """One attempt: slot, dropped tables, snapshot, stream. True: new tables, go again."""
-    options, totals, expected, stop = run.options, run.totals, run.expected, run.stop
+    options, totals, stop = run.options, run.totals, run.stop
     state: BronzeState | None = bronze.state()
-    frontier = state.frontier
     captured = {oid: (schema, name) for oid, (_, schema, name) in state.snapshots.items()}
+    _provide_slot(target, state.frontier, bool(captured))
+    survey = _survey(target, captured, run.expected)
     resync = state.resync
-    repl = connect_replication(target.conninfo)
-    try:
-        if frontier is not None or captured:
-            # Bronze relies on this slot: a new one would start after changes we never read.
-            try:
-                slot_state(repl, target.slot)
-            except SlotMissing as exc:
-                held = "snapshots" if frontier is None else f"changes up to {format_lsn(frontier)}"
-                raise SlotMissing(
-                    f"{exc}, but bronze holds {held} read through it: changes since are lost; "
-                    "start this source over (a new source name or bronze table)"
-                ) from None
-        ensure_slot(repl, target.slot)
-    finally:
-        repl.close()
-    known = {oid: PublishedTable(oid, *name) for oid, name in captured.items()}
-    known.update(expected)
-    conn = connect(target.conninfo)
-    try:
-        published = publication_tables(conn, target.publication)
-        gone = _dropped_tables(conn, sorted(known))
-        noticed_at = current_wal_lsn(conn) if gone else 0
-        leaves = leaf_partitions(conn, [t.oid for t in published if t.oid in captured])
-    finally:
-        conn.close()
-    moved = _repartitioned(bronze, leaves)
+    moved = _repartitioned(bronze, survey.leaves)
     if moved:
         # attached or detached partitions changed these tables' rows without a change message:
         # snapshot them again (a durable request, so a crash before the snapshot still does it)
-        bronze.request_resync([(oid, *captured[oid]) for oid in moved], frontier or 0)
+        bronze.request_resync([(oid, *captured[oid]) for oid in moved], state.frontier or 0)
         resync = resync | set(moved)
-        state = None
-    for oid in gone:
-        table = known[oid]
-        error = TableDropped(f"table {table_name(table)} (oid {oid}) was dropped")
-        if record_error(bronze, error, lsn=noticed_at, run_id=run_id, table=table):
+    for table in survey.gone:
+        error = TableDropped(f"table {table_name(table)} (oid {table.oid}) was dropped")
+        if record_error(bronze, error, lsn=survey.noticed_at, run_id=run_id, table=table):
             totals.table_errors[table_name(table)] = str(error)
-        expected.pop(oid, None)
-        state = None  # an error record may have taken the next batch id
+        run.expected.pop(table.oid, None)
+    if moved or survey.gone:
+        state = None  # a resync request or an error record took a batch id
     wanted = set(options.tables or ())
 
     def is_wanted(table: PublishedTable) -> bool:
         return not wanted or f"{table.schema}.{table.name}" in wanted
 
-    published = [t for t in published if is_wanted(t)]
+    published = [t for t in survey.published if is_wanted(t)]
     pending = [t for t in published if t.oid not in captured or t.oid in resync]
     if pending and not stop.is_set():
-        expected.update((t.oid, t) for t in pending)
-        landed = land_snapshot(
-            bronze,
-            target,
-            pending,
-            workers=options.workers,
-            run_id=run_id,
-            progress=options.progress,
-        )
-        totals.snapshotted.update(landed.counts)
-        totals.snapshot_lsn = landed.snapshot_lsn
-        totals.table_errors.update(landed.dropped)
-        for table in pending:
-            expected.pop(table.oid, None)
+        _snapshot(bronze, target, run, run_id, pending)
         state = None  # the snapshot added a batch
     if stop.is_set():
         return False
@@ -382,3 +344,73 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
     again = stream.new_tables
     stream.new_tables = False
     return again
+
+
+def _provide_slot(target: CaptureTarget, frontier: int | None, snapshotted: bool) -> None:
+    """The main slot, created if bronze holds nothing yet; bronze relies on it otherwise."""
+    repl = connect_replication(target.conninfo)
+    try:
+        if frontier is not None or snapshotted:
+            # A new slot would start after changes bronze never read.
+            try:
+                slot_state(repl, target.slot)
+            except SlotMissing as exc:
+                held = "snapshots" if frontier is None else f"changes up to {format_lsn(frontier)}"
+                raise SlotMissing(
+                    f"{exc}, but bronze holds {held} read through it: changes since are lost; "
+                    "start this source over (a new source name or bronze table)"
+                ) from None
+        ensure_slot(repl, target.slot)
+    finally:
+        repl.close()
+
+
+@dataclass(frozen=True)
+class _Survey:
+    """The source as an attempt finds it."""
+
+    published: list[PublishedTable]
+    gone: list[PublishedTable]
+    """Tables captured (or being snapshotted) that no longer exist."""
+    noticed_at: int
+    """The WAL position where ``gone`` was noticed (0: nothing gone)."""
+    leaves: dict[int, tuple[int, ...]]
+    """Leaf partitions of the captured partitioned tables."""
+
+
+def _survey(
+    target: CaptureTarget,
+    captured: dict[int, tuple[str, str]],
+    expected: dict[int, PublishedTable],
+) -> _Survey:
+    known = {oid: PublishedTable(oid, *name) for oid, name in captured.items()}
+    known.update(expected)
+    conn = connect(target.conninfo)
+    try:
+        published = publication_tables(conn, target.publication)
+        gone = _dropped_tables(conn, sorted(known))
+        noticed_at = current_wal_lsn(conn) if gone else 0
+        leaves = leaf_partitions(conn, [t.oid for t in published if t.oid in captured])
+    finally:
+        conn.close()
+    return _Survey(published, [known[oid] for oid in gone], noticed_at, leaves)
+
+
+def _snapshot(
+    bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str, pending: list[PublishedTable]
+) -> None:
+    """Snapshot ``pending``; ``run.expected`` names them until the snapshot is in."""
+    run.expected.update((t.oid, t) for t in pending)
+    landed = land_snapshot(
+        bronze,
+        target,
+        pending,
+        workers=run.options.workers,
+        run_id=run_id,
+        progress=run.options.progress,
+    )
+    run.totals.snapshotted.update(landed.counts)
+    run.totals.snapshot_lsn = landed.snapshot_lsn
+    run.totals.table_errors.update(landed.dropped)
+    for table in pending:
+        run.expected.pop(table.oid, None)
