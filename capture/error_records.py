@@ -33,7 +33,7 @@ def record_error(
     A table's error is recorded once per table; a source-wide one once per LSN. Returns
     whether a record was written.
     """
-    code = type(error).__name__
+    code = error.code
     oid = None if table is None else table.oid
     for known_code, known_oid, known_lsn in bronze.recorded_errors():
         if known_code == code and known_oid == oid and (oid is not None or known_lsn == lsn):

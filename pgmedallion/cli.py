@@ -247,7 +247,7 @@ def cmd_capture(config: Config, args: argparse.Namespace) -> int:
         )
         result = capture_once(bronze_of(spark, target), target, options)
     except PipelineError as e:
-        print(f"capture failed: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"capture failed: {e.code}: {e}", file=sys.stderr)
         return 1
     finally:
         bars.close()

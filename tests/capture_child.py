@@ -60,7 +60,7 @@ def main(spec_path: str) -> int:
         # no Spark: bronze is written by delta-rs, as a local capture does
         result = capture_once(bronze_of(None, target), target, options)
     except PipelineError as exc:
-        print(f"capture failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"capture failed: {exc.code}: {exc}", file=sys.stderr)
         return 1
     print(
         json.dumps(
