@@ -28,8 +28,19 @@ contract (``silver/__init__.py``) and writes, in the configured gold schema (all
     sample (JSON list of up to five failing rows), checked_at. Row rules count the distinct
     rows of the state the run recomputed (the touched keys; the whole table on a full build).
 
-Modules: ``build`` (the run, I/O, exactly-once), ``state`` (pure DataFrame transformations),
-``quality`` (rules, policies, ``GoldQualityError``), ``ge_suite`` (great_expectations suites
-for ``pgmedallion verify``), ``craft`` (silver-contract tables written by hand, for tests and
-benchmarks).
+Modules (each imports only those listed before it):
+
+``quality``     the rules, the policies, ``GoldQualityError``
+``state``       diffs to state: the pure DataFrame transformations (no reads, no writes)
+``history``     what a run starts from: silver's runs, frontiers, tables, errors and adjusted
+                values; what gold applied (its commits' tag) and last reported (``_frontier``)
+``plan``        one table's build: ``Table`` (resolved once), ``plan``, ``TableOutcome``
+``pruning``     what a run touches: untouched tables skipped, key ranges and key bitmaps
+                that skip gold's files and rows, broadcast hints, clustered full builds
+``table_io``    gold's Delta tables: schemas, creation, tagged idempotent commits, the MERGE
+``quarantine``  the quarantine table's rows and its write
+``reports``     quality records, and the report tables: ``write_frontier``, ``write_quality``
+``table``       one table brought to a silver run: new state, checks, commits
+``build``       the run: ``run_gold``, ``GoldResult``, exactly-once, tables built concurrently
+``ge_suite``    great_expectations suites for ``pgmedallion verify``
 """

@@ -31,11 +31,11 @@ from pyspark.sql import types as T
 from core.naming import quote
 from gold.quality import Rule
 
-LSN, DIFF, RUN = "_lsn", "_diff", "_run"
+LSN, DIFF, SILVER_RUN = "_lsn", "_diff", "_run"
 MULT, RULES, TO_GOLD, OP = "_multiplicity", "_rules", "_to_gold", "_op"
 OLD_GOLD = "_old_gold"
 UPSERT, DELETE, INSERT = "upsert", "delete", "insert"
-METADATA = (LSN, DIFF, RUN)
+METADATA = (LSN, DIFF, SILVER_RUN)
 
 
 def c(name: str, alias: str | None = None) -> Column:

@@ -1,0 +1,256 @@
+"""What a gold run starts from: silver's runs and frontiers, and the state gold already holds.
+
+Silver's side is read through its contract (``_progress``, ``_tables``, ``_errors``,
+``_adjustments``); gold's side from each gold table's Delta history (the newest commit tagged
+by ``gold.table_io.tagged_commit``) and from ``_frontier`` (what the last gold run reported).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from core.config import Config
+
+TAG = "pgmedallion_gold"  # the key of gold's JSON in its commits' ``userMetadata``
+SAMPLE_ROWS = 5
+HISTORY_FIRST = 20  # gold commits are looked for among this many newest commits first
+
+
+@dataclass(frozen=True)
+class SourceTable:
+    """One row of silver's ``_tables``."""
+
+    source: str
+    table_oid: int
+    table_schema: str
+    table_name: str
+    silver_table: str
+    primary_key: tuple[str, ...]
+    not_null: tuple[str, ...]
+    snapshot_run: int | None = None
+    """The silver run that rebuilt the table from its newest snapshot (see silver's
+    ``_tables``): gold is rebuilt in full from it, and errors of earlier runs are history."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.table_schema}.{self.table_name}"
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What a gold table holds, as its newest gold commit records it."""
+
+    silver_run: int
+    frontier: int
+    silver_frontier: int
+    quarantine_version: int | None
+    version: int
+    rows: int | None = None  # gold's own row accounting after the commit
+
+    @property
+    def held(self) -> bool:
+        return self.frontier < self.silver_frontier
+
+
+@dataclass(frozen=True)
+class ErrorSummary:
+    count: int = 0
+    first_lsn: int | None = None
+    sample: str = "[]"
+
+
+@dataclass(frozen=True)
+class Reported:
+    """A table's row of ``_frontier``: what the last gold run reported for it."""
+
+    silver_run: int
+    frontier: int
+    rows: int | None
+
+
+# --------------------------------------------------------------------------- silver
+
+
+def latest_progress(spark: SparkSession, cfg: Config) -> tuple[int, int] | None:
+    """Silver's latest completed run and its frontier for the source, or None."""
+    row = (
+        spark.table(cfg.qualified("silver", "_progress"))
+        .filter(F.col("source") == cfg.source.name)
+        .agg(F.max("run").alias("run"), F.max_by("frontier", "run").alias("frontier"))
+        .collect()[0]
+    )
+    return (int(row["run"]), int(row["frontier"])) if row["run"] is not None else None
+
+
+def read_tables(spark: SparkSession, cfg: Config) -> list[SourceTable]:
+    rows = (
+        spark.table(cfg.qualified("silver", "_tables"))
+        .filter((F.col("source") == cfg.source.name) & F.col("snapshot_lsn").isNotNull())
+        .orderBy("table_schema", "table_name")
+        .collect()
+    )
+    return [
+        SourceTable(
+            source=r["source"],
+            table_oid=int(r["table_oid"]),
+            table_schema=r["table_schema"],
+            table_name=r["table_name"],
+            silver_table=r["silver_table"],
+            primary_key=tuple(r["primary_key"] or ()),
+            not_null=tuple(r["not_null"] or ()),
+            snapshot_run=r.asDict().get("snapshot_run"),  # absent before resync existed
+        )
+        for r in rows
+    ]
+
+
+def read_errors(
+    spark: SparkSession, cfg: Config, frontier: int, since: dict[int, int] | None = None
+) -> dict[tuple, ErrorSummary]:
+    """Definite errors below the frontier, per ``(table_oid, table_schema, table_name)``;
+    ``since``: table OID -> the silver run that rebuilt it (its errors before are history)."""
+    errors = spark.table(cfg.qualified("silver", "_errors")).filter(
+        (F.col("source") == cfg.source.name) & (F.col("lsn") < frontier)
+    )
+    errors = _since(spark, errors, since)
+    sample = F.struct("lsn", "code", "column_name", "message", "run")
+    rows = (
+        errors.groupBy("table_oid", "table_schema", "table_name")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.min("lsn").alias("first_lsn"),
+            F.to_json(F.slice(F.sort_array(F.collect_list(sample)), 1, SAMPLE_ROWS)).alias("s"),
+        )
+        .collect()
+    )
+    return {
+        (r["table_oid"], r["table_schema"], r["table_name"]): ErrorSummary(
+            int(r["n"]), int(r["first_lsn"]), r["s"]
+        )
+        for r in rows
+    }
+
+
+def _since(spark: SparkSession, rows: DataFrame, since: dict[int, int] | None) -> DataFrame:
+    """``rows`` (with ``table_oid`` and ``run``) without those from before their table's
+    rebuild."""
+    if not since:
+        return rows
+    rebuilt = spark.createDataFrame(list(since.items()), "table_oid long, _since long")
+    joined = rows.join(F.broadcast(rebuilt), "table_oid", "left")
+    return joined.where(F.col("_since").isNull() | (F.col("run") >= F.col("_since"))).drop("_since")
+
+
+def read_adjustments(
+    spark: SparkSession, cfg: Config, silver_run: int, since: dict[int, int] | None = None
+) -> dict[int, ErrorSummary]:
+    """Values silver's runs up to ``silver_run`` adjusted by a declared policy (rounded
+    numerics, clamped or nulled infinities), per table OID: counted in ``_quality`` as
+    ``values_adjusted`` (always ``warn``: the user declared them)."""
+    name = cfg.qualified("silver", "_adjustments")
+    if not spark.catalog.tableExists(name):
+        return {}
+    sample = F.struct("column_name", "code", "count", "sample", "run")
+    adjustments = spark.table(name).where(
+        (F.col("source") == cfg.source.name) & (F.col("run") <= silver_run)
+    )
+    rows = (
+        _since(spark, adjustments, since)
+        .groupBy("table_oid")
+        .agg(
+            F.sum("count").alias("n"),
+            F.min("first_lsn").alias("first_lsn"),
+            F.to_json(F.slice(F.sort_array(F.collect_list(sample)), 1, SAMPLE_ROWS)).alias("s"),
+        )
+        .collect()
+    )
+    return {r["table_oid"]: ErrorSummary(int(r["n"]), r["first_lsn"], r["s"]) for r in rows}
+
+
+def errors_of(table: SourceTable, errors: dict[tuple, ErrorSummary]) -> ErrorSummary:
+    """The table's errors: matched by OID, or by name where silver knew no OID."""
+    found = [
+        e
+        for (oid, schema, name), e in errors.items()
+        if oid == table.table_oid
+        or (oid is None and (schema, name) == (table.table_schema, table.table_name))
+    ]
+    if not found:
+        return ErrorSummary()
+    first = min(found, key=lambda e: e.first_lsn)
+    return ErrorSummary(sum(e.count for e in found), first.first_lsn, first.sample)
+
+
+def touched_by_silver_runs(
+    spark: SparkSession, cfg: Config, after: int, silver_run: int
+) -> list[tuple[int, set[int] | None]]:
+    """Silver's runs in (``after``, ``silver_run``] with the tables each wrote something for
+    (None: a run made before ``_progress`` listed them, taken to touch every table)."""
+    progress = spark.table(cfg.qualified("silver", "_progress"))
+    if "tables" not in progress.columns:
+        return [(r, None) for r in range(after + 1, silver_run + 1)]
+    rows = (
+        progress.where(
+            (F.col("source") == cfg.source.name)
+            & (F.col("run") > after)
+            & (F.col("run") <= silver_run)
+        )
+        .select("run", "tables")
+        .collect()
+    )
+    return [(int(r["run"]), None if r["tables"] is None else set(r["tables"])) for r in rows]
+
+
+# --------------------------------------------------------------------------- gold
+
+
+def applied_state(spark: SparkSession, gold: str) -> Applied | None:
+    """The newest gold commit of ``gold``, from its Delta history (None: nothing applied).
+
+    The newest commits are looked at first (Delta reads one commit file per version of
+    history), the whole history only when none of them is gold's.
+    """
+    rows = []
+    for limit in (HISTORY_FIRST, None):
+        history = spark.sql(f"DESCRIBE HISTORY {gold}" + (f" LIMIT {limit}" if limit else ""))
+        rows = (
+            history.filter(F.col("userMetadata").contains(TAG))
+            .orderBy(F.col("version").desc())
+            .select("version", "userMetadata")
+            .limit(1)
+            .collect()
+        )
+        if rows:
+            break
+    if not rows:
+        return None
+    meta = json.loads(rows[0]["userMetadata"])[TAG]
+    return Applied(
+        silver_run=int(meta["silver_run"]),
+        frontier=int(meta["frontier"]),
+        silver_frontier=int(meta["silver_frontier"]),
+        quarantine_version=meta.get("quarantine_version"),
+        version=int(rows[0]["version"]),
+        rows=meta.get("rows"),
+    )
+
+
+def read_reported(spark: SparkSession, cfg: Config) -> dict[tuple[int, str], Reported]:
+    """``_frontier``'s rows of the source by ``(table_oid, gold_table)``."""
+    rows = (
+        spark.table(cfg.qualified("gold", "_frontier"))
+        .where(F.col("source") == cfg.source.name)
+        .select("table_oid", "gold_table", "silver_run", "frontier", "rows")
+        .collect()
+    )
+    return {
+        (int(r["table_oid"]), r["gold_table"]): Reported(
+            int(r["silver_run"]), int(r["frontier"]), r["rows"]
+        )
+        for r in rows
+        if r["silver_run"] is not None and r["frontier"] is not None
+    }

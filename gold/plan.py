@@ -1,0 +1,91 @@
+"""One gold table's build: what it works on (``Table``, resolved once), its ``plan``, and its
+outcome (``TableOutcome``, reported in ``_frontier`` and ``_quality``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from core.config import Config
+from gold.history import Applied, ErrorSummary, SourceTable
+from gold.quality import VALUES_ADJUSTED, QualityRecord, row_rules
+from gold.state import DIFF, LSN, METADATA, SILVER_RUN, c
+
+
+@dataclass
+class TableOutcome:
+    table: SourceTable
+    gold_table: str
+    policy: str
+    mode: str  # full | incremental | unchanged | held
+    frontier: int
+    silver_run: int
+    rows: int
+    quality: list[QualityRecord] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[QualityRecord]:
+        """The rules the table broke (values adjusted by a declared policy are only reported)."""
+        return [r for r in self.quality if r.failed and r.rule != VALUES_ADJUSTED]
+
+
+@dataclass
+class Table:
+    """Everything one table's build needs, resolved once."""
+
+    spark: SparkSession
+    cfg: Config
+    info: SourceTable
+    silver_run: int
+    silver_frontier: int
+    errors: ErrorSummary
+    adjusted: ErrorSummary = field(default_factory=ErrorSummary)
+    policy: str = ""
+    columns: list[T.StructField] = field(default_factory=list)
+    range_pred: Column | None = None  # touched keys' ranges, on gold's columns
+    range_pred_target: Column | None = None  # the same on the MERGE target alias ``t``
+    touched: int = 0  # how many keys the run touches
+
+    def __post_init__(self) -> None:
+        self.policy = self.cfg.policy(self.info.name).on_error
+        self.gold = self.cfg.qualified("gold", self.info.silver_table)
+        self.quarantine = self.cfg.qualified("gold", self.info.silver_table + "__quarantine")
+        self.silver = self.spark.table(self.cfg.qualified("silver", self.info.silver_table))
+        self.columns = [f for f in self.silver.schema.fields if f.name not in METADATA]
+        self.names = [f.name for f in self.columns]
+        self.keyed = bool(self.info.primary_key)
+        self.key = list(self.info.primary_key) if self.keyed else self.names
+        self.rules = row_rules(self.info.primary_key, self.info.not_null, self.policy)
+        held = self.policy == "quarantine" and self.errors.count
+        self.frontier = (
+            min(self.silver_frontier, self.errors.first_lsn) if held else self.silver_frontier
+        )
+        self.app_id = f"pgmedallion-gold-{self.info.source}-{self.info.silver_table}"
+
+    @property
+    def held(self) -> bool:
+        return self.frontier < self.silver_frontier
+
+    def updates(self, after_silver_run: int | None) -> DataFrame:
+        """Silver's diffs of the runs in (``after_silver_run``, ``silver_run``], below the
+        table's frontier."""
+        cond = F.col(SILVER_RUN) <= self.silver_run
+        if after_silver_run is not None:
+            cond = cond & (F.col(SILVER_RUN) > after_silver_run)
+        if self.held:
+            cond = cond & (F.col(LSN) < self.frontier)
+        return self.silver.filter(cond).select(*[c(n) for n in self.names], LSN, DIFF)
+
+
+def plan(applied: Applied | None, silver_run: int, frontier: int) -> str:
+    """``full``, ``incremental`` or ``unchanged`` for a table whose target frontier is given."""
+    if applied is None or silver_run < applied.silver_run or frontier < applied.frontier:
+        return "full"
+    if applied.held and frontier != applied.frontier:
+        return "full"  # rows held back below the old frontier live in runs already applied
+    if silver_run == applied.silver_run and frontier == applied.frontier:
+        return "unchanged"
+    return "incremental"

@@ -1,0 +1,157 @@
+"""Gold's reports: the quality records of a table, and the ``_frontier`` and ``_quality``
+tables they land in (see ``gold/__init__.py`` for their columns).
+
+Reports are written after every table of a run; a crash before them loses a report, never
+state (``gold/build.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from core.config import Config
+from gold.history import SAMPLE_ROWS, ErrorSummary
+from gold.plan import TableOutcome
+from gold.quality import QualityRecord, Rule
+from gold.state import MULT, RULES, TO_GOLD, c
+
+FRONTIER_SCHEMA = T.StructType(
+    [
+        T.StructField("source", T.StringType()),
+        T.StructField("table_oid", T.LongType()),
+        T.StructField("table_schema", T.StringType()),
+        T.StructField("table_name", T.StringType()),
+        T.StructField("gold_table", T.StringType()),
+        T.StructField("frontier", T.LongType()),
+        T.StructField("silver_run", T.LongType()),
+        T.StructField("rows", T.LongType()),
+        T.StructField("updated_at", T.TimestampType()),
+    ]
+)
+QUALITY_SCHEMA = T.StructType(
+    [
+        T.StructField("run", T.LongType()),  # the silver run
+        T.StructField("source", T.StringType()),
+        T.StructField("table", T.StringType()),
+        T.StructField("rule", T.StringType()),
+        T.StructField("policy", T.StringType()),
+        T.StructField("failed", T.LongType()),
+        T.StructField("passed", T.LongType()),
+        T.StructField("sample", T.StringType()),
+        T.StructField("checked_at", T.TimestampType()),
+    ]
+)
+
+
+def summary_record(table: str, rule: str, policy: str, summary: ErrorSummary) -> QualityRecord:
+    """A rule counted from a summary (definite errors, adjusted values): passed when none."""
+    return QualityRecord(
+        table,
+        rule,
+        policy,
+        failed=summary.count,
+        passed=0 if summary.count else 1,
+        sample=summary.sample,
+    )
+
+
+def count_rules(
+    checked: DataFrame, rules: Sequence[Rule], table: str, policy: str
+) -> tuple[list[QualityRecord], int, int]:
+    """Failed and passed row counts per rule, with up to five failing rows as JSON; how many
+    rows stay out of gold, and how many rows gold gets."""
+    to_gold = F.when(F.col(TO_GOLD) & (F.col(MULT) > 0), F.col(MULT)).otherwise(0)
+    aggs = [
+        F.count(F.lit(1)).alias("n"),
+        F.count_if(~F.col(TO_GOLD)).alias("held"),
+        F.sum(to_gold).alias("gold"),
+    ]
+    for i, rule in enumerate(rules):
+        aggs.append(F.count_if(F.array_contains(F.col(RULES), rule.name)).alias(f"f{i}"))
+    counts = checked.agg(*aggs).collect()[0]
+    records = []
+    payload = [c(n) for n in checked.columns if n not in (RULES, TO_GOLD)]
+    for i, rule in enumerate(rules):
+        failed = int(counts[f"f{i}"])
+        sample = "[]"
+        if failed:
+            rows = (
+                checked.filter(F.array_contains(F.col(RULES), rule.name))
+                .select(F.to_json(F.struct(*payload)).alias("j"))
+                .limit(SAMPLE_ROWS)
+                .collect()
+            )
+            sample = "[" + ",".join(r["j"] for r in rows) + "]"
+        records.append(
+            QualityRecord(table, rule.name, policy, failed, int(counts["n"]) - failed, sample)
+        )
+    return records, int(counts["held"]), int(counts["gold"] or 0)
+
+
+def ensure_report_tables(spark: SparkSession, cfg: Config) -> None:
+    """The gold schema, ``_frontier`` and ``_quality``, created when missing."""
+    spark.sql(f"CREATE SCHEMA IF NOT EXISTS {cfg.qualified('gold', '')}")
+    from delta.tables import DeltaTable
+
+    for name, schema in (("_frontier", FRONTIER_SCHEMA), ("_quality", QUALITY_SCHEMA)):
+        DeltaTable.createIfNotExists(spark).tableName(cfg.qualified("gold", name)).addColumns(
+            schema
+        ).execute()
+
+
+def write_frontier(
+    spark: SparkSession, cfg: Config, outcomes: Sequence[TableOutcome], now: datetime
+) -> None:
+    """Replace the source's rows of ``_frontier`` by one row per outcome."""
+    frontier = [
+        (
+            o.table.source,
+            o.table.table_oid,
+            o.table.table_schema,
+            o.table.table_name,
+            o.gold_table,
+            o.frontier,
+            o.silver_run,
+            o.rows,
+            now,
+        )
+        for o in outcomes
+    ]
+    # One atomic commit replacing this source's rows. (A DataFrameWriterV2 overwrite: the V1
+    # saveAsTable overwrite also asks the Hive metastore to alter the table, which it refuses.)
+    spark.createDataFrame(frontier, FRONTIER_SCHEMA).writeTo(
+        cfg.qualified("gold", "_frontier")
+    ).overwrite(F.col("source") == F.lit(cfg.source.name))
+
+
+def write_quality(
+    spark: SparkSession,
+    cfg: Config,
+    silver_run: int,
+    outcomes: Sequence[TableOutcome],
+    now: datetime,
+) -> None:
+    """Append the outcomes' quality records to ``_quality`` (its ``run``: ``silver_run``)."""
+    quality = [
+        (silver_run, o.table.source, r.table, r.rule, r.policy, r.failed, r.passed, r.sample, now)
+        for o in outcomes
+        for r in o.quality
+    ]
+    if quality:
+        spark.createDataFrame(quality, QUALITY_SCHEMA).write.format("delta").mode(
+            "append"
+        ).saveAsTable(cfg.qualified("gold", "_quality"))
+
+
+def write_reports(
+    spark: SparkSession, cfg: Config, silver_run: int, outcomes: Sequence[TableOutcome]
+) -> None:
+    """Replace the source's rows of ``_frontier``; append this run's rows to ``_quality``."""
+    now = datetime.now(UTC).replace(tzinfo=None)
+    write_frontier(spark, cfg, outcomes, now)
+    write_quality(spark, cfg, silver_run, outcomes, now)

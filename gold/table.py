@@ -1,0 +1,251 @@
+"""One gold table brought to a silver run's frontier: plan, new state, checks, commits.
+
+``build_table`` resolves the table once (``Table``), reads what gold already applied from its
+history, plans ``full``, ``incremental`` or ``unchanged`` (``plan``), computes the new state
+(all of silver for a full build; the touched keys' old state plus silver's new diffs for an
+increment: ``incremental_state``), checks the rules, and writes the quarantine, then gold in
+one tagged, idempotent commit (see ``gold/build.py`` for exactly-once).
+"""
+
+from __future__ import annotations
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from core.config import Config
+from core.failpoints import failpoint
+from gold.history import Applied, ErrorSummary, Reported, SourceTable, applied_state
+from gold.plan import Table, TableOutcome, plan
+from gold.pruning import clustered, comparable, key_ranges, small
+from gold.quality import NO_DEFINITE_ERRORS, VALUES_ADJUSTED, QualityRecord, row_rules
+from gold.quarantine import write_quarantine
+from gold.reports import count_rules, summary_record
+from gold.state import (
+    DIFF,
+    LSN,
+    MULT,
+    OLD_GOLD,
+    TO_GOLD,
+    c,
+    check,
+    consolidate,
+    expand,
+    merge_operations,
+    null_safe_join,
+)
+from gold.table_io import (
+    create_table,
+    gold_schema,
+    merge_gold,
+    plain_name,
+    same_columns,
+    table_exists,
+    tagged_commit,
+)
+
+
+def build_table(
+    spark: SparkSession,
+    cfg: Config,
+    info: SourceTable,
+    silver_run: int,
+    frontier: int,
+    errors: ErrorSummary,
+    *,
+    applied_override: Applied | None | str = "discover",
+    adjusted: ErrorSummary | None = None,
+    exists: bool | None = None,
+) -> TableOutcome:
+    """Bring one gold table to ``silver_run`` at ``frontier`` (or hold it; see module doc).
+
+    ``applied_override`` replaces what the gold history says was applied (tests use it to act
+    as a run whose bookkeeping was lost); Delta's idempotent writes must then skip the commit.
+    """
+    t = Table(spark, cfg, info, silver_run, frontier, errors, adjusted or ErrorSummary())
+    errors_record = summary_record(info.name, NO_DEFINITE_ERRORS, t.policy, errors)
+    _ensure_gold(t, exists)
+    applied = applied_state(spark, t.gold) if applied_override == "discover" else applied_override
+    mode = _mode(t, applied)
+    if mode == "unchanged":
+        untouched = [QualityRecord(info.name, r.name, t.policy, 0, 0) for r in t.rules]
+        return _outcome(t, applied, mode, [errors_record, *untouched])
+    state, affected, quarantine_old, old_rows = (
+        (consolidate(t.updates(None), t.names), None, 0, 0)
+        if mode == "full"
+        else incremental_state(t, applied)
+    )
+    checked = check(state, t.rules, info.primary_key, t.policy)
+    checked = (
+        checked.localCheckpoint()
+        if affected is not None
+        else checked.persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    try:
+        counted, quarantined, gold_rows = count_rules(checked, t.rules, info.name, t.policy)
+        records = [errors_record] + counted
+        if t.policy == "fail" and any(r.failed for r in records):
+            return _outcome(t, applied, "held", records)
+        idempotent = applied is None or silver_run > applied.silver_run
+        version = silver_run if idempotent else None
+        q_version = write_quarantine(
+            t, checked, affected, applied, quarantined, quarantine_old, version
+        )
+        rows = gold_rows + (applied.rows - old_rows if affected is not None else 0)
+        _write_gold(t, checked, affected, mode, q_version, rows, gold_rows, version)
+    finally:
+        checked.unpersist()
+    now = Applied(  # what the commit just made (or, skipped as done, had made) records
+        silver_run=silver_run,
+        frontier=t.frontier,
+        silver_frontier=frontier,
+        quarantine_version=q_version,
+        version=-1,
+        rows=rows,
+    )
+    return _outcome(t, now, mode, records)
+
+
+def _mode(t: Table, applied: Applied | None) -> str:
+    """``plan``'s mode, made ``full`` where an increment cannot be built: silver rebuilt the
+    table from a new snapshot since gold's last run, its key cannot be compared (a map), or
+    gold's commit has no row accounting."""
+    mode = plan(applied, t.silver_run, t.frontier)
+    if mode != "incremental":
+        return mode
+    if (t.info.snapshot_run or -1) > applied.silver_run:
+        return "full"
+    if not comparable(t.columns, t.key) or applied.rows is None:
+        return "full"
+    return mode
+
+
+def _ensure_gold(t: Table, exists: bool | None) -> None:
+    """The gold table with the silver table's columns: created, or recreated (and its
+    quarantine dropped) when the columns changed."""
+    schema = gold_schema(t.columns)
+    if exists is None:
+        exists = table_exists(t.spark, t.gold)
+    if exists and not same_columns(t.spark, t.gold, schema):
+        t.spark.sql(f"DROP TABLE {t.gold}")
+        t.spark.sql(f"DROP TABLE IF EXISTS {t.quarantine}")
+        exists = False
+    if not exists:
+        create_table(t.spark, t.gold, schema)
+
+
+def _write_gold(
+    t: Table,
+    checked: DataFrame,
+    affected: DataFrame | None,
+    mode: str,
+    q_version: int | None,
+    rows: int,
+    gold_rows: int,
+    version: int | None,
+) -> None:
+    """The gold commit: an overwrite (full build) or one MERGE, tagged with what it applies."""
+    meta = {
+        "source": t.info.source,
+        "silver_run": t.silver_run,
+        "frontier": t.frontier,
+        "silver_frontier": t.silver_frontier,
+        "quarantine_version": q_version,
+        "mode": mode,
+        "rows": rows,
+    }
+    with tagged_commit(t.spark, meta, t.app_id, version):
+        if affected is None:
+            new = expand(checked.filter(F.col(TO_GOLD) & (F.col(MULT) > 0)))
+            new = clustered(new.select(*[c(n) for n in t.names], LSN), t, gold_rows)
+            new.writeTo(t.gold).overwrite(F.lit(True))
+        else:
+            merge_gold(t, merge_operations(checked, affected, t.key, t.names))
+    failpoint("gold.after_table")
+
+
+def _outcome(t: Table, applied: Applied | None, mode: str, records: list) -> TableOutcome:
+    records = [*records, summary_record(t.info.name, VALUES_ADJUSTED, "warn", t.adjusted)]
+    return TableOutcome(
+        table=t.info,
+        gold_table=plain_name(t.cfg, "gold", t.info.silver_table),
+        policy=t.policy,
+        mode=mode,
+        frontier=applied.frontier if applied else 0,
+        silver_run=applied.silver_run if applied else 0,
+        rows=_rows(t.spark, t.gold, applied),
+        quality=records,
+    )
+
+
+def _rows(spark: SparkSession, gold: str, applied: Applied | None) -> int:
+    """Gold's row count as its commits account for it (no scan); counted only without one."""
+    if applied is not None and applied.rows is not None:
+        return int(applied.rows)
+    return spark.table(gold).count()
+
+
+def incremental_state(t: Table, applied: Applied) -> tuple[DataFrame, DataFrame, int, int]:
+    """New state of the touched keys, the touched keys with gold's row count for each, how
+    many quarantined rows they had, and how many gold rows."""
+    spark = t.spark
+    updates = t.updates(applied.silver_run)
+    # Checkpointed: the touched keys are read several times below, silver once.
+    keys = updates.select(*[c(k) for k in t.key]).distinct().localCheckpoint()
+    t.range_pred, t.range_pred_target, t.touched = key_ranges(t, keys)
+    old_gold = null_safe_join(
+        spark.table(t.gold).filter(t.range_pred), small(t, keys), t.key, "left_semi"
+    )
+    old_gold = old_gold.select(*[c(n) for n in t.names], LSN, F.lit(1).cast("bigint").alias(DIFF))
+    old_gold = old_gold.localCheckpoint()
+    old_rows = old_gold.count()
+    counts = old_gold.groupBy(*[c(k) for k in t.key]).agg(F.count(F.lit(1)).alias(OLD_GOLD))
+    affected = null_safe_join(keys, counts, t.key, "left").fillna(0, [OLD_GOLD])
+    parts = [updates, old_gold]
+    quarantine_old = 0
+    if applied.quarantine_version is not None:
+        version = int(applied.quarantine_version)
+        old_q = spark.sql(f"SELECT * FROM {t.quarantine} VERSION AS OF {version}")
+        old_q = null_safe_join(old_q.filter(t.range_pred), small(t, keys), t.key, "left_semi")
+        old_q = old_q.select(*[c(n) for n in t.names], LSN, F.col(MULT).alias(DIFF))
+        old_q = old_q.localCheckpoint()
+        quarantine_old = old_q.count()
+        parts.append(old_q)
+    union = parts[0]
+    for p in parts[1:]:
+        union = union.unionByName(p)
+    return consolidate(union, t.names), affected, quarantine_old, old_rows
+
+
+def untouched_outcome(
+    cfg: Config,
+    info: SourceTable,
+    silver_run: int,
+    frontier: int,
+    errors: ErrorSummary,
+    adjusted: ErrorSummary | None,
+    reported: Reported,
+) -> TableOutcome:
+    """The outcome of a table no silver run since its last gold run wrote anything for: its
+    gold table holds its state at the new frontier as it is, so nothing is read or written
+    (``_frontier`` records the new frontier)."""
+    policy = cfg.policy(info.name).on_error
+    held = policy == "quarantine" and errors.count
+    records = [
+        summary_record(info.name, NO_DEFINITE_ERRORS, policy, errors),
+        *[
+            QualityRecord(info.name, r.name, policy, 0, 0)
+            for r in row_rules(info.primary_key, info.not_null, policy)
+        ],
+        summary_record(info.name, VALUES_ADJUSTED, "warn", adjusted or ErrorSummary()),
+    ]
+    return TableOutcome(
+        table=info,
+        gold_table=plain_name(cfg, "gold", info.silver_table),
+        policy=policy,
+        mode="unchanged",
+        frontier=min(frontier, errors.first_lsn) if held else frontier,
+        silver_run=silver_run,
+        rows=int(reported.rows or 0),
+        quality=records,
+    )
