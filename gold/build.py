@@ -66,6 +66,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from core.config import Config
+from core.expectations import quality_frame
 from core.failpoints import failpoint
 from core.naming import COLUMN_MAPPING, quote
 from core.parallel import concurrently
@@ -904,9 +905,9 @@ def write_reports(
         for r in o.quality
     ]
     if quality:
-        spark.createDataFrame(quality, QUALITY_SCHEMA).write.format("delta").mode(
-            "append"
-        ).saveAsTable(cfg.qualified("gold", "_quality"))
+        quality_frame(spark, quality).write.format("delta").mode("append").saveAsTable(
+            cfg.qualified("gold", "_quality")
+        )
 
 
 @dataclass(frozen=True)
