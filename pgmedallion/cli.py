@@ -44,7 +44,8 @@ def cmd_postgres(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_sdp(config: Config, args: argparse.Namespace) -> int:
-    from marts.runner import run_pipeline
+    from marts import GOLD_SCHEMA_KEY
+    from marts.runner import format_quality, run_pipeline
 
     definitions = [Path(d) for d in args.definitions]
     missing = [str(d) for d in definitions if not d.is_dir()]
@@ -56,12 +57,17 @@ def cmd_sdp(config: Config, args: argparse.Namespace) -> int:
         state_dir=config.state_dir,
         name=config.source.name,
         schema=args.schema or config.lakehouse.gold_schema,
+        configuration={GOLD_SCHEMA_KEY: config.lakehouse.gold_schema},
+        source=config.source.name,
         full_refresh=args.full_refresh,
         echo=True,
     )
     if not result.ok:
         print(f"pipeline run failed:\n{result.failure()}", file=sys.stderr)
         return 1
+    if result.quality:
+        print("expectations:")
+        print(format_quality(result.quality))
     return 0
 
 
@@ -328,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     capture.set_defaults(func=cmd_capture)
 
     run = sub.add_parser(
-        "run", help="one pipeline run: capture -> bronze -> silver -> gold", parents=[common]
+        "run", help="one pipeline run: capture, silver, gold, marts", parents=[common]
     )
     run.add_argument(
         "--stage", choices=["all", "capture", "silver", "gold", "marts"], default="all"
