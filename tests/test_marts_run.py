@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from core.config import load_config
 from tests.conftest import STATE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,6 +20,20 @@ ROOT = Path(__file__).resolve().parents[1]
 def _child_env() -> dict[str, str]:
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     return {**os.environ, "PYTHONPATH": path}
+
+
+def test_marts_folder_is_relative_to_the_config_file(tmp_path):
+    conf = tmp_path / "conf" / "pgmedallion.toml"
+    conf.parent.mkdir()
+    conf.write_text('[lakehouse]\nmarts = "marts/shop"\nmarts_schema = "shop_marts"\n')
+    loaded = load_config(conf, env={})
+    assert loaded.lakehouse.marts == str(tmp_path / "conf" / "marts" / "shop")
+    assert loaded.lakehouse.marts_schema == "shop_marts"
+    assert loaded.qualified("marts", "_quality") == "`shop_marts`.`_quality`"
+    # A variable names a folder relative to the working directory, as given.
+    assert load_config(conf, env={"PGMEDALLION_LAKEHOUSE_MARTS": "m"}).lakehouse.marts == "m"
+    (tmp_path / "empty.toml").write_text("")
+    assert load_config(tmp_path / "empty.toml", env={}).lakehouse.marts == ""
 
 
 def test_a_run_without_marts_imports_and_starts_nothing_for_them():
