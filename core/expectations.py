@@ -44,6 +44,7 @@ from core.spark import on_databricks
 
 WARN, DROP, FAIL = "warn", "drop", "fail"
 _RULES_ATTR = "__pgmedallion_expectations__"
+_OFFENDING = "__pgmedallion_offending_row__"
 
 
 @dataclass(frozen=True)
@@ -107,19 +108,21 @@ def apply_expectations(df: DataFrame, rules: list[Expectation]) -> DataFrame:
         if rule.action == DROP:
             df = df.filter(rule.passes())
         elif rule.action == FAIL:
-            offending = F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns]))
+            # The row as JSON, by a star in a projection: a pipeline's query function may not
+            # analyse its DataFrame (``df.columns``: ATTEMPT_ANALYSIS_IN_PIPELINE_QUERY_FUNCTION).
             # A filter keeps raise_error in the plan; a projected column could be pruned away.
+            df = df.withColumn(_OFFENDING, F.to_json(F.struct(F.col("*"))))
             df = df.filter(
                 F.when(
                     ~rule.passes(),
                     F.raise_error(
                         F.concat(
                             F.lit(f"expectation '{rule.name}' failed ({rule.condition}) on row "),
-                            offending,
+                            F.col(_OFFENDING),
                         )
                     ),
                 ).otherwise(F.lit(True))
-            )
+            ).drop(_OFFENDING)
     return df
 
 
