@@ -141,7 +141,9 @@ def main(argv: list[str]) -> int:
             register_definitions(spec_path, registry, spec, spark, graph_id)
         for event in _events(spark, graph_id, args.storage, args.full_refresh):
             when = event.timestamp.ToDatetime().replace(tzinfo=UTC)
-            print(f"{when:%Y-%m-%d %H:%M:%S} {event.message}", flush=True)
+            # One line per event: a failure's message carries its error on further lines.
+            message = " ".join(event.message.split())
+            print(f"{when:%Y-%m-%d %H:%M:%S} {message}", flush=True)
             if event.message.startswith("Run is "):
                 status = event.message.removeprefix("Run is ").rstrip(".")
             if (flow := completed_flow(event.message)) is not None:
