@@ -24,6 +24,9 @@
     bronze_schema = "pgm_bronze"
     silver_schema = "pgm_silver"
     gold_schema = "pgm_gold"
+    marts = ""                     # a folder of declarative marts over gold (e.g. "marts/shop"),
+                                   # relative to this file; empty: no marts (`run` skips them)
+    marts_schema = "pgm_marts"     # where the marts and their `_quality` table are written
 
     [tables."public.orders"]
     on_error = "fail"              # fail | quarantine | warn  (gold's policy for definite errors)
@@ -202,6 +205,11 @@ class LakehouseConfig:
     bronze_schema: str = "pgm_bronze"
     silver_schema: str = "pgm_silver"
     gold_schema: str = "pgm_gold"
+    marts: str = ""
+    """A folder of Spark Declarative Pipelines definitions run after gold ("": none). Relative
+    to the config file when it is read from one (a ``PGMEDALLION_LAKEHOUSE_MARTS`` variable:
+    relative to the working directory)."""
+    marts_schema: str = "pgm_marts"
 
 
 @dataclass(frozen=True)
@@ -296,6 +304,9 @@ def load_config(path: Path | str | None = None, env: Mapping[str, str] | None = 
         raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")
     source = _section(SourceConfig, "source", raw.get("source", {}), env)
     lakehouse = _section(LakehouseConfig, "lakehouse", raw.get("lakehouse", {}), env)
+    marts_from_file = "PGMEDALLION_LAKEHOUSE_MARTS" not in env
+    if lakehouse.marts and path is not None and marts_from_file:
+        lakehouse = replace(lakehouse, marts=str(Path(path).parent.absolute() / lakehouse.marts))
     for key in ("name", "publication", "slot"):
         if not _NAME.match(getattr(source, key)):
             raise ConfigError(

@@ -20,24 +20,31 @@ Lakeflow's semantics in the plan itself:
 A rule *fails* a row when its SQL condition is false or NULL. The per-rule counts of passing
 and failing rows land in a companion materialized view ``<dataset>_quality`` with columns
 ``dataset, rule, action, passed, failed`` recomputed by every update, the local stand-in for
-Lakeflow's event log. Expectations go on materialized views: a streaming table's input cannot be
-re-read as a batch to count it, so ``table`` refuses them locally rather than count nothing.
+Lakeflow's event log. After a local pipeline run those counts are appended, like gold's rule
+results, to the pipeline schema's ``_quality`` table in the one quality format of the project,
+:data:`QUALITY_SCHEMA` (see :func:`quality_rows`).
+
+Expectations go on materialized views: a streaming table's input cannot be re-read as a batch to
+count it, so ``table`` refuses them locally rather than count nothing.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from core.spark import on_databricks
 
 WARN, DROP, FAIL = "warn", "drop", "fail"
 _RULES_ATTR = "__pgmedallion_expectations__"
+_OFFENDING = "__pgmedallion_offending_row__"
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,47 @@ class Expectation:
         return F.coalesce(F.expr(self.condition), F.lit(False))
 
 
+QUALITY_SCHEMA = T.StructType(
+    [
+        T.StructField("run", T.LongType()),
+        T.StructField("source", T.StringType()),
+        T.StructField("table", T.StringType()),
+        T.StructField("rule", T.StringType()),
+        T.StructField("policy", T.StringType()),
+        T.StructField("failed", T.LongType()),
+        T.StructField("passed", T.LongType()),
+        T.StructField("sample", T.StringType()),
+        T.StructField("checked_at", T.TimestampType()),
+    ]
+)
+"""One rule's outcome on one table (or dataset) in one run: the rows of gold's ``_quality`` and
+of a declarative pipeline's ``_quality`` alike. ``policy`` is warn, drop or fail for an
+expectation (gold's tables: their ``on_error``, fail, quarantine or warn); ``sample`` a JSON
+array of failing rows (``"[]"`` when none are kept); ``checked_at`` UTC."""
+
+
+def quality_frame(spark: SparkSession, rows: Iterable[tuple]) -> DataFrame:
+    """Rows ``(run, source, table, rule, policy, failed, passed, sample, checked_at)`` as a
+    DataFrame of :data:`QUALITY_SCHEMA`, ready to append to a ``_quality`` table."""
+    return spark.createDataFrame(list(rows), QUALITY_SCHEMA)
+
+
+def quality_rows(counts: DataFrame, *, run: int, source: str, checked_at: datetime) -> DataFrame:
+    """A ``<dataset>_quality`` view's counts (:func:`quality_counts`) in :data:`QUALITY_SCHEMA`:
+    ``table`` is the dataset, ``policy`` the rule's action; no sample is kept (``"[]"``)."""
+    return counts.select(
+        F.lit(run).cast("long").alias("run"),
+        F.lit(source).alias("source"),
+        F.col("dataset").alias("table"),
+        F.col("rule"),
+        F.col("action").alias("policy"),
+        F.col("failed").cast("long").alias("failed"),
+        F.col("passed").cast("long").alias("passed"),
+        F.lit("[]").alias("sample"),
+        F.lit(checked_at).cast("timestamp").alias("checked_at"),
+    )
+
+
 def rules_of(fn: Callable) -> list[Expectation]:
     return list(getattr(fn, _RULES_ATTR, []))
 
@@ -60,19 +108,21 @@ def apply_expectations(df: DataFrame, rules: list[Expectation]) -> DataFrame:
         if rule.action == DROP:
             df = df.filter(rule.passes())
         elif rule.action == FAIL:
-            offending = F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns]))
+            # The row as JSON, by a star in a projection: a pipeline's query function may not
+            # analyse its DataFrame (``df.columns``: ATTEMPT_ANALYSIS_IN_PIPELINE_QUERY_FUNCTION).
             # A filter keeps raise_error in the plan; a projected column could be pruned away.
+            df = df.withColumn(_OFFENDING, F.to_json(F.struct(F.col("*"))))
             df = df.filter(
                 F.when(
                     ~rule.passes(),
                     F.raise_error(
                         F.concat(
                             F.lit(f"expectation '{rule.name}' failed ({rule.condition}) on row "),
-                            offending,
+                            F.col(_OFFENDING),
                         )
                     ),
                 ).otherwise(F.lit(True))
-            )
+            ).drop(_OFFENDING)
     return df
 
 

@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from core.config import Config
+from core.expectations import QUALITY_SCHEMA, quality_frame
 from gold.history import SAMPLE_ROWS, ErrorSummary
 from gold.plan import TableOutcome
 from gold.quality import QualityRecord, Rule
@@ -31,19 +32,6 @@ FRONTIER_SCHEMA = T.StructType(
         T.StructField("silver_run", T.LongType()),
         T.StructField("rows", T.LongType()),
         T.StructField("updated_at", T.TimestampType()),
-    ]
-)
-QUALITY_SCHEMA = T.StructType(
-    [
-        T.StructField("run", T.LongType()),  # the silver run
-        T.StructField("source", T.StringType()),
-        T.StructField("table", T.StringType()),
-        T.StructField("rule", T.StringType()),
-        T.StructField("policy", T.StringType()),
-        T.StructField("failed", T.LongType()),
-        T.StructField("passed", T.LongType()),
-        T.StructField("sample", T.StringType()),
-        T.StructField("checked_at", T.TimestampType()),
     ]
 )
 
@@ -143,9 +131,9 @@ def write_quality(
         for r in o.quality
     ]
     if quality:
-        spark.createDataFrame(quality, QUALITY_SCHEMA).write.format("delta").mode(
-            "append"
-        ).saveAsTable(cfg.qualified("gold", "_quality"))
+        quality_frame(spark, quality).write.format("delta").mode("append").saveAsTable(
+            cfg.qualified("gold", "_quality")
+        )
 
 
 def write_reports(

@@ -44,7 +44,8 @@ def cmd_postgres(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_sdp(config: Config, args: argparse.Namespace) -> int:
-    from pgmedallion.sdp import run_pipeline
+    from marts import GOLD_SCHEMA_KEY
+    from marts.runner import format_quality, run_pipeline
 
     definitions = [Path(d) for d in args.definitions]
     missing = [str(d) for d in definitions if not d.is_dir()]
@@ -56,12 +57,17 @@ def cmd_sdp(config: Config, args: argparse.Namespace) -> int:
         state_dir=config.state_dir,
         name=config.source.name,
         schema=args.schema or config.lakehouse.gold_schema,
+        configuration={GOLD_SCHEMA_KEY: config.lakehouse.gold_schema},
+        source=config.source.name,
         full_refresh=args.full_refresh,
         echo=True,
     )
     if not result.ok:
         print(f"pipeline run failed:\n{result.failure()}", file=sys.stderr)
         return 1
+    if result.quality:
+        print("expectations:")
+        print(format_quality(result.quality))
     return 0
 
 
@@ -111,6 +117,11 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
         spark = SparkStarter(config.state_dir) if stages != ("capture",) else None
         if resync and not _request_resync(None, config, resync):
             return 2
+    elif stages == ("marts",):
+        if not config.lakehouse.marts:
+            print("run: no marts are configured ([lakehouse] marts)", file=sys.stderr)
+            return 2
+        spark = None  # the marts run in a JVM of their own
     else:
         spark = get_spark(config.state_dir)
         if resync and not _request_resync(spark, config, resync):
@@ -131,6 +142,9 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
     except Exception as e:
         if type(e).__name__ == "GoldQualityError":
             print(f"gold quality failed: {e}", file=sys.stderr)
+            return 1
+        if type(e).__name__ == "MartsError":
+            print(f"marts failed: {e}", file=sys.stderr)
             return 1
         raise
     finally:
@@ -154,6 +168,11 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
         for t in result.gold.tables:
             name = f"{t.table.table_schema}.{t.table.table_name}"
             print(f"gold: {name}: {t.rows} rows at {format_lsn(t.frontier)} ({t.mode})")
+    if result.marts is not None:
+        from marts.runner import format_quality
+
+        print(f"marts: updated {config.lakehouse.marts_schema}; expectations:")
+        print(format_quality(result.marts.quality))
     return 0
 
 
@@ -314,9 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
     capture.set_defaults(func=cmd_capture)
 
     run = sub.add_parser(
-        "run", help="one pipeline run: capture -> bronze -> silver -> gold", parents=[common]
+        "run", help="one pipeline run: capture, silver, gold, marts", parents=[common]
     )
-    run.add_argument("--stage", choices=["all", "capture", "silver", "gold"], default="all")
+    run.add_argument(
+        "--stage", choices=["all", "capture", "silver", "gold", "marts"], default="all"
+    )
     run.add_argument("--continuous", action="store_true", help="keep capturing until interrupted")
     run.add_argument("--skip-doctor", action="store_true", help="skip the preflight checks")
     run.add_argument(

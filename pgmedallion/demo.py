@@ -14,9 +14,12 @@ from pathlib import Path
 
 import psycopg
 
+import marts
 from core.config import Config
 
 DEMO_DB = "shop"
+DEMO_MARTS = Path(marts.__file__).parent / "demo"
+"""The demo's marts (revenue per day, orders per status) over its gold tables."""
 PUBLICATION = "pgmedallion"
 TABLES = ("public.customers", "public.products", "public.orders", 'public."OrderItems"')
 
@@ -191,7 +194,8 @@ def demo_config(config: Config, pg) -> Config:
         slot="pgmedallion_demo",
         tables=(),
     )
-    return replace(config, source=source)
+    lakehouse = replace(config.lakehouse, marts=str(DEMO_MARTS))
+    return replace(config, source=source, lakehouse=lakehouse)
 
 
 def run_demo(config: Config) -> int:
@@ -220,6 +224,7 @@ def demo_marker(config: Config):
 
 def _demo(config: Config, pg) -> int:
     from core.spark import get_spark
+    from marts.runner import MartsError, format_quality, stop_local_spark
     from pgmedallion.pipeline import run_stages, stage_spinner
     from pgmedallion.status import format_rows, status_report
     from pgmedallion.verify import verify
@@ -233,18 +238,20 @@ def _demo(config: Config, pg) -> int:
             print(f"  {table:<24} {n:>7} rows")
 
     spark = get_spark(config.state_dir)
-    for layer in ("bronze", "silver", "gold"):  # the demo starts from scratch
+    for layer in ("bronze", "silver", "gold", "marts"):  # the demo starts from scratch
         schema = getattr(cfg.lakehouse, f"{layer}_schema")
         spark.sql(f"DROP SCHEMA IF EXISTS `{schema}` CASCADE")
         # bronze written by a capture without Spark is an external table: its files stay
         stale = Path(cfg.state_dir) / "warehouse" / f"{schema.lower()}.db"
         shutil.rmtree(stale, ignore_errors=True)
+    shutil.rmtree(Path(cfg.state_dir) / "pipelines", ignore_errors=True)
+    layers = ("capture", "silver", "gold")  # the marts run once, at the end
     print("run 1: snapshot, capture, silver, gold")
-    run_stages(spark, cfg, show=stage_spinner())
+    run_stages(spark, cfg, layers, show=stage_spinner())
     changes = apply_burst(pg.conninfo())
     print(f"applied {changes} random changes in 200 transactions")
     print("run 2: stream the changes through")
-    run_stages(spark, cfg, show=stage_spinner())
+    run_stages(spark, cfg, layers, show=stage_spinner())
     text, _ = status_report(spark, cfg)
     print(text)
     quality = spark.sql(
@@ -256,9 +263,21 @@ def _demo(config: Config, pg) -> int:
     print(format_rows(["table", "rule", "policy", "failed", "passed"], [tuple(r) for r in quality]))
     result = verify(spark, cfg)
     print(result.report())
+    # The marts: a declarative pipeline in a JVM of its own, after this one ends (Derby).
+    stop_local_spark()
+    print("marts (marts/demo): revenue per day, orders per status, a declarative pipeline")
+    try:
+        starter = lambda: get_spark(config.state_dir)  # noqa: E731 - never called
+        marts_run = run_stages(starter, cfg, ("marts",), show=stage_spinner())
+    except MartsError as e:
+        print(f"marts failed: {e}")
+        return 1
+    print(f"marts expectations (rows of {cfg.qualified('marts', '_quality')}):")
+    print(format_quality(marts_run.marts.quality))
     demo_marker(config).write_text(json.dumps({"source": cfg.source.name, "dbname": DEMO_DB}))
     gold = cfg.qualified("gold", "public_orders")
     print("next, in this directory (they work on the demo's state):")
     print(f'  pgmedallion sql "SELECT status, count(*) FROM {gold} GROUP BY status"')
+    print(f'  pgmedallion sql "SELECT * FROM {cfg.qualified("marts", "daily_revenue")}"')
     print("  pgmedallion status | pgmedallion run | pgmedallion verify")
     return 0 if result.ok else 1

@@ -1,4 +1,5 @@
-"""One pipeline run: capture -> bronze, bronze -> silver, silver -> gold, in that order.
+"""One pipeline run: capture -> bronze, bronze -> silver, silver -> gold, then the marts (when
+the configuration names a marts folder), in that order.
 
 Each stage is an idempotent Spark job over Delta tables and can run on its own (the Databricks
 job runs them as three tasks); ``run_stages`` runs a selection in order. A stage that raises
@@ -21,7 +22,7 @@ from core.config import Config, on_databricks
 
 log = logging.getLogger(__name__)
 
-STAGES = ("capture", "silver", "gold")
+STAGES = ("capture", "silver", "gold", "marts")
 
 
 @dataclass
@@ -29,6 +30,8 @@ class RunResult:
     capture: Any = None
     silver: Any = None
     gold: Any = None
+    marts: Any = None
+    """The marts' ``marts.runner.PipelineRun`` (its ``quality``: the expectation results)."""
     stages: list[str] = field(default_factory=list)
 
 
@@ -124,7 +127,13 @@ def run_stages(
 ) -> RunResult:
     """Run ``stages`` in order; ``show(stage)``: a context around each stage (a progress
     display). ``spark``: the session, or a callable returning it (a :class:`SparkStarter`):
-    then capture runs without Spark where it can, and the session is asked for only after."""
+    then capture runs without Spark where it can, and the session is asked for only after.
+
+    ``marts`` runs only when ``[lakehouse] marts`` names a folder (otherwise nothing of it is
+    imported or started), and not on Databricks, where the bundle's pipeline runs them. Locally
+    it first ends this process's Spark JVM (Derby admits one JVM per metastore, and the
+    pipeline runs in a JVM of its own): a session passed in is unusable after it, and
+    ``core.spark.get_spark`` starts a new one."""
     result = RunResult()
     session: SparkSession | None = None if callable(spark) else spark
     ready = False
@@ -143,6 +152,10 @@ def run_stages(
     for stage in STAGES:
         if stage not in stages:
             continue
+        if stage == "marts" and (not cfg.lakehouse.marts or on_databricks()):
+            if cfg.lakehouse.marts:
+                log.info("on Databricks the marts run as the bundle's pipeline, not here")
+            continue
         with show(stage) if show is not None else nullcontext():
             if stage == "capture":
                 needs = session is not None or capture_needs_spark(cfg)
@@ -152,10 +165,18 @@ def run_stages(
                 from silver.build import run_silver
 
                 result.silver = run_silver(lakehouse(), cfg)
-            else:
+            elif stage == "gold":
                 from gold.build import run_gold
 
                 result.gold = run_gold(lakehouse(), cfg)
+            else:
+                from marts.runner import run_marts, stop_local_spark
+
+                if session is None and isinstance(spark, SparkStarter):
+                    session = spark()  # started in the background: end it too
+                stop_local_spark()
+                session, ready = None, False
+                result.marts = run_marts(cfg)
         result.stages.append(stage)
     return result
 

@@ -33,9 +33,11 @@ from typing import Any
 import pytest
 import yaml
 from databricks.bundles.jobs import Job, JobRunAs
+from databricks.bundles.pipelines import Pipeline
 
 from core.config import LakehouseConfig, SourceConfig, load_config
 from core.spark import JVM_OPTIONS, spark_settings
+from marts import GOLD_SCHEMA_KEY
 from pgmedallion.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -435,11 +437,12 @@ def test_capture_silver_gold_run_in_order_then_verify_on_request(bundle):
     config, _ = resolved(bundle, "dev")
     jobs = config["resources"]["jobs"]
     main = {t["task_key"]: t for t in jobs["pgmedallion"]["tasks"]}
-    assert list(main) == ["capture", "silver", "gold", "verify_requested", "verify"]
+    assert list(main) == ["capture", "silver", "gold", "marts", "verify_requested", "verify"]
     assert [t.get("depends_on", []) for t in main.values()] == [
         [],
         [{"task_key": "capture"}],
         [{"task_key": "silver"}],
+        [{"task_key": "gold"}],
         [{"task_key": "gold"}],
         [{"task_key": "verify_requested", "outcome": "true"}],
     ]
@@ -629,3 +632,87 @@ def test_cli_problems_are_reported(bundle):
 def test_task_parameters_parse_with_the_cli(bundle):
     config, _ = resolved(bundle, "dev")
     assert _cli_problems(config) == []
+
+
+# ---------------------------------------------------------------- the marts pipeline
+
+MARTS_FILE = ROOT / "resources" / "marts.pipeline.yml"
+
+
+def library_problems(pipeline: dict[str, Any], declared_in: Path) -> list[str]:
+    """Every library is a file of this repository (relative to the file declaring it) that
+    defines one dataset with the project's decorators."""
+    problems = []
+    for library in pipeline.get("libraries", []):
+        if set(library) != {"file"}:
+            problems.append(f"{library}: only file libraries are shipped")
+            continue
+        path = (declared_in.parent / library["file"]["path"]).resolve()
+        if not path.is_relative_to(ROOT) or not path.is_file():
+            problems.append(f"{library['file']['path']}: no such file in the repository")
+            continue
+        text = path.read_text()
+        if text.count("@materialized_view(") + text.count("@table(") != 1:
+            problems.append(f"{library['file']['path']}: not one dataset definition")
+    return problems
+
+
+def marts_pipeline(config: dict[str, Any]) -> dict[str, Any]:
+    return config["resources"]["pipelines"]["pgmedallion_marts"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_marts_pipeline_is_a_valid_pipeline_over_gold(bundle, target):
+    config, problems = resolved(bundle, target)
+    assert problems == []
+    values = target_variables(bundle, target)
+    assert set(config["resources"]["pipelines"]) == {"pgmedallion_marts"}
+    pipeline = marts_pipeline(config)
+    parsed = Pipeline.from_dict(pipeline)
+    assert parsed.name == "pgmedallion_marts"
+    assert (parsed.catalog, parsed.schema) == (values["catalog"], values["marts_schema"])
+    assert parsed.configuration == {GOLD_SCHEMA_KEY: values["gold_schema"]}
+    # The definitions import core.expectations and marts.*: the synced bundle is the root.
+    assert parsed.root_path == Resolver(bundle, target).value_of("workspace.file_path")
+    assert library_problems(pipeline, MARTS_FILE) == []
+
+
+def test_marts_pipeline_lists_every_demo_mart():
+    declared = _read_yaml(MARTS_FILE)["resources"]["pipelines"]["pgmedallion_marts"]
+    listed = {(MARTS_FILE.parent / lib["file"]["path"]).resolve() for lib in declared["libraries"]}
+    definitions = {
+        p.resolve()
+        for p in (ROOT / "marts" / "demo").glob("*.py")
+        if "@materialized_view(" in p.read_text() or "@table(" in p.read_text()
+    }
+    assert definitions and listed == definitions
+
+
+def test_marts_pipeline_checks_catch_broken_copies(bundle):
+    config, _ = resolved(bundle, "dev")
+    good = marts_pipeline(config)
+    with pytest.raises(ValueError):
+        Pipeline.from_dict({**good, "librarys": good["libraries"]})
+    broken = copy.deepcopy(good)
+    broken["libraries"] += [
+        {"file": {"path": "../marts/demo/no_such_mart.py"}},
+        {"file": {"path": "../marts/demo/logic.py"}},
+        {"notebook": {"path": "../x"}},
+    ]
+    problems = "\n".join(library_problems(broken, MARTS_FILE))
+    assert "no_such_mart.py: no such file" in problems
+    assert "logic.py: not one dataset definition" in problems
+    assert "only file libraries" in problems
+
+
+def test_job_refreshes_the_marts_pipeline_after_gold(bundle):
+    job = bundle["resources"]["jobs"]["pgmedallion"]
+    (task,) = [t for t in job["tasks"] if "pipeline_task" in t]
+    assert task["task_key"] == "marts"
+    assert task["depends_on"] == [{"task_key": "gold"}]
+    assert task["pipeline_task"] == {"pipeline_id": "${resources.pipelines.pgmedallion_marts.id}"}
+    config, problems = resolved(bundle, "dev")
+    assert problems == []
+    parsed = Job.from_dict(config["resources"]["jobs"]["pgmedallion"])
+    (pipeline_task,) = [t.pipeline_task for t in parsed.tasks if t.pipeline_task is not None]
+    assert pipeline_task.pipeline_id == "1234567890"

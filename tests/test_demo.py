@@ -24,6 +24,10 @@ def test_demo_exits_0_with_an_exact_verify():
     for table in ("public.customers", "public.products", "public.orders", "public.OrderItems"):
         assert f"{table} " in out and "exact, gold" in out
     assert "MISMATCH" not in out
+    # The demo's marts ran after gold, and their expectation results are printed per rule.
+    assert "marts expectations" in out
+    for rule in ("daily_revenue.day_present", "order_status.known_status"):
+        assert any(line.strip().startswith(rule) and "passed" in line for line in out.splitlines())
     server = LocalPostgres(state / "postgres")
     assert not server.is_running()  # nothing the demo started outlives it
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
 from chispa import assert_df_equality
 from pyspark.errors import PySparkException
 from pyspark.sql import Row
 
+import gold.reports
 from core.expectations import (
     DROP,
     FAIL,
+    QUALITY_SCHEMA,
     WARN,
     Expectation,
     apply_expectations,
@@ -20,6 +24,8 @@ from core.expectations import (
     expect_or_drop,
     expect_or_fail,
     quality_counts,
+    quality_frame,
+    quality_rows,
     rules_of,
 )
 
@@ -87,3 +93,19 @@ def test_decorators_stack_rules_in_order():
         ("b", DROP),
         ("a", WARN),
     ]
+
+
+def test_quality_counts_become_rows_of_the_shared_quality_format(spark, rows):
+    """A dataset's counts land in the columns of gold's ``_quality`` (one format for both)."""
+    assert gold.reports.QUALITY_SCHEMA is QUALITY_SCHEMA
+    rules = [Expectation("qty_positive", "qty > 0", WARN), Expectation("id", "id > 0", FAIL)]
+    at = datetime(2026, 1, 2, 3, 4, 5)
+    got = quality_rows(quality_counts(rows, "t", rules), run=7, source="shop", checked_at=at)
+    expected = quality_frame(
+        spark,
+        [
+            (7, "shop", "t", "qty_positive", "warn", 2, 2, "[]", at),
+            (7, "shop", "t", "id", "fail", 1, 3, "[]", at),
+        ],
+    )
+    assert_df_equality(got, expected, ignore_nullable=True)

@@ -9,7 +9,8 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import Row
 
-from pgmedallion.sdp import run_pipeline
+from core.expectations import QUALITY_SCHEMA
+from marts.runner import run_pipeline
 from tests.conftest import STATE
 
 TINY = Path(__file__).parent / "pipelines" / "tiny"
@@ -49,6 +50,19 @@ def test_streaming_table_and_materialized_view_twice(spark):
         ]
     )
 
+    # The counts also land in the schema's `_quality`, in gold's quality format, run 1.
+    recorded = [
+        (r["run"], r["source"], r["table"], r["rule"], r["policy"], r["failed"], r["passed"])
+        for r in first.quality
+    ]
+    assert recorded == [
+        (1, "tiny", "event_summary", "has_kind", "drop", 1, 2),
+        (1, "tiny", "event_summary", "small_value", "warn", 1, 2),
+    ]
+    table = _read(spark, state, "_quality")
+    assert table.schema.fieldNames() == QUALITY_SCHEMA.fieldNames()
+    assert sorted(tuple(r)[:7] for r in table.collect()) == recorded
+
     # The second run on the same state reads only the new source rows into the streaming table.
     _append(spark, source, [("a", 10), ("c", 1)])
     second = run_pipeline([TINY], state_dir=state, name="tiny", schema="tiny", configuration=conf)
@@ -58,3 +72,8 @@ def test_streaming_table_and_materialized_view_twice(spark):
     assert_df_equality(
         _read(spark, state, "event_summary"), expected, ignore_row_order=True, ignore_nullable=True
     )
+    assert [(r["run"], r["rule"], r["failed"]) for r in second.quality] == [
+        (2, "has_kind", 1),
+        (2, "small_value", 1),
+    ]
+    assert _read(spark, state, "_quality").count() == 4

@@ -1,4 +1,4 @@
-"""Driver program for a local Spark Declarative Pipelines run (launched by ``sdp.run_pipeline``).
+"""Driver of a local Spark Declarative Pipelines run (launched by ``runner.run_pipeline``).
 
 It does what ``spark-pipelines run`` does (create the dataflow graph, import the definition
 files, start the run, stream its events) with three differences:
@@ -10,6 +10,12 @@ files, start the run, stream its events) with three differences:
   workers send and which pyspark 4.2's ``execute_command_as_iterator`` rejects with
   ``UNKNOWN_RESPONSE`` (SPARK-59135). The run is judged by its events, never by that exception.
 
+After the run, the expectation counts of every ``<dataset>_quality`` view that this run
+refreshed are appended to ``<schema>._quality`` in the project's one quality format
+(``core.expectations.QUALITY_SCHEMA``), with ``run`` one more than the table's largest (the
+count of recorded runs of this pipeline), and printed as ``pgmedallion-quality {json}`` lines for
+the runner (``runner.PipelineRun.quality``).
+
 Exit status: 0 when the last run event says COMPLETED, 1 otherwise.
 """
 
@@ -17,13 +23,59 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
-from datetime import UTC
+from datetime import UTC, datetime
+from functools import reduce
 from pathlib import Path
 from typing import Any, cast
 
 from pyspark.sql import SparkSession
 from pyspark.sql.connect.client.core import PlanObservedMetrics
+
+from core.expectations import QUALITY_SCHEMA, quality_rows
+from marts.runner import QUALITY_PREFIX
+
+COUNT_COLUMNS = ["dataset", "rule", "action", "passed", "failed"]
+_FLOW_DONE = re.compile(r"^Flow '?(?P<name>[^' ]+)'? has COMPLETED")
+
+
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def completed_flow(message: str) -> str | None:
+    """The dataset a "Flow ... has COMPLETED" event names (its last name part, lower case)."""
+    match = _FLOW_DONE.match(message)
+    if match is None:
+        return None
+    return match["name"].split(".")[-1].strip("`").lower()
+
+
+def record_quality(
+    spark: SparkSession, schema: str, source: str, refreshed: set[str]
+) -> list[dict[str, Any]]:
+    """Append the refreshed ``<dataset>_quality`` views' counts to ``<schema>._quality``."""
+    names = [r.tableName for r in spark.sql(f"SHOW TABLES IN {_q(schema)}").collect()]
+    views = sorted(n for n in names if n.endswith("_quality") and n.lower() in refreshed)
+    counts = [spark.read.table(f"{_q(schema)}.{_q(n)}") for n in views]
+    counts = [df for df in counts if df.columns == COUNT_COLUMNS]
+    if not counts:
+        return []
+    target = f"{_q(schema)}.{_q('_quality')}"
+    run = 1
+    if spark.catalog.tableExists(f"{schema}._quality"):
+        run = (spark.sql(f"SELECT max(run) FROM {target}").first()[0] or 0) + 1
+    now = datetime.now(UTC).replace(tzinfo=None)
+    rows = quality_rows(
+        reduce(lambda a, b: a.unionByName(b), counts), run=run, source=source, checked_at=now
+    ).select(*QUALITY_SCHEMA.fieldNames())
+    collected = rows.collect()
+    rows.write.format("delta").mode("append").saveAsTable(target)
+    return [
+        {**r.asDict(), "checked_at": r["checked_at"].isoformat(sep=" ")}
+        for r in sorted(collected, key=lambda r: (r["table"], r["rule"]))
+    ]
 
 
 def _events(spark: SparkSession, graph_id: str, storage: str, full_refresh: bool):
@@ -58,6 +110,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--storage", required=True)
     parser.add_argument("--configuration", default="{}")
     parser.add_argument("--full-refresh", action="store_true")
+    parser.add_argument("--source", default="", help="the quality rows' source (default: name)")
     args = parser.parse_args(argv)
 
     configuration: dict[str, str] = json.loads(args.configuration)
@@ -66,6 +119,7 @@ def main(argv: list[str]) -> int:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     status = "FAILED"
+    refreshed: set[str] = set()
     try:
         spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{args.schema.replace('`', '``')}`")
         graph_id = create_dataflow_graph(
@@ -87,9 +141,15 @@ def main(argv: list[str]) -> int:
             register_definitions(spec_path, registry, spec, spark, graph_id)
         for event in _events(spark, graph_id, args.storage, args.full_refresh):
             when = event.timestamp.ToDatetime().replace(tzinfo=UTC)
-            print(f"{when:%Y-%m-%d %H:%M:%S} {event.message}", flush=True)
+            # One line per event: a failure's message carries its error on further lines.
+            message = " ".join(event.message.split())
+            print(f"{when:%Y-%m-%d %H:%M:%S} {message}", flush=True)
             if event.message.startswith("Run is "):
                 status = event.message.removeprefix("Run is ").rstrip(".")
+            if (flow := completed_flow(event.message)) is not None:
+                refreshed.add(flow)
+        for row in record_quality(spark, args.schema, args.source or args.name, refreshed):
+            print(QUALITY_PREFIX + json.dumps(row), flush=True)
     finally:
         spark.stop()
     return 0 if status == "COMPLETED" else 1
