@@ -189,8 +189,8 @@ def verify(
 ) -> VerifyResult:
     """Compare silver (and gold) with the source at a fresh snapshot LSN."""
     from pgmedallion.pipeline import run_stages, silver_state
-    from silver.build import load_tables
     from silver.casts import cast_values, pg_type_of
+    from silver.catalog import load_tables
 
     tables = {
         oid: info for oid, info in load_tables(spark, cfg).items() if info.snapshot_lsn is not None

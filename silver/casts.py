@@ -1058,13 +1058,13 @@ def cast_values(df: DataFrame, values_col: str, columns: Sequence[tuple[str, PgT
     ]
     # the array of errors is built (a lambda function, without generated code) only for a row
     # that has one
-    suspect = [values.isNull(), count < len(names)] + [
+    may_fail = [values.isNull(), count < len(names)] + [
         failed(p) if plain[t] else error_at[p].isNotNull()
         for t, group in positions.items()
         for p in group
     ]
     cast_errors = F.when(
-        functools.reduce(lambda a, b: a | b, suspect),
+        functools.reduce(lambda a, b: a | b, may_fail),
         F.filter(F.array(*errors), lambda e: e["message"].isNotNull()),
     ).otherwise(F.array().cast(CAST_ERROR_TYPE))
     output: list[Column] = []
@@ -1074,7 +1074,7 @@ def cast_values(df: DataFrame, values_col: str, columns: Sequence[tuple[str, PgT
     return staged.select(*output)
 
 
-SUSPECT_COLUMN = "_pgm_suspect"
+UNSETTLED_COLUMN = "_pgm_unsettled"
 
 
 def plain_cast(
@@ -1084,21 +1084,21 @@ def plain_cast(
     all of it (a lambda function anywhere in a projection leaves the projection uncompiled).
 
     Returns ``df``'s other columns, one typed column per ``(name, type)`` from its plain value,
-    ``values_col`` only where the row is suspect (NULL elsewhere), and ``_pgm_suspect``: whether
+    ``values_col`` only where the row is unsettled (NULL elsewhere), and ``_pgm_unsettled``: whether
     the plain values do not settle the row (a value did not cast or was left to the full cast,
     or the row has fewer values than ``columns``, or none). The typed columns of a row that is
-    not suspect are exactly what :func:`cast_values` gives it, with no errors; cast the suspect
+    not unsettled are exactly what :func:`cast_values` gives it, with no errors; cast the unsettled
     rows' ``values_col`` with :func:`cast_values` for theirs.
 
     None when some type has no plain value (arrays of other element types than text, interval)
-    or when a column is named ``values_col`` or ``_pgm_suspect``: use :func:`cast_values`.
+    or when a column is named ``values_col`` or ``_pgm_unsettled``: use :func:`cast_values`.
     """
     if values_col not in df.columns:
         raise ValueError(f"no column {values_col!r} in the DataFrame")
     names = [name for name, _ in columns]
-    if values_col in names or SUSPECT_COLUMN in names:
+    if values_col in names or UNSETTLED_COLUMN in names:
         return None
-    outputs = [n for n in df.columns if n != values_col] + names + [values_col, SUSPECT_COLUMN]
+    outputs = [n for n in df.columns if n != values_col] + names + [values_col, UNSETTLED_COLUMN]
     clashes = sorted({name for name in outputs if outputs.count(name) > 1})
     if clashes:
         raise ValueError(f"plain_cast would produce duplicate columns: {clashes}")
@@ -1131,15 +1131,15 @@ def _plain_exprs(
     failed = [
         F.get(values, p).isNotNull() & column(f"{prefix}{p}").isNull() for p in range(len(plain))
     ]
-    suspect = functools.reduce(
+    unsettled = functools.reduce(
         lambda a, b: a | b, [values.isNull(), F.size(values) < len(names), *failed]
     )
     others = [column(n) for n in taken if n != values_col]
     output = [
         *others,
         *(column(f"{prefix}{p}").alias(name) for p, name in enumerate(names)),
-        F.when(suspect, values).alias(values_col),
-        suspect.alias(SUSPECT_COLUMN),
+        F.when(unsettled, values).alias(values_col),
+        unsettled.alias(UNSETTLED_COLUMN),
     ]
     return typed, output
 

@@ -47,6 +47,7 @@ from pyspark.sql import types as T
 
 from core.naming import quote
 from silver.changes import FILL, PLAIN, RETRACT
+from silver.errors import MissingToast, UnknownPreviousRow
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ def resolve(
                 errors.append(
                     Unresolved(
                         c.lsn,
-                        "UnknownPreviousRow",
+                        UnknownPreviousRow.__name__,
                         f"no row with key ({key}) before this change: its earlier image never "
                         "reached silver (see the table's earlier errors)",
                     )
@@ -162,7 +163,7 @@ def resolve(
                     errors.append(
                         Unresolved(
                             c.lsn,
-                            "MissingToast",
+                            MissingToast.__name__,
                             "unchanged TOAST value, and the row before the change is unknown",
                         )
                     )
