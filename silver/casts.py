@@ -778,98 +778,120 @@ def _array_element(token: Column) -> Column:
     )
 
 
-def _override_caster(target: DataType) -> Caster:
-    if isinstance(target, DecimalType):
-        return _numeric_caster(target, rounding=True)
-    if isinstance(target, (DoubleType, FloatType)):
-        return _float_caster(target)
-    if isinstance(target, (LongType, IntegerType, ShortType)):
-        return _integer_caster(target)
-    return _cast_string
+Plain = Callable[[Column], Column]
+"""A type's typed value as a plain expression (NULL for a non-NULL text: the full cast
+decides; see :func:`_plain_value`)."""
 
 
-def _override_plain(target: DataType) -> Callable[[Column], Column]:
+def _text_value(text: Column) -> Column:
+    return text
+
+
+def _float_plain(text: Column, target: DataType) -> Column:
+    return _float_value(text, target).cast(target)
+
+
+@dataclass(frozen=True)
+class TypeCast:
+    """One entry of the cast registry: both casts of one PostgreSQL type.
+
+    ``full(t, target)`` is the full cast (a :data:`Caster`: text -> ``struct<value, error>``),
+    ``plain(t, target)`` the fast one (a :data:`Plain`, or None when only the full cast handles
+    the type), for the column type ``t`` whose Spark type is ``target``."""
+
+    full: Callable[[PgType, DataType], Caster]
+    plain: Callable[[PgType, DataType], Plain | None]
+
+
+def _datetime_entry(pattern: str, label: str) -> TypeCast:
+    full_pattern = "^" + pattern + _END
+    return TypeCast(
+        lambda t, target: _datetime_caster(pattern, target, label, _infinity(t)),
+        lambda t, target: functools.partial(
+            _datetime_plain, target=target, full_pattern=full_pattern
+        ),
+    )
+
+
+_NUMBER = TypeCast(
+    lambda t, target: _integer_caster(target),
+    lambda t, target: functools.partial(_canonical_number, target=target),
+)
+_FLOAT = TypeCast(
+    lambda t, target: _float_caster(target),
+    lambda t, target: functools.partial(_float_plain, target=target),
+)
+_TEXT = TypeCast(lambda t, target: _cast_string, lambda t, target: _text_value)
+"""Every type without an entry of its own (text, enums, json, uuid, ...): its text as is."""
+
+CASTS: Mapping[int, TypeCast] = {
+    BOOL: TypeCast(lambda t, target: _cast_bool, lambda t, target: _bool_value),
+    INT2: _NUMBER,
+    INT4: _NUMBER,
+    INT8: _NUMBER,
+    OID: _NUMBER,
+    FLOAT4: _FLOAT,
+    FLOAT8: _FLOAT,
+    NUMERIC: TypeCast(
+        lambda t, target: _numeric_caster(target, rounding=_rounds(t)),
+        lambda t, target: functools.partial(
+            _rounding_number if _rounds(t) else _canonical_number, target=target
+        ),
+    ),
+    BYTEA: TypeCast(lambda t, target: _cast_bytea, lambda t, target: _bytea_value),
+    DATE: _datetime_entry(_DATE, "date"),
+    TIMESTAMP: _datetime_entry(_DATE + _TIME, "timestamp"),
+    TIMESTAMPTZ: _datetime_entry(_DATE + _TIME + _OFFSET, "timestamptz"),
+    INTERVAL: TypeCast(lambda t, target: _cast_interval, lambda t, target: None),
+}
+"""The cast registry: built-in scalar type oid -> its casts (domains cast as their base)."""
+
+
+def _override_entry(target: DataType) -> TypeCast:
+    """A column whose configuration overrides its type: cast by the target type."""
     if isinstance(target, DecimalType):
-        return functools.partial(_rounding_number, target=target)
+        return TypeCast(
+            lambda t, target: _numeric_caster(target, rounding=True),
+            lambda t, target: functools.partial(_rounding_number, target=target),
+        )
     if isinstance(target, (DoubleType, FloatType)):
-        return lambda text: _float_value(text, target).cast(target)
+        return _FLOAT
     if isinstance(target, (LongType, IntegerType, ShortType)):
-        return functools.partial(_canonical_number, target=target)
-    return lambda text: text
+        return _NUMBER
+    return _TEXT
+
+
+def _array_entry(element: PgType) -> TypeCast:
+    """An array by its element type; ``box[]`` literals (``;``-delimited) stay text."""
+    if _base_oid(element) in NON_COMMA_DELIMITED:
+        return _TEXT
+    text_elements = isinstance(spark_type(element), StringType)
+    return TypeCast(
+        lambda t, target: _array_caster(element),
+        lambda t, target: _simple_text_array if text_elements else None,
+    )
+
+
+def type_cast(t: PgType) -> TypeCast:
+    """The registry entry that casts values of ``t``."""
+    if t.target:
+        return _override_entry(spark_type(t))
+    element = _element(t)
+    if element is not None:
+        return _array_entry(element)
+    return CASTS.get(_base_oid(t), _TEXT)
 
 
 def _caster(t: PgType) -> Caster:
-    if t.target:
-        return _override_caster(spark_type(t))
-    element = _element(t)
-    if element is not None:
-        if _base_oid(element) in NON_COMMA_DELIMITED:
-            return _cast_string
-        return _array_caster(element)
-    oid = _base_oid(t)
-    target = spark_type(t)
-    if oid == NUMERIC:
-        assert isinstance(target, DecimalType)
-        return _numeric_caster(target, rounding=_rounds(t))
-    if oid == BOOL:
-        return _cast_bool
-    if oid in (INT2, INT4, INT8, OID):
-        return _integer_caster(target)
-    if oid in (FLOAT4, FLOAT8):
-        return _float_caster(target)
-    if oid == BYTEA:
-        return _cast_bytea
-    if oid == DATE:
-        return _datetime_caster(_DATE, target, "date", _infinity(t))
-    if oid == TIMESTAMP:
-        return _datetime_caster(_DATE + _TIME, target, "timestamp", _infinity(t))
-    if oid == TIMESTAMPTZ:
-        return _datetime_caster(_DATE + _TIME + _OFFSET, target, "timestamptz", _infinity(t))
-    if oid == INTERVAL:
-        return _cast_interval
-    return _cast_string
+    return type_cast(t).full(t, spark_type(t))
 
 
-def _plain_value(t: PgType) -> Callable[[Column], Column] | None:
+def _plain_value(t: PgType) -> Plain | None:
     """The typed value of a scalar type as a plain expression (no lambda functions, so Spark
     generates code for it), exactly the value of :func:`_caster`'s pair; None for the types
     only the full cast handles (arrays, interval). NULL for a non-NULL text means an error
     (or, for a column whose infinities become NULL, see :func:`_nulled`)."""
-    if t.target:
-        return _override_plain(spark_type(t))
-    element = _element(t)
-    if element is not None:
-        if _base_oid(element) in NON_COMMA_DELIMITED:
-            return lambda text: text
-        if isinstance(spark_type(element), StringType):
-            return _simple_text_array
-        return None
-    oid = _base_oid(t)
-    target = spark_type(t)
-    if oid == NUMERIC:
-        assert isinstance(target, DecimalType)
-        if _rounds(t):
-            return functools.partial(_rounding_number, target=target)
-        return functools.partial(_canonical_number, target=target)
-    if oid == BOOL:
-        return _bool_value
-    if oid in (INT2, INT4, INT8, OID):
-        return functools.partial(_canonical_number, target=target)
-    if oid in (FLOAT4, FLOAT8):
-        return lambda text: _float_value(text, target).cast(target)
-    if oid == BYTEA:
-        return _bytea_value
-    patterns = {
-        DATE: _DATE,
-        TIMESTAMP: _DATE + _TIME,
-        TIMESTAMPTZ: _DATE + _TIME + _OFFSET,
-    }
-    if oid in patterns:
-        full_pattern = "^" + patterns[oid] + _END
-        return functools.partial(_datetime_plain, target=target, full_pattern=full_pattern)
-    if oid == INTERVAL:
-        return None
-    return lambda text: text
+    return type_cast(t).plain(t, spark_type(t))
 
 
 def _simple_text_array(text: Column) -> Column:

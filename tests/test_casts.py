@@ -41,7 +41,6 @@ from silver.casts import (
     CAST_ERRORS_COLUMN,
     INTERVAL_TYPE,
     NON_COMMA_DELIMITED,
-    SUSPECT_COLUMN,
     UNCONSTRAINED_NUMERIC,
     PgType,
     adjustments,
@@ -50,6 +49,9 @@ from silver.casts import (
     pg_type_of,
     plain_cast,
     spark_type,
+)
+from silver.casts import (
+    UNSETTLED_COLUMN as SUSPECT_COLUMN,
 )
 from silver.copy_text import decode_copy_row
 
