@@ -20,20 +20,13 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
-from silver.casts import (
-    CAST_ERRORS_COLUMN,
-    UNSETTLED_COLUMN,
-    PgType,
-    adjustments,
-    cast_values,
-    pg_type_of,
-    plain_cast,
-)
+from silver.casts import CAST_ERRORS_COLUMN, UNSETTLED_COLUMN, adjustments, cast_values, plain_cast
 from silver.contract import TableInfo
 from silver.copy_sql import PYTHON_CODE
 from silver.decode import TableDiffs
 from silver.errors import CastError, ErrorRecord
 from silver.identity import COLUMNS, KIND, ORDINAL
+from silver.pgtypes import PgType, pg_type_of
 
 
 def _typed_columns(info: TableInfo) -> list[tuple[str, PgType]]:

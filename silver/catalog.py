@@ -17,11 +17,11 @@ from pyspark.sql import types as T
 
 from capture.pgoutput import MSG_RELATION, MSG_TRUNCATE, Relation, Truncate, decode
 from core.config import Config
-from silver.casts import pg_type_of, spark_type
 from silver.changes import LayoutIndex, TableColumn, plan_columns
 from silver.contract import Names, TableInfo
 from silver.decode import message_type
 from silver.errors import ErrorRecord, SchemaIncompatible
+from silver.pgtypes import pg_type_of, spark_type
 from silver.policies import with_policies
 
 Relations = dict[int, list[tuple[int, int, Relation]]]

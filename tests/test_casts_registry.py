@@ -6,17 +6,8 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-from silver.casts import (
-    CASTS,
-    INTERVAL,
-    NUMERIC,
-    TEXT,
-    UNSETTLED_COLUMN,
-    PgType,
-    cast_values,
-    plain_cast,
-    type_cast,
-)
+from silver.casts import CASTS, UNSETTLED_COLUMN, cast_values, plain_cast, type_cast
+from silver.pgtypes import INTERVAL, NUMERIC, TEXT, PgType
 
 TEXT_ARRAY = 1009
 
