@@ -53,6 +53,7 @@ Modules (each one job)
     ``changes``    one pgoutput change -> diff rows, and Relation layouts
     ``copy_sql``   COPY TEXT decoding as Spark SQL; ``copy_text``: the Python decoder
     ``identity``   previous images of changes by key (REPLICA IDENTITY DEFAULT / USING INDEX)
+    ``pgtypes``    PostgreSQL types (``PgType``) and the Spark type each one becomes
     ``casts``      PostgreSQL text -> Spark values: a registry with one entry per type
     ``cast_rows``  one table's rows cast: the settled ones, then the unsettled ones
     ``rewind``     rewinds, truncates and consolidation (DataFrame -> DataFrame)
