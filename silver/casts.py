@@ -701,113 +701,135 @@ def cast_values(df: DataFrame, values_col: str, columns: Sequence[tuple[str, PgT
     clashes = sorted({name for name in outputs if outputs.count(name) > 1})
     if clashes:
         raise ValueError(f"cast_values would produce duplicate columns: {clashes}")
-
-    positions: dict[PgType, list[int]] = {}
-    for position, (_, t) in enumerate(columns):
-        positions.setdefault(t, []).append(position)
-    prefix = _unused_prefix(df.columns)
-    group_names = {t: f"{prefix}{_type_key(t)}" for t in positions}
-    plain = {t: _plain_value(t) for t in positions}
-    values = column(values_col)
-    everything = [column(name) for name in df.columns]
-    texts = df.select(
-        *everything,
-        *(
-            F.array(*(F.get(values, p) for p in group)).alias(group_names[t])
-            for t, group in positions.items()
-        ),
-    )
-    # Scalar types: the value as a plain expression (code-generated); the full cast, with its
-    # error messages, runs only for a row where some such value failed. Arrays and intervals:
-    # the full cast for every row.
-    value_names = {p: f"{prefix}v{p}" for p in range(len(columns))}
-    staged = texts.select(
-        *everything,
-        *(
-            (
-                column(group_names[t]) if plain[t] else _group_cast(t, group_names[t], is_remote())
-            ).alias(group_names[t])
-            for t in positions
-        ),
-        *(
-            plain[t](F.get(values, p)).alias(value_names[p])
-            for t, group in positions.items()
-            if plain[t]
-            for p in group
-        ),
-    )
-
-    nulled = {p: _nulled(t) for p, (_, t) in enumerate(columns)}
-
-    def failed(p: int) -> Column:
-        text = F.get(values, p)
-        out = text.isNotNull() & column(value_names[p]).isNull()
-        return out & ~nulled[p](text) if nulled[p] else out
-
-    def any_failed(group: list[int]) -> Column:
-        return functools.reduce(lambda a, b: a | b, (failed(p) for p in group))
-
-    staged = staged.select(
-        *everything,
-        *(column(value_names[p]) for t, group in positions.items() if plain[t] for p in group),
-        *(
-            (
-                F.when(any_failed(group), _group_cast(t, group_names[t], is_remote()))
-                if plain[t]
-                else column(group_names[t])
-            ).alias(group_names[t])
-            for t, group in positions.items()
-        ),
-    )
-
-    value_at: dict[int, Column] = {}
-    error_at: dict[int, Column] = {}
-    for t, group in positions.items():
-        for k, position in enumerate(group):
-            pair = F.get(column(group_names[t]), k)
-            if _is_partial(plain[t]):
-                value_at[position] = F.coalesce(
-                    column(value_names[position]), F.when(failed(position), pair["value"])
-                )
-                error_at[position] = F.when(failed(position), pair["error"])
-            elif plain[t]:
-                value_at[position] = column(value_names[position])
-                error_at[position] = F.when(
-                    failed(position),
-                    F.coalesce(pair["error"], _lit(f"cannot cast to {_label(spark_type(t))}")),
-                )
-            else:
-                value_at[position] = pair["value"]
-                error_at[position] = pair["error"]
-    count = F.size(values)
+    c = _ColumnsCast(df, values_col, columns)
+    staged = c.staged(df)
+    value_at, error_at = c.values_and_errors()
     typed = [value_at[p].alias(name) for p, name in enumerate(names)]
-    errors = [
-        F.struct(
-            _lit(name).alias("column_name"),
-            F.get(values, p).alias("raw"),
-            F.coalesce(
-                F.when(values.isNull() | (count <= p), _lit(f"no value at position {p}")),
-                error_at[p],
-            ).alias("message"),
-        )
-        for p, name in enumerate(names)
-    ]
-    # the array of errors is built (a lambda function, without generated code) only for a row
-    # that has one
-    may_fail = [values.isNull(), count < len(names)] + [
-        failed(p) if plain[t] else error_at[p].isNotNull()
-        for t, group in positions.items()
-        for p in group
-    ]
-    cast_errors = F.when(
-        functools.reduce(lambda a, b: a | b, may_fail),
-        F.filter(F.array(*errors), lambda e: e["message"].isNotNull()),
-    ).otherwise(F.array().cast(CAST_ERROR_TYPE))
     output: list[Column] = []
     for name in df.columns:
         output.extend(typed if name == values_col else [column(name)])
-    output.append(cast_errors.cast(CAST_ERROR_TYPE).alias(CAST_ERRORS_COLUMN))
+    output.append(c.errors(error_at).cast(CAST_ERROR_TYPE).alias(CAST_ERRORS_COLUMN))
     return staged.select(*output)
+
+
+class _ColumnsCast:
+    """The expressions of one :func:`cast_values`: the columns grouped by type, each group's
+    texts in one array column, and each scalar column's plain value in a column of its own."""
+
+    def __init__(self, df: DataFrame, values_col: str, columns: Sequence[tuple[str, PgType]]):
+        self.columns = columns
+        self.positions: dict[PgType, list[int]] = {}
+        for position, (_, t) in enumerate(columns):
+            self.positions.setdefault(t, []).append(position)
+        prefix = _unused_prefix(df.columns)
+        self.group_names = {t: f"{prefix}{_type_key(t)}" for t in self.positions}
+        self.value_names = {p: f"{prefix}v{p}" for p in range(len(columns))}
+        self.plain = {t: _plain_value(t) for t in self.positions}
+        self.nulled = {p: _nulled(t) for p, (_, t) in enumerate(columns)}
+        self.values = column(values_col)
+
+    def failed(self, p: int) -> Column:
+        """Whether column ``p``'s plain value failed (a non-NULL text, a NULL value)."""
+        text = F.get(self.values, p)
+        out = text.isNotNull() & column(self.value_names[p]).isNull()
+        return out & ~self.nulled[p](text) if self.nulled[p] else out
+
+    def _any_failed(self, group: list[int]) -> Column:
+        return functools.reduce(lambda a, b: a | b, (self.failed(p) for p in group))
+
+    def staged(self, df: DataFrame) -> DataFrame:
+        """``df`` with each type's texts and, for scalar types, each plain value; the full cast
+        of a scalar type's group only for a row where some plain value failed. Arrays and
+        intervals: the full cast for every row."""
+        everything = [column(name) for name in df.columns]
+        groups, plain = self.positions.items(), self.plain
+        texts = df.select(
+            *everything,
+            *(
+                F.array(*(F.get(self.values, p) for p in group)).alias(self.group_names[t])
+                for t, group in groups
+            ),
+        )
+        staged = texts.select(
+            *everything,
+            *(
+                (column(self.group_names[t]) if plain[t] else self._cast(t)).alias(
+                    self.group_names[t]
+                )
+                for t in self.positions
+            ),
+            *(
+                plain[t](F.get(self.values, p)).alias(self.value_names[p])
+                for t, group in groups
+                if plain[t]
+                for p in group
+            ),
+        )
+        return staged.select(
+            *everything,
+            *(column(self.value_names[p]) for t, group in groups if plain[t] for p in group),
+            *(
+                (
+                    F.when(self._any_failed(group), self._cast(t))
+                    if plain[t]
+                    else column(self.group_names[t])
+                ).alias(self.group_names[t])
+                for t, group in groups
+            ),
+        )
+
+    def _cast(self, t: PgType) -> Column:
+        return _group_cast(t, self.group_names[t], is_remote())
+
+    def values_and_errors(self) -> tuple[dict[int, Column], dict[int, Column]]:
+        """Each column's typed value and error (NULL: none), by position."""
+        value_at: dict[int, Column] = {}
+        error_at: dict[int, Column] = {}
+        for t, group in self.positions.items():
+            plain = self.plain[t]
+            for k, p in enumerate(group):
+                pair = F.get(column(self.group_names[t]), k)
+                if _is_partial(plain):
+                    value_at[p] = F.coalesce(
+                        column(self.value_names[p]), F.when(self.failed(p), pair["value"])
+                    )
+                    error_at[p] = F.when(self.failed(p), pair["error"])
+                elif plain:
+                    value_at[p] = column(self.value_names[p])
+                    error_at[p] = F.when(
+                        self.failed(p),
+                        F.coalesce(pair["error"], _lit(f"cannot cast to {_label(spark_type(t))}")),
+                    )
+                else:
+                    value_at[p] = pair["value"]
+                    error_at[p] = pair["error"]
+        return value_at, error_at
+
+    def errors(self, error_at: dict[int, Column]) -> Column:
+        """The row's ``_cast_errors``: built (a lambda function, without generated code) only
+        for a row that has one."""
+        values, count = self.values, F.size(self.values)
+        names = [name for name, _ in self.columns]
+        errors = [
+            F.struct(
+                _lit(name).alias("column_name"),
+                F.get(values, p).alias("raw"),
+                F.coalesce(
+                    F.when(values.isNull() | (count <= p), _lit(f"no value at position {p}")),
+                    error_at[p],
+                ).alias("message"),
+            )
+            for p, name in enumerate(names)
+        ]
+        may_fail = [values.isNull(), count < len(names)] + [
+            self.failed(p) if self.plain[t] else error_at[p].isNotNull()
+            for t, group in self.positions.items()
+            for p in group
+        ]
+        return F.when(
+            functools.reduce(lambda a, b: a | b, may_fail),
+            F.filter(F.array(*errors), lambda e: e["message"].isNotNull()),
+        ).otherwise(F.array().cast(CAST_ERROR_TYPE))
 
 
 UNSETTLED_COLUMN = "_pgm_unsettled"
