@@ -189,7 +189,7 @@ def verify(
 ) -> VerifyResult:
     """Compare silver (and gold) with the source at a fresh snapshot LSN."""
     from pgmedallion.pipeline import run_stages, silver_state
-    from silver.casts import cast_values
+    from silver.cast_columns import cast_values
     from silver.catalog import load_tables
     from silver.pgtypes import pg_type_of
 

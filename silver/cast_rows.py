@@ -20,7 +20,8 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
-from silver.casts import CAST_ERRORS_COLUMN, UNSETTLED_COLUMN, adjustments, cast_values, plain_cast
+from silver.cast_columns import UNSETTLED_COLUMN, cast_values, plain_cast
+from silver.casts import CAST_ERRORS_COLUMN, adjustments
 from silver.contract import TableInfo
 from silver.copy_sql import PYTHON_CODE
 from silver.decode import TableDiffs

@@ -18,7 +18,7 @@ expression here repeats a group, so nothing recurses per character in Java's reg
 
 Speed: Spark generates code for plain expressions but evaluates lambda functions
 (``transform``, ``filter``) by interpreting them, value by value. So every scalar type's value
-is first computed as a plain expression (:func:`_plain_value`), and the full cast below, with
+is first computed as a plain expression (:func:`plain_value`), and the full cast below, with
 its error messages, runs only for a row where some value did not cast; text arrays without
 escapes take a plain path too. Casting 500k rows of seven common types went from 41-53 s to
 17-18 s on the shared 2-core machine (load 5-6).
@@ -46,12 +46,11 @@ one entry of the registry :data:`CASTS` (:class:`TypeCast`: its plain and its fu
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -68,7 +67,6 @@ from pyspark.sql.types import (
     StructField,
     StructType,
 )
-from pyspark.sql.utils import is_remote
 
 from silver.pgtypes import (
     BOOL,
@@ -134,7 +132,7 @@ _ESCAPED_QUOTE = "\u0000q"
 _ARRAY_TOKEN = r'"[^"]*"|[^,"{}]+'
 
 
-def _label(target: DataType) -> str:
+def type_label(target: DataType) -> str:
     """``DecimalType(12,2)``, ``DateType``: the type as error messages name it."""
     if isinstance(target, DecimalType):
         return f"DecimalType({target.precision},{target.scale})"
@@ -160,7 +158,7 @@ def _pair(text: Column, value: Column, error_of: Callable[[Column], Column], tar
     The error is NULL for NULL text; a non-NULL text whose value is NULL without a more specific
     message gets ``cannot cast to <type>``.
     """
-    fallback = F.when(text.isNotNull(), _lit(f"cannot cast to {_label(target)}"))
+    fallback = F.when(text.isNotNull(), _lit(f"cannot cast to {type_label(target)}"))
 
     def finish(v: Column) -> Column:
         error = F.when(text.isNotNull(), error_of(v))
@@ -199,7 +197,7 @@ def _integer_caster(target: DataType) -> Caster:
             text,
             _integer_value(text, target),
             lambda v: F.when(~text.rlike(_INT), _lit("invalid integer text")).when(
-                v.isNull(), _lit(f"integer out of range for {_label(target)}")
+                v.isNull(), _lit(f"integer out of range for {type_label(target)}")
             ),
             target,
         )
@@ -220,7 +218,7 @@ def _float_caster(target: DataType) -> Caster:
             text,
             _float_value(text, target),
             lambda v: F.when(~text.rlike(_FLOAT), _lit("invalid floating-point text")).when(
-                v.isNull(), _lit(f"floating-point value out of range for {_label(target)}")
+                v.isNull(), _lit(f"floating-point value out of range for {type_label(target)}")
             ),
             target,
         )
@@ -263,10 +261,10 @@ def _numeric_caster(target: DecimalType, rounding: bool = False) -> Caster:
             lambda v: (
                 F.when(
                     text.isin("NaN", "Infinity", "-Infinity"),
-                    F.concat(_lit("numeric "), text, _lit(f" does not fit {_label(target)}")),
+                    F.concat(_lit("numeric "), text, _lit(f" does not fit {type_label(target)}")),
                 )
                 .when(~text.rlike(_NUMERIC), _lit("invalid numeric text"))
-                .when(v.isNull(), _lit(f"numeric value does not fit {_label(target)}"))
+                .when(v.isNull(), _lit(f"numeric value does not fit {type_label(target)}"))
             ),
             target,
         )
@@ -316,7 +314,7 @@ def _infinity(t: PgType) -> str:
     return t.infinity or DEFAULT_INFINITY
 
 
-def _nulled(t: PgType) -> Callable[[Column], Column] | None:
+def nulled(t: PgType) -> Callable[[Column], Column] | None:
     """For a date or timestamp column whose infinities become NULL: which texts those are
     (a NULL value from such a text is no error)."""
     if t.target or element_type(t) is not None or base_oid(t) not in (DATE, TIMESTAMP, TIMESTAMPTZ):
@@ -329,7 +327,7 @@ def _nulled(t: PgType) -> Callable[[Column], Column] | None:
 def _datetime_caster(pattern: str, target: DataType, label: str, infinity: str = "error") -> Caster:
     """Dates and timestamps: the ISO form with a four-digit year, or a definite error;
     ``infinity`` says what ``±infinity`` become (see :data:`INFINITY_POLICIES`)."""
-    spark_range = f"outside {_label(target)}'s range (years 1 to 9999)"
+    spark_range = f"outside {type_label(target)}'s range (years 1 to 9999)"
     full_pattern = "^" + pattern + _END
     clamp = label if infinity == "clamp" else None
 
@@ -413,7 +411,7 @@ def _cast_interval(text: Column) -> Column:
 
 def _array_caster(element: PgType) -> Caster:
     """A 1-D array literal, split in SQL (see the module docstring), each element cast."""
-    cast_element = _caster(element)
+    cast_element = caster(element)
     target = ArrayType(spark_type(element), containsNull=True)
 
     def cast(text: Column) -> Column:
@@ -494,7 +492,7 @@ def _array_element(token: Column) -> Column:
 
 Plain = Callable[[Column], Column]
 """A type's typed value as a plain expression (NULL for a non-NULL text: the full cast
-decides; see :func:`_plain_value`)."""
+decides; see :func:`plain_value`)."""
 
 
 def _text_value(text: Column) -> Column:
@@ -596,15 +594,15 @@ def type_cast(t: PgType) -> TypeCast:
     return CASTS.get(base_oid(t), _TEXT)
 
 
-def _caster(t: PgType) -> Caster:
+def caster(t: PgType) -> Caster:
     return type_cast(t).full(t, spark_type(t))
 
 
-def _plain_value(t: PgType) -> Plain | None:
+def plain_value(t: PgType) -> Plain | None:
     """The typed value of a scalar type as a plain expression (no lambda functions, so Spark
-    generates code for it), exactly the value of :func:`_caster`'s pair; None for the types
+    generates code for it), exactly the value of :func:`caster`'s pair; None for the types
     only the full cast handles (arrays, interval). NULL for a non-NULL text means an error
-    (or, for a column whose infinities become NULL, see :func:`_nulled`)."""
+    (or, for a column whose infinities become NULL, see :func:`nulled`)."""
     return type_cast(t).plain(t, spark_type(t))
 
 
@@ -657,7 +655,7 @@ def _datetime_plain(text: Column, target: DataType, full_pattern: str) -> Column
     return _datetime_value(text, target, full_pattern).cast(target)
 
 
-def _is_partial(plain: Callable[[Column], Column] | None) -> bool:
+def is_partial(plain: Callable[[Column], Column] | None) -> bool:
     """Whether a plain value is NULL for texts it does not handle (the full cast decides those)
     rather than only for texts that do not cast."""
     return plain is _simple_text_array or (
@@ -668,7 +666,7 @@ def _is_partial(plain: Callable[[Column], Column] | None) -> bool:
 
 def cast_pair(text: Column, t: PgType) -> Column:
     """``struct<value, error>`` for one text value (see :func:`cast_expr`)."""
-    return _let(text, _caster(t))
+    return _let(text, caster(t))
 
 
 def cast_expr(text: Column, t: PgType) -> tuple[Column, Column]:
@@ -680,252 +678,6 @@ def cast_expr(text: Column, t: PgType) -> tuple[Column, Column]:
     """
     pair = cast_pair(text, t)
     return pair["value"], pair["error"]
-
-
-def cast_values(df: DataFrame, values_col: str, columns: Sequence[tuple[str, PgType]]) -> DataFrame:
-    """Replace ``values_col`` (``array<string>``) by one typed column per ``(name, type)``.
-
-    Column ``i`` comes from ``values_col[i]``. The typed columns take ``values_col``'s place,
-    the other columns of ``df`` stay, and ``_cast_errors`` (``array<struct<column_name, raw,
-    message>>``, empty when the row cast cleanly) comes last. A row with fewer values than
-    ``columns`` has an error for each missing one.
-
-    The columns of one type are cast together, ``transform(array(texts...), <cast>)``, so the
-    plan holds each distinct type's cast once however wide the table is, and the cast of a type
-    is built once per process.
-    """
-    if values_col not in df.columns:
-        raise ValueError(f"no column {values_col!r} in the DataFrame")
-    names = [name for name, _ in columns]
-    outputs = [name for name in df.columns if name != values_col] + names + [CAST_ERRORS_COLUMN]
-    clashes = sorted({name for name in outputs if outputs.count(name) > 1})
-    if clashes:
-        raise ValueError(f"cast_values would produce duplicate columns: {clashes}")
-    c = _ColumnsCast(df, values_col, columns)
-    staged = c.staged(df)
-    value_at, error_at = c.values_and_errors()
-    typed = [value_at[p].alias(name) for p, name in enumerate(names)]
-    output: list[Column] = []
-    for name in df.columns:
-        output.extend(typed if name == values_col else [column(name)])
-    output.append(c.errors(error_at).cast(CAST_ERROR_TYPE).alias(CAST_ERRORS_COLUMN))
-    return staged.select(*output)
-
-
-class _ColumnsCast:
-    """The expressions of one :func:`cast_values`: the columns grouped by type, each group's
-    texts in one array column, and each scalar column's plain value in a column of its own."""
-
-    def __init__(self, df: DataFrame, values_col: str, columns: Sequence[tuple[str, PgType]]):
-        self.columns = columns
-        self.positions: dict[PgType, list[int]] = {}
-        for position, (_, t) in enumerate(columns):
-            self.positions.setdefault(t, []).append(position)
-        prefix = _unused_prefix(df.columns)
-        self.group_names = {t: f"{prefix}{_type_key(t)}" for t in self.positions}
-        self.value_names = {p: f"{prefix}v{p}" for p in range(len(columns))}
-        self.plain = {t: _plain_value(t) for t in self.positions}
-        self.nulled = {p: _nulled(t) for p, (_, t) in enumerate(columns)}
-        self.values = column(values_col)
-
-    def failed(self, p: int) -> Column:
-        """Whether column ``p``'s plain value failed (a non-NULL text, a NULL value)."""
-        text = F.get(self.values, p)
-        out = text.isNotNull() & column(self.value_names[p]).isNull()
-        return out & ~self.nulled[p](text) if self.nulled[p] else out
-
-    def _any_failed(self, group: list[int]) -> Column:
-        return functools.reduce(lambda a, b: a | b, (self.failed(p) for p in group))
-
-    def staged(self, df: DataFrame) -> DataFrame:
-        """``df`` with each type's texts and, for scalar types, each plain value; the full cast
-        of a scalar type's group only for a row where some plain value failed. Arrays and
-        intervals: the full cast for every row."""
-        everything = [column(name) for name in df.columns]
-        groups, plain = self.positions.items(), self.plain
-        texts = df.select(
-            *everything,
-            *(
-                F.array(*(F.get(self.values, p) for p in group)).alias(self.group_names[t])
-                for t, group in groups
-            ),
-        )
-        staged = texts.select(
-            *everything,
-            *(
-                (column(self.group_names[t]) if plain[t] else self._cast(t)).alias(
-                    self.group_names[t]
-                )
-                for t in self.positions
-            ),
-            *(
-                plain[t](F.get(self.values, p)).alias(self.value_names[p])
-                for t, group in groups
-                if plain[t]
-                for p in group
-            ),
-        )
-        return staged.select(
-            *everything,
-            *(column(self.value_names[p]) for t, group in groups if plain[t] for p in group),
-            *(
-                (
-                    F.when(self._any_failed(group), self._cast(t))
-                    if plain[t]
-                    else column(self.group_names[t])
-                ).alias(self.group_names[t])
-                for t, group in groups
-            ),
-        )
-
-    def _cast(self, t: PgType) -> Column:
-        return _group_cast(t, self.group_names[t], is_remote())
-
-    def values_and_errors(self) -> tuple[dict[int, Column], dict[int, Column]]:
-        """Each column's typed value and error (NULL: none), by position."""
-        value_at: dict[int, Column] = {}
-        error_at: dict[int, Column] = {}
-        for t, group in self.positions.items():
-            plain = self.plain[t]
-            for k, p in enumerate(group):
-                pair = F.get(column(self.group_names[t]), k)
-                if _is_partial(plain):
-                    value_at[p] = F.coalesce(
-                        column(self.value_names[p]), F.when(self.failed(p), pair["value"])
-                    )
-                    error_at[p] = F.when(self.failed(p), pair["error"])
-                elif plain:
-                    value_at[p] = column(self.value_names[p])
-                    error_at[p] = F.when(
-                        self.failed(p),
-                        F.coalesce(pair["error"], _lit(f"cannot cast to {_label(spark_type(t))}")),
-                    )
-                else:
-                    value_at[p] = pair["value"]
-                    error_at[p] = pair["error"]
-        return value_at, error_at
-
-    def errors(self, error_at: dict[int, Column]) -> Column:
-        """The row's ``_cast_errors``: built (a lambda function, without generated code) only
-        for a row that has one."""
-        values, count = self.values, F.size(self.values)
-        names = [name for name, _ in self.columns]
-        errors = [
-            F.struct(
-                _lit(name).alias("column_name"),
-                F.get(values, p).alias("raw"),
-                F.coalesce(
-                    F.when(values.isNull() | (count <= p), _lit(f"no value at position {p}")),
-                    error_at[p],
-                ).alias("message"),
-            )
-            for p, name in enumerate(names)
-        ]
-        may_fail = [values.isNull(), count < len(names)] + [
-            self.failed(p) if self.plain[t] else error_at[p].isNotNull()
-            for t, group in self.positions.items()
-            for p in group
-        ]
-        return F.when(
-            functools.reduce(lambda a, b: a | b, may_fail),
-            F.filter(F.array(*errors), lambda e: e["message"].isNotNull()),
-        ).otherwise(F.array().cast(CAST_ERROR_TYPE))
-
-
-UNSETTLED_COLUMN = "_pgm_unsettled"
-
-
-def plain_cast(
-    df: DataFrame, values_col: str, columns: Sequence[tuple[str, PgType]]
-) -> DataFrame | None:
-    """The fast half of :func:`cast_values`: plain expressions only, so Spark generates code for
-    all of it (a lambda function anywhere in a projection leaves the projection uncompiled).
-
-    Returns ``df``'s other columns, one typed column per ``(name, type)`` from its plain value,
-    ``values_col`` only where the row is unsettled (NULL elsewhere), and ``_pgm_unsettled``: whether
-    the plain values do not settle the row (a value did not cast or was left to the full cast,
-    or the row has fewer values than ``columns``, or none). The typed columns of a row that is
-    not unsettled are exactly what :func:`cast_values` gives it, with no errors; cast the unsettled
-    rows' ``values_col`` with :func:`cast_values` for theirs.
-
-    None when some type has no plain value (arrays of other element types than text, interval)
-    or when a column is named ``values_col`` or ``_pgm_unsettled``: use :func:`cast_values`.
-    """
-    if values_col not in df.columns:
-        raise ValueError(f"no column {values_col!r} in the DataFrame")
-    names = [name for name, _ in columns]
-    if values_col in names or UNSETTLED_COLUMN in names:
-        return None
-    outputs = [n for n in df.columns if n != values_col] + names + [values_col, UNSETTLED_COLUMN]
-    clashes = sorted({name for name in outputs if outputs.count(name) > 1})
-    if clashes:
-        raise ValueError(f"plain_cast would produce duplicate columns: {clashes}")
-    exprs = _plain_exprs(values_col, tuple(columns), tuple(df.columns), is_remote())
-    if exprs is None:
-        return None
-    typed, output = exprs
-    return df.select(*typed).select(*output)
-
-
-@functools.lru_cache(maxsize=256)
-def _plain_exprs(
-    values_col: str, columns: tuple[tuple[str, PgType], ...], taken: tuple[str, ...], remote: bool
-) -> tuple[list[Column], list[Column]] | None:
-    """The two projections of :func:`plain_cast`, or None. Cached: building them costs one
-    call into the JVM per expression node (thousands for a wide table, most of a second), and
-    a run casts the same table's columns for its changes and for its snapshot, as do runs in
-    one process. ``remote`` keeps Spark Connect columns apart from classic ones."""
-    del remote
-    names = [name for name, _ in columns]
-    plain = [_plain_value(t) for _, t in columns]
-    if any(p is None for p in plain):
-        return None
-    values = column(values_col)
-    prefix = _unused_prefix(taken)
-    typed = [
-        *(column(n) for n in taken),
-        *(fn(F.get(values, p)).alias(f"{prefix}{p}") for p, fn in enumerate(plain)),
-    ]
-    failed = [
-        F.get(values, p).isNotNull() & column(f"{prefix}{p}").isNull() for p in range(len(plain))
-    ]
-    unsettled = functools.reduce(
-        lambda a, b: a | b, [values.isNull(), F.size(values) < len(names), *failed]
-    )
-    others = [column(n) for n in taken if n != values_col]
-    output = [
-        *others,
-        *(column(f"{prefix}{p}").alias(name) for p, name in enumerate(names)),
-        F.when(unsettled, values).alias(values_col),
-        unsettled.alias(UNSETTLED_COLUMN),
-    ]
-    return typed, output
-
-
-@functools.lru_cache(maxsize=1024)
-def _group_cast(t: PgType, texts: str, remote: bool) -> Column:
-    """``transform(texts, <cast to t>)``; cached, because building a cast costs hundreds of
-    calls into the JVM and a silver run casts the same types table after table, run after run.
-    ``remote`` keeps Spark Connect columns apart from classic ones.
-    """
-    del remote
-    return F.transform(column(texts), _caster(t))
-
-
-def _type_key(t: PgType) -> str:
-    return hashlib.sha1(repr(t).encode()).hexdigest()[:16]
-
-
-def _unused_prefix(taken: Sequence[str]) -> str:
-    prefix = "__pgm_cast_"
-    while any(name.startswith(prefix) for name in taken):
-        prefix = "_" + prefix
-    return prefix
-
-
-def column(name: str) -> Column:
-    """A reference to the column called ``name``, whatever characters the name has."""
-    return F.col("`" + name.replace("`", "``") + "`")
 
 
 def adjustments(columns: Sequence[tuple[str, PgType]]) -> list[tuple[str, str, Callable]]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-from silver.casts import CASTS, UNSETTLED_COLUMN, cast_values, plain_cast, type_cast
+from silver.cast_columns import UNSETTLED_COLUMN, cast_values, plain_cast
+from silver.casts import CASTS, type_cast
 from silver.pgtypes import INTERVAL, NUMERIC, TEXT, PgType
 
 TEXT_ARRAY = 1009
