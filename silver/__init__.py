@@ -55,6 +55,7 @@ Modules (each one job)
     ``identity``   previous images of changes by key (REPLICA IDENTITY DEFAULT / USING INDEX)
     ``pgtypes``    PostgreSQL types (``PgType``) and the Spark type each one becomes
     ``casts``      PostgreSQL text -> Spark values: a registry with one entry per type
+    ``cast_columns``  an ``array<string>`` column -> typed columns (``plain_cast``, ``cast_values``)
     ``cast_rows``  one table's rows cast: the settled ones, then the unsettled ones
     ``rewind``     rewinds, truncates and consolidation (DataFrame -> DataFrame)
     ``write``      every append of a run (idempotent per run)
