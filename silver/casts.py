@@ -664,22 +664,6 @@ def is_partial(plain: Callable[[Column], Column] | None) -> bool:
     )
 
 
-def cast_pair(text: Column, t: PgType) -> Column:
-    """``struct<value, error>`` for one text value (see :func:`cast_expr`)."""
-    return _let(text, caster(t))
-
-
-def cast_expr(text: Column, t: PgType) -> tuple[Column, Column]:
-    """``(typed value, error)`` for one PostgreSQL text value of type ``t``.
-
-    The error is NULL when the text is NULL or cast fine, and a short message otherwise; the
-    value is NULL whenever the error is not. Both columns carry the whole cast: to cast many
-    columns, use :func:`cast_values`, which builds each type's cast once.
-    """
-    pair = cast_pair(text, t)
-    return pair["value"], pair["error"]
-
-
 def adjustments(columns: Sequence[tuple[str, PgType]]) -> list[tuple[str, str, Callable]]:
     """``(column, code, test)`` for each column whose values may be adjusted by a declared
     rule rather than kept exactly: ``Rounded`` (more decimals than the column's Spark decimal,

@@ -16,8 +16,6 @@ from pyspark.sql import types as T
 
 from core.config import Config
 
-META_COLUMNS = ("_lsn", "_diff", "_run")
-
 TABLES_DDL = (
     "source STRING NOT NULL, table_oid BIGINT NOT NULL, table_schema STRING, table_name STRING, "
     "silver_table STRING NOT NULL, snapshot_lsn BIGINT, primary_key ARRAY<STRING>, "
