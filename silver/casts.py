@@ -525,25 +525,25 @@ def _datetime_entry(pattern: str, label: str) -> TypeCast:
     )
 
 
-_NUMBER = TypeCast(
+_NUMBER_CAST = TypeCast(
     lambda t, target: _integer_caster(target),
     lambda t, target: functools.partial(_canonical_number, target=target),
 )
-_FLOAT = TypeCast(
+_FLOAT_CAST = TypeCast(
     lambda t, target: _float_caster(target),
     lambda t, target: functools.partial(_float_plain, target=target),
 )
-_TEXT = TypeCast(lambda t, target: _cast_string, lambda t, target: _text_value)
+_TEXT_CAST = TypeCast(lambda t, target: _cast_string, lambda t, target: _text_value)
 """Every type without an entry of its own (text, enums, json, uuid, ...): its text as is."""
 
 CASTS: Mapping[int, TypeCast] = {
     BOOL: TypeCast(lambda t, target: _cast_bool, lambda t, target: _bool_value),
-    INT2: _NUMBER,
-    INT4: _NUMBER,
-    INT8: _NUMBER,
-    OID: _NUMBER,
-    FLOAT4: _FLOAT,
-    FLOAT8: _FLOAT,
+    INT2: _NUMBER_CAST,
+    INT4: _NUMBER_CAST,
+    INT8: _NUMBER_CAST,
+    OID: _NUMBER_CAST,
+    FLOAT4: _FLOAT_CAST,
+    FLOAT8: _FLOAT_CAST,
     NUMERIC: TypeCast(
         lambda t, target: _numeric_caster(target, rounding=_rounds(t)),
         lambda t, target: functools.partial(
@@ -567,16 +567,16 @@ def _override_entry(target: DataType) -> TypeCast:
             lambda t, target: functools.partial(_rounding_number, target=target),
         )
     if isinstance(target, (DoubleType, FloatType)):
-        return _FLOAT
+        return _FLOAT_CAST
     if isinstance(target, (LongType, IntegerType, ShortType)):
-        return _NUMBER
-    return _TEXT
+        return _NUMBER_CAST
+    return _TEXT_CAST
 
 
 def _array_entry(element: PgType) -> TypeCast:
     """An array by its element type; ``box[]`` literals (``;``-delimited) stay text."""
     if base_oid(element) in NON_COMMA_DELIMITED:
-        return _TEXT
+        return _TEXT_CAST
     text_elements = isinstance(spark_type(element), StringType)
     return TypeCast(
         lambda t, target: _array_caster(element),
@@ -591,7 +591,7 @@ def type_cast(t: PgType) -> TypeCast:
     element = element_type(t)
     if element is not None:
         return _array_entry(element)
-    return CASTS.get(base_oid(t), _TEXT)
+    return CASTS.get(base_oid(t), _TEXT_CAST)
 
 
 def caster(t: PgType) -> Caster:
