@@ -239,15 +239,11 @@ def decode_and_cast(spark, cfg: Config) -> tuple[int, int, float]:
     Returns (typed rows written, decode and cast errors, seconds). Runs after a silver run,
     which recorded the table's columns in ``_tables``.
     """
-    from silver.build import (
-        DIFF_SCHEMA,
-        _create_diff_table,
-        cast_diffs,
-        cast_in_one_pass,
-        data_columns,
-        load_tables,
-        table_diffs,
-    )
+    from silver.cast_rows import cast_diffs, cast_in_one_pass, data_columns
+    from silver.catalog import load_tables
+    from silver.contract import DIFF_SCHEMA
+    from silver.decode import table_diffs
+    from silver.write import create_diff_table as _create_diff_table
 
     [info] = [t for t in load_tables(spark, cfg).values() if t.name == TABLE]
     width = len(info.columns)

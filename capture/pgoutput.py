@@ -102,6 +102,10 @@ class BinaryValue(bytes):
 TupleValue: TypeAlias = bytes | None | Literal[_UnchangedToast.UNCHANGED_TOAST]
 TupleData: TypeAlias = tuple[TupleValue, ...]
 OldTupleKind: TypeAlias = Literal["K", "O"]
+OLD_TUPLE_KEY: OldTupleKind = "K"
+"""``Update.old_kind`` / ``Delete.old_kind`` of an old tuple holding the replica identity key."""
+OLD_TUPLE_FULL: OldTupleKind = "O"
+"""``old_kind`` of a whole old row (REPLICA IDENTITY FULL)."""
 
 
 @dataclass(frozen=True, slots=True)

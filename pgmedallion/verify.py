@@ -189,8 +189,9 @@ def verify(
 ) -> VerifyResult:
     """Compare silver (and gold) with the source at a fresh snapshot LSN."""
     from pgmedallion.pipeline import run_stages, silver_state
-    from silver.build import load_tables
-    from silver.casts import cast_values, pg_type_of
+    from silver.cast_columns import cast_values
+    from silver.catalog import load_tables
+    from silver.pgtypes import pg_type_of
 
     tables = {
         oid: info for oid, info in load_tables(spark, cfg).items() if info.snapshot_lsn is not None

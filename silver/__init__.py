@@ -23,9 +23,10 @@ silver schema (``pgm_silver`` by default), all Delta.
 
 ``_errors``   definite errors, kept forever (append-only):
     source STRING, table_oid BIGINT, table_schema STRING, table_name STRING, lsn BIGINT,
-    code STRING   InvalidCopyInput | MissingColumn | CastError | DefaultReplicaIdentity |
-                  MissingToast | SchemaIncompatible | TableTruncated | TableDropped |
-                  PublicationDropped | SlotCompacted | ...
+    code STRING   silver's own (``silver/errors.py``): InvalidCopyInput | ColumnCountMismatch |
+                  MissingColumn | CastError | InvalidValue | SchemaIncompatible | MissingToast |
+                  DefaultReplicaIdentity | UnknownPreviousRow | TableTruncated; and bronze's
+                  (``capture/errors.py``): TableDropped | PublicationDropped | SlotCompacted | ...
     column_name STRING, raw STRING, message STRING, run BIGINT, detected_at TIMESTAMP
 
 ``_progress``   one row per completed silver run (append-only):
@@ -34,4 +35,30 @@ silver schema (``pgm_silver`` by default), all Delta.
     tables ARRAY<BIGINT> (the OIDs of the tables the run wrote diffs, errors or adjustments
     for; NULL in rows written before the column existed, read as "every table": gold reads
     nothing of a table no run since its last gold run lists)
+
+Unsettled rows
+    A table's rows are cast first by plain (code-generated) Spark SQL expressions. The rows
+    those do not settle are its *unsettled* rows: decode errors, COPY records marked for the
+    Python decoder, and rows with a value the plain cast leaves to the full cast (arrays with
+    escapes, intervals, values a declared policy rounds, clamps or nulls, values that do not
+    cast). They are cast in full, with their error messages, and appended in a second commit of
+    the run; usually there are none.
+
+Modules (each one job)
+    ``build``      the run: :func:`silver.build.run_silver` and one table's run (``table_run``)
+    ``plan``       the run's windows (``_plans``) and bronze's control records
+    ``catalog``    ``_tables``, Relations and their column layouts, truncates per table
+    ``contract``   the DDL of silver's tables and the schemas between its stages
+    ``decode``     bronze records -> diff rows (changes by Python workers, COPY in Spark SQL)
+    ``changes``    one pgoutput change -> diff rows, and Relation layouts
+    ``copy_sql``   COPY TEXT decoding as Spark SQL; ``copy_text``: the Python decoder
+    ``identity``   previous images of changes by key (REPLICA IDENTITY DEFAULT / USING INDEX)
+    ``pgtypes``    PostgreSQL types (``PgType``) and the Spark type each one becomes
+    ``casts``      PostgreSQL text -> Spark values: a registry with one entry per type
+    ``cast_columns``  an ``array<string>`` column -> typed columns (``plain_cast``, ``cast_values``)
+    ``cast_rows``  one table's rows cast: the settled ones, then the unsettled ones
+    ``rewind``     rewinds, truncates and consolidation (DataFrame -> DataFrame)
+    ``write``      every append of a run (idempotent per run)
+    ``errors``     silver's error types and the error record
+    ``policies``   per-column policies (type overrides, infinities)
 """

@@ -18,7 +18,7 @@ expression here repeats a group, so nothing recurses per character in Java's reg
 
 Speed: Spark generates code for plain expressions but evaluates lambda functions
 (``transform``, ``filter``) by interpreting them, value by value. So every scalar type's value
-is first computed as a plain expression (:func:`_plain_value`), and the full cast below, with
+is first computed as a plain expression (:func:`plain_value`), and the full cast below, with
 its error messages, runs only for a row where some value did not cast; text arrays without
 escapes take a plain path too. Casting 500k rows of seven common types went from 41-53 s to
 17-18 s on the shared 2-core machine (load 5-6).
@@ -39,83 +39,24 @@ Errors
     :func:`cast_values` collects the messages of a row in ``_cast_errors``; silver writes them
     to ``_errors`` as ``CastError`` (they are definite: the same text fails every time).
 
-The mapping (``oid`` from ``pg_type``; domains cast as their base type)::
-
-    PostgreSQL                        Spark                  notes
-    --------------------------------  ---------------------  ----------------------------------
-    bool (16)                         BooleanType            ``t`` / ``f``
-    int2 (21), int4 (23), int8 (20)   Short/Integer/Long     range-checked
-    oid (26)                          LongType               unsigned 32-bit
-    float4 (700), float8 (701)        Float/DoubleType       ``NaN``, ``Infinity``,
-                                                             ``-Infinity`` and ``-0`` kept
-    numeric(p,s) (1700), p <= 38      DecimalType(p,s)       NaN/Infinity: error
-    numeric(p,s), s < 0 or s > p      DecimalType(p-s,0) /   PostgreSQL 15+ scales, exact
-                                      DecimalType(s,s)
-    numeric(p,s), p > 38              DecimalType(38,s')     s' = min(s, 38); error if the
-                                                             value does not fit
-    numeric (unconstrained)           DecimalType(38,18)     error when the value has more than
-                                                             20 integer digits or a non-zero
-                                                             digit after the 18th decimal
-    text (25), varchar (1043),        StringType             bpchar keeps its padding
-    bpchar (1042), "char" (18),
-    name (19)
-    bytea (17)                        BinaryType             ``\x`` hex
-    date (1082)                       DateType               infinity, BC and years after 9999:
-                                                             error
-    timestamp (1114)                  TimestampNTZType       infinity, BC, year > 9999: error
-    timestamptz (1184)                TimestampType          (UTC instant) same errors
-    time (1083), timetz (1266)        StringType             ``HH:MM:SS[.ffffff][+hh]``; sorts
-                                                             right for time; Delta has no TIME
-    interval (1186)                   struct<months: int,    PostgreSQL's own three fields;
-                                      days: int,             ``infinity`` (PostgreSQL 17+):
-                                      microseconds: bigint>  error
-    uuid (2950)                       StringType             lower-case canonical form
-    json (114), jsonb (3802)          StringType             see below
-    enums (typcategory E)             StringType             the label
-    1-D arrays of the above           ArrayType(element)     NULL elements kept; element errors
-                                                             name the element's position
-    multi-dimensional arrays,         (error)                ``{{1,2},{3,4}}``, ``[0:1]={1,2}``
-    explicit lower bounds
-    box[] (element delimiter ``;``)   StringType             the literal as PostgreSQL wrote it
-    inet, cidr, macaddr, macaddr8,    StringType             the text PostgreSQL wrote
-    money, bit, varbit, xml,
-    tsvector, tsquery, ranges,
-    multiranges, hstore, geometric
-    types, pg_lsn, xid, composite,
-    anything unknown
-
-Why not Spark's VARIANT for json/jsonb: silver consolidates diffs by grouping on whole rows and
-gold compares rows with the source, and VARIANT values are neither groupable nor comparable in
-Spark; jsonb's text form is already normalised (key order, whitespace), so equal jsonb values
-are equal strings. Parse with ``parse_json``/``from_json`` downstream where needed.
-
-Why a struct for interval: Spark's own interval types split year-month from day-time and
-cannot hold ``1 mon 1 day`` (and Delta cannot store ``CalendarIntervalType``). The struct is
-exactly PostgreSQL's representation, so no value is lost and ``'1 mon'`` stays distinct from
-``'30 days'`` (PostgreSQL's ``=`` calls them equal; this mapping keeps what was written).
-
-What is decided here and may need revisiting: ``infinity`` dates and timestamps are errors, not
-sentinels (a sentinel like 9999-12-31 would collide with a real value); unconstrained numeric
-is ``DecimalType(38,18)`` rather than a string; a domain over ``numeric(p,s)`` arrives with
-typmod -1 and is therefore treated as unconstrained numeric.
+The mapping of PostgreSQL types to Spark types is :mod:`silver.pgtypes`'s. Each type's casts are
+one entry of the registry :data:`CASTS` (:class:`TypeCast`: its plain and its full cast).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
     BooleanType,
     DataType,
-    DateType,
     DecimalType,
     DoubleType,
     FloatType,
@@ -125,77 +66,30 @@ from pyspark.sql.types import (
     StringType,
     StructField,
     StructType,
-    TimestampNTZType,
-    TimestampType,
 )
-from pyspark.sql.utils import is_remote
 
-from core.config import parse_type_override
-
-# --- PostgreSQL type oids (pg_type, stable since they are built in) -----------------------------
-
-BOOL, BYTEA, CHAR, NAME, INT8, INT2, INT4, TEXT, OID = 16, 17, 18, 19, 20, 21, 23, 25, 26
-JSON, FLOAT4, FLOAT8, BPCHAR, VARCHAR = 114, 700, 701, 1042, 1043
-DATE, TIME, TIMESTAMP, TIMESTAMPTZ, INTERVAL, TIMETZ = 1082, 1083, 1114, 1184, 1186, 1266
-NUMERIC, UUID, JSONB, BOX = 1700, 2950, 3802, 603
-
-ARRAY_ELEMENT: Mapping[int, int] = {
-    1000: BOOL,
-    1001: BYTEA,
-    1002: CHAR,
-    1003: NAME,
-    1005: INT2,
-    1007: INT4,
-    1009: TEXT,
-    1014: BPCHAR,
-    1015: VARCHAR,
-    1016: INT8,
-    1017: 600,  # point
-    1020: BOX,
-    1021: FLOAT4,
-    1022: FLOAT8,
-    1028: OID,
-    1040: 829,  # macaddr
-    1041: 869,  # inet
-    651: 650,  # cidr
-    775: 774,  # macaddr8
-    791: 790,  # money
-    1115: TIMESTAMP,
-    1182: DATE,
-    1183: TIME,
-    1185: TIMESTAMPTZ,
-    1187: INTERVAL,
-    1231: NUMERIC,
-    1270: TIMETZ,
-    1561: 1560,  # bit
-    1563: 1562,  # varbit
-    143: 142,  # xml
-    199: JSON,
-    2951: UUID,
-    3643: 3614,  # tsvector
-    3645: 3615,  # tsquery
-    3807: JSONB,
-    3905: 3904,  # int4range
-    3907: 3906,  # numrange
-    3909: 3908,  # tsrange
-    3911: 3910,  # tstzrange
-    3913: 3912,  # daterange
-    3927: 3926,  # int8range
-}
-"""Built-in array type -> element type, so arrays work even without ``element_type_oid``."""
-
-NON_COMMA_DELIMITED = frozenset({BOX})
-"""Element types whose array literals separate elements with ``;`` (``pg_type.typdelim``)."""
-
-UNCONSTRAINED_NUMERIC = DecimalType(38, 18)
-"""Where ``numeric`` without a usable precision goes (values that do not fit are errors)."""
-
-INTERVAL_TYPE = StructType(
-    [
-        StructField("months", IntegerType()),
-        StructField("days", IntegerType()),
-        StructField("microseconds", LongType()),
-    ]
+from silver.pgtypes import (
+    BOOL,
+    BYTEA,
+    DATE,
+    DEFAULT_INFINITY,
+    FLOAT4,
+    FLOAT8,
+    INT2,
+    INT4,
+    INT8,
+    INTERVAL,
+    INTERVAL_TYPE,
+    MAX_DECIMAL_PRECISION,
+    NON_COMMA_DELIMITED,
+    NUMERIC,
+    OID,
+    TIMESTAMP,
+    TIMESTAMPTZ,
+    PgType,
+    base_oid,
+    element_type,
+    spark_type,
 )
 
 CAST_ERRORS_COLUMN = "_cast_errors"
@@ -209,188 +103,6 @@ CAST_ERROR_TYPE = ArrayType(
     ),
     containsNull=False,
 )
-
-_SCALAR_TYPES: Mapping[int, DataType] = {
-    BOOL: BooleanType(),
-    INT2: ShortType(),
-    INT4: IntegerType(),
-    INT8: LongType(),
-    OID: LongType(),
-    FLOAT4: FloatType(),
-    FLOAT8: DoubleType(),
-    BYTEA: BinaryType(),
-    DATE: DateType(),
-    TIMESTAMP: TimestampNTZType(),
-    TIMESTAMPTZ: TimestampType(),
-    INTERVAL: INTERVAL_TYPE,
-}
-"""Types with a Spark type of their own (numeric aside); every other scalar is a string."""
-
-_MAX_DECIMAL_PRECISION = 38
-
-
-@dataclass(frozen=True)
-class PgType:
-    """What silver knows about a column's type."""
-
-    type_oid: int
-    typmod: int = -1
-    type_name: str = ""
-    """``format_type()``, e.g. ``numeric(12,2)``, ``order_status``, ``text[]``."""
-    base_type_oid: int = 0
-    """For domains: the base type's oid (0 = not a domain)."""
-    element_type_oid: int = 0
-    """For arrays: the element type's oid (0 = not an array)."""
-    category: str = ""
-    """``pg_type.typcategory`` of the (base) type: ``E`` enum, ``A`` array, ..."""
-    target: str = ""
-    """A type override from the configuration (see :func:`override_type`), or "" for the
-    mapping's own type."""
-    infinity: str = ""
-    """Dates and timestamps: what ``infinity`` and ``-infinity`` become (see
-    :data:`INFINITY_POLICIES`); "" is :data:`DEFAULT_INFINITY`."""
-
-
-INFINITY_POLICIES = ("clamp", "null", "error")
-"""``clamp``: Spark's largest and smallest value of the type (9999-12-31 23:59:59.999999 and
-0001-01-01); ``null``: NULL; ``error``: a ``CastError``. Clamped and nulled values are counted
-(see :func:`adjustments`)."""
-DEFAULT_INFINITY = "clamp"
-
-_OVERRIDES = {
-    "string": StringType(),
-    "double": DoubleType(),
-    "float": FloatType(),
-    "bigint": LongType(),
-    "long": LongType(),
-    "int": IntegerType(),
-    "integer": IntegerType(),
-    "smallint": ShortType(),
-}
-
-
-def override_type(text: str) -> DataType | None:
-    """The Spark type a configured override names (see
-    :func:`core.config.parse_type_override`), or None."""
-    parsed = parse_type_override(text)
-    if parsed is None:
-        return None
-    name, precision, scale = parsed
-    return DecimalType(precision, scale) if name == "decimal" else _OVERRIDES[name]
-
-
-def override_problem(t: PgType, text: str) -> str | None:
-    """Why a column of type ``t`` cannot be read as the override ``text``; None if it can.
-    Any type reads as ``string``; numbers (numeric, integers, floats) as ``double`` or
-    ``float``; numeric and integers as ``decimal(p,s)``; integers as another integer type."""
-    target = override_type(text)
-    if target is None:
-        return (
-            f"unknown type {text!r} (string, double, float, bigint, int, smallint or "
-            "decimal(p,s) with p <= 38)"
-        )
-    if isinstance(target, StringType):
-        return None
-    oid = _base_oid(t)
-    source = t.type_name or str(oid)
-    if _element(t) is not None:
-        return f"an array ({source}) can only be read as string"
-    integer = oid in (INT2, INT4, INT8, OID)
-    if isinstance(target, (DoubleType, FloatType)) and (
-        integer or oid in (NUMERIC, FLOAT4, FLOAT8)
-    ):
-        return None
-    if isinstance(target, DecimalType) and (integer or oid == NUMERIC):
-        return None
-    if isinstance(target, (LongType, IntegerType, ShortType)) and integer:
-        return None
-    return f"{source} cannot be read as {text}"
-
-
-def pg_type_of(column: Any) -> PgType:
-    """The :class:`PgType` of a :class:`capture.snapshot.Column` or a dict with its keys."""
-
-    def get(key: str, default: Any) -> Any:
-        if isinstance(column, Mapping):
-            value = column.get(key, default)
-        else:
-            value = getattr(column, key, default)
-        return default if value is None else value
-
-    return PgType(
-        type_oid=int(get("type_oid", 0)),
-        typmod=int(get("typmod", -1)),
-        type_name=str(get("type_name", "")),
-        base_type_oid=int(get("base_type_oid", 0)),
-        element_type_oid=int(get("element_type_oid", 0)),
-        category=str(get("category", "")),
-        target=str(get("target", "")),
-        infinity=str(get("infinity", "")),
-    )
-
-
-# --- the mapping --------------------------------------------------------------------------------
-
-
-def _base_oid(t: PgType) -> int:
-    return t.base_type_oid or t.type_oid
-
-
-def _element(t: PgType) -> PgType | None:
-    """The element type if ``t`` is an array (its typmod is the element's), else None.
-
-    ``pg_type.typelem`` is also set for a few fixed-size types that are not arrays (``name``,
-    ``point``), so an element type counts only with category ``A`` (or no category known).
-    """
-    oid = _base_oid(t)
-    if oid in _SCALAR_TYPES or oid in (NUMERIC, TEXT, VARCHAR, BPCHAR, CHAR, NAME):
-        return None
-    element_oid = ARRAY_ELEMENT.get(oid)
-    if not element_oid and t.category in ("A", ""):
-        element_oid = t.element_type_oid
-    if element_oid:
-        return PgType(element_oid, t.typmod)
-    if t.category == "A":
-        return PgType(0, -1)  # an array of a type we know nothing about: its text
-    return None
-
-
-def decimal_type(typmod: int) -> DecimalType:
-    """The Spark decimal for ``numeric`` with this typmod (see the mapping in the docstring).
-
-    The typmod is ``((precision << 16) | (scale & 0x7ff)) + 4``; PostgreSQL 15+ allows a scale
-    from -1000 to 1000 (11-bit two's complement), older servers 0..precision.
-    """
-    if typmod < 4:
-        return UNCONSTRAINED_NUMERIC
-    packed = typmod - 4
-    precision = (packed >> 16) & 0xFFFF
-    scale = ((packed & 0x7FF) ^ 0x400) - 0x400
-    if scale < 0:
-        precision, scale = precision - scale, 0
-    elif scale > precision:
-        precision = scale
-    if precision > _MAX_DECIMAL_PRECISION:
-        return DecimalType(_MAX_DECIMAL_PRECISION, min(scale, _MAX_DECIMAL_PRECISION))
-    return DecimalType(precision, scale)
-
-
-def spark_type(t: PgType) -> DataType:
-    """The Spark type a column of PostgreSQL type ``t`` becomes."""
-    if t.target:
-        target = override_type(t.target)
-        if target is None:
-            raise ValueError(override_problem(t, t.target))
-        return target
-    element = _element(t)
-    if element is not None:
-        if _base_oid(element) in NON_COMMA_DELIMITED:
-            return StringType()
-        return ArrayType(spark_type(element), containsNull=True)
-    oid = _base_oid(t)
-    if oid == NUMERIC:
-        return decimal_type(t.typmod)
-    return _SCALAR_TYPES.get(oid, StringType())
 
 
 # --- casting ------------------------------------------------------------------------------------
@@ -420,7 +132,7 @@ _ESCAPED_QUOTE = "\u0000q"
 _ARRAY_TOKEN = r'"[^"]*"|[^,"{}]+'
 
 
-def _label(target: DataType) -> str:
+def type_label(target: DataType) -> str:
     """``DecimalType(12,2)``, ``DateType``: the type as error messages name it."""
     if isinstance(target, DecimalType):
         return f"DecimalType({target.precision},{target.scale})"
@@ -446,7 +158,7 @@ def _pair(text: Column, value: Column, error_of: Callable[[Column], Column], tar
     The error is NULL for NULL text; a non-NULL text whose value is NULL without a more specific
     message gets ``cannot cast to <type>``.
     """
-    fallback = F.when(text.isNotNull(), _lit(f"cannot cast to {_label(target)}"))
+    fallback = F.when(text.isNotNull(), _lit(f"cannot cast to {type_label(target)}"))
 
     def finish(v: Column) -> Column:
         error = F.when(text.isNotNull(), error_of(v))
@@ -485,7 +197,7 @@ def _integer_caster(target: DataType) -> Caster:
             text,
             _integer_value(text, target),
             lambda v: F.when(~text.rlike(_INT), _lit("invalid integer text")).when(
-                v.isNull(), _lit(f"integer out of range for {_label(target)}")
+                v.isNull(), _lit(f"integer out of range for {type_label(target)}")
             ),
             target,
         )
@@ -506,7 +218,7 @@ def _float_caster(target: DataType) -> Caster:
             text,
             _float_value(text, target),
             lambda v: F.when(~text.rlike(_FLOAT), _lit("invalid floating-point text")).when(
-                v.isNull(), _lit(f"floating-point value out of range for {_label(target)}")
+                v.isNull(), _lit(f"floating-point value out of range for {type_label(target)}")
             ),
             target,
         )
@@ -535,7 +247,7 @@ def _rounds(t: PgType) -> bool:
         return True
     if t.typmod < 4:
         return True
-    return (((t.typmod - 4) & 0x7FF) ^ 0x400) - 0x400 > _MAX_DECIMAL_PRECISION
+    return (((t.typmod - 4) & 0x7FF) ^ 0x400) - 0x400 > MAX_DECIMAL_PRECISION
 
 
 def _numeric_caster(target: DecimalType, rounding: bool = False) -> Caster:
@@ -549,10 +261,10 @@ def _numeric_caster(target: DecimalType, rounding: bool = False) -> Caster:
             lambda v: (
                 F.when(
                     text.isin("NaN", "Infinity", "-Infinity"),
-                    F.concat(_lit("numeric "), text, _lit(f" does not fit {_label(target)}")),
+                    F.concat(_lit("numeric "), text, _lit(f" does not fit {type_label(target)}")),
                 )
                 .when(~text.rlike(_NUMERIC), _lit("invalid numeric text"))
-                .when(v.isNull(), _lit(f"numeric value does not fit {_label(target)}"))
+                .when(v.isNull(), _lit(f"numeric value does not fit {type_label(target)}"))
             ),
             target,
         )
@@ -602,10 +314,10 @@ def _infinity(t: PgType) -> str:
     return t.infinity or DEFAULT_INFINITY
 
 
-def _nulled(t: PgType) -> Callable[[Column], Column] | None:
+def nulled(t: PgType) -> Callable[[Column], Column] | None:
     """For a date or timestamp column whose infinities become NULL: which texts those are
     (a NULL value from such a text is no error)."""
-    if t.target or _element(t) is not None or _base_oid(t) not in (DATE, TIMESTAMP, TIMESTAMPTZ):
+    if t.target or element_type(t) is not None or base_oid(t) not in (DATE, TIMESTAMP, TIMESTAMPTZ):
         return None
     if _infinity(t) != "null":
         return None
@@ -615,7 +327,7 @@ def _nulled(t: PgType) -> Callable[[Column], Column] | None:
 def _datetime_caster(pattern: str, target: DataType, label: str, infinity: str = "error") -> Caster:
     """Dates and timestamps: the ISO form with a four-digit year, or a definite error;
     ``infinity`` says what ``±infinity`` become (see :data:`INFINITY_POLICIES`)."""
-    spark_range = f"outside {_label(target)}'s range (years 1 to 9999)"
+    spark_range = f"outside {type_label(target)}'s range (years 1 to 9999)"
     full_pattern = "^" + pattern + _END
     clamp = label if infinity == "clamp" else None
 
@@ -699,7 +411,7 @@ def _cast_interval(text: Column) -> Column:
 
 def _array_caster(element: PgType) -> Caster:
     """A 1-D array literal, split in SQL (see the module docstring), each element cast."""
-    cast_element = _caster(element)
+    cast_element = caster(element)
     target = ArrayType(spark_type(element), containsNull=True)
 
     def cast(text: Column) -> Column:
@@ -778,98 +490,120 @@ def _array_element(token: Column) -> Column:
     )
 
 
-def _override_caster(target: DataType) -> Caster:
+Plain = Callable[[Column], Column]
+"""A type's typed value as a plain expression (NULL for a non-NULL text: the full cast
+decides; see :func:`plain_value`)."""
+
+
+def _text_value(text: Column) -> Column:
+    return text
+
+
+def _float_plain(text: Column, target: DataType) -> Column:
+    return _float_value(text, target).cast(target)
+
+
+@dataclass(frozen=True)
+class TypeCast:
+    """One entry of the cast registry: both casts of one PostgreSQL type.
+
+    ``full(t, target)`` is the full cast (a :data:`Caster`: text -> ``struct<value, error>``),
+    ``plain(t, target)`` the fast one (a :data:`Plain`, or None when only the full cast handles
+    the type), for the column type ``t`` whose Spark type is ``target``."""
+
+    full: Callable[[PgType, DataType], Caster]
+    plain: Callable[[PgType, DataType], Plain | None]
+
+
+def _datetime_entry(pattern: str, label: str) -> TypeCast:
+    full_pattern = "^" + pattern + _END
+    return TypeCast(
+        lambda t, target: _datetime_caster(pattern, target, label, _infinity(t)),
+        lambda t, target: functools.partial(
+            _datetime_plain, target=target, full_pattern=full_pattern
+        ),
+    )
+
+
+_NUMBER_CAST = TypeCast(
+    lambda t, target: _integer_caster(target),
+    lambda t, target: functools.partial(_canonical_number, target=target),
+)
+_FLOAT_CAST = TypeCast(
+    lambda t, target: _float_caster(target),
+    lambda t, target: functools.partial(_float_plain, target=target),
+)
+_TEXT_CAST = TypeCast(lambda t, target: _cast_string, lambda t, target: _text_value)
+"""Every type without an entry of its own (text, enums, json, uuid, ...): its text as is."""
+
+CASTS: Mapping[int, TypeCast] = {
+    BOOL: TypeCast(lambda t, target: _cast_bool, lambda t, target: _bool_value),
+    INT2: _NUMBER_CAST,
+    INT4: _NUMBER_CAST,
+    INT8: _NUMBER_CAST,
+    OID: _NUMBER_CAST,
+    FLOAT4: _FLOAT_CAST,
+    FLOAT8: _FLOAT_CAST,
+    NUMERIC: TypeCast(
+        lambda t, target: _numeric_caster(target, rounding=_rounds(t)),
+        lambda t, target: functools.partial(
+            _rounding_number if _rounds(t) else _canonical_number, target=target
+        ),
+    ),
+    BYTEA: TypeCast(lambda t, target: _cast_bytea, lambda t, target: _bytea_value),
+    DATE: _datetime_entry(_DATE, "date"),
+    TIMESTAMP: _datetime_entry(_DATE + _TIME, "timestamp"),
+    TIMESTAMPTZ: _datetime_entry(_DATE + _TIME + _OFFSET, "timestamptz"),
+    INTERVAL: TypeCast(lambda t, target: _cast_interval, lambda t, target: None),
+}
+"""The cast registry: built-in scalar type oid -> its casts (domains cast as their base)."""
+
+
+def _override_entry(target: DataType) -> TypeCast:
+    """A column whose configuration overrides its type: cast by the target type."""
     if isinstance(target, DecimalType):
-        return _numeric_caster(target, rounding=True)
+        return TypeCast(
+            lambda t, target: _numeric_caster(target, rounding=True),
+            lambda t, target: functools.partial(_rounding_number, target=target),
+        )
     if isinstance(target, (DoubleType, FloatType)):
-        return _float_caster(target)
+        return _FLOAT_CAST
     if isinstance(target, (LongType, IntegerType, ShortType)):
-        return _integer_caster(target)
-    return _cast_string
+        return _NUMBER_CAST
+    return _TEXT_CAST
 
 
-def _override_plain(target: DataType) -> Callable[[Column], Column]:
-    if isinstance(target, DecimalType):
-        return functools.partial(_rounding_number, target=target)
-    if isinstance(target, (DoubleType, FloatType)):
-        return lambda text: _float_value(text, target).cast(target)
-    if isinstance(target, (LongType, IntegerType, ShortType)):
-        return functools.partial(_canonical_number, target=target)
-    return lambda text: text
+def _array_entry(element: PgType) -> TypeCast:
+    """An array by its element type; ``box[]`` literals (``;``-delimited) stay text."""
+    if base_oid(element) in NON_COMMA_DELIMITED:
+        return _TEXT_CAST
+    text_elements = isinstance(spark_type(element), StringType)
+    return TypeCast(
+        lambda t, target: _array_caster(element),
+        lambda t, target: _simple_text_array if text_elements else None,
+    )
 
 
-def _caster(t: PgType) -> Caster:
+def type_cast(t: PgType) -> TypeCast:
+    """The registry entry that casts values of ``t``."""
     if t.target:
-        return _override_caster(spark_type(t))
-    element = _element(t)
+        return _override_entry(spark_type(t))
+    element = element_type(t)
     if element is not None:
-        if _base_oid(element) in NON_COMMA_DELIMITED:
-            return _cast_string
-        return _array_caster(element)
-    oid = _base_oid(t)
-    target = spark_type(t)
-    if oid == NUMERIC:
-        assert isinstance(target, DecimalType)
-        return _numeric_caster(target, rounding=_rounds(t))
-    if oid == BOOL:
-        return _cast_bool
-    if oid in (INT2, INT4, INT8, OID):
-        return _integer_caster(target)
-    if oid in (FLOAT4, FLOAT8):
-        return _float_caster(target)
-    if oid == BYTEA:
-        return _cast_bytea
-    if oid == DATE:
-        return _datetime_caster(_DATE, target, "date", _infinity(t))
-    if oid == TIMESTAMP:
-        return _datetime_caster(_DATE + _TIME, target, "timestamp", _infinity(t))
-    if oid == TIMESTAMPTZ:
-        return _datetime_caster(_DATE + _TIME + _OFFSET, target, "timestamptz", _infinity(t))
-    if oid == INTERVAL:
-        return _cast_interval
-    return _cast_string
+        return _array_entry(element)
+    return CASTS.get(base_oid(t), _TEXT_CAST)
 
 
-def _plain_value(t: PgType) -> Callable[[Column], Column] | None:
+def caster(t: PgType) -> Caster:
+    return type_cast(t).full(t, spark_type(t))
+
+
+def plain_value(t: PgType) -> Plain | None:
     """The typed value of a scalar type as a plain expression (no lambda functions, so Spark
-    generates code for it), exactly the value of :func:`_caster`'s pair; None for the types
+    generates code for it), exactly the value of :func:`caster`'s pair; None for the types
     only the full cast handles (arrays, interval). NULL for a non-NULL text means an error
-    (or, for a column whose infinities become NULL, see :func:`_nulled`)."""
-    if t.target:
-        return _override_plain(spark_type(t))
-    element = _element(t)
-    if element is not None:
-        if _base_oid(element) in NON_COMMA_DELIMITED:
-            return lambda text: text
-        if isinstance(spark_type(element), StringType):
-            return _simple_text_array
-        return None
-    oid = _base_oid(t)
-    target = spark_type(t)
-    if oid == NUMERIC:
-        assert isinstance(target, DecimalType)
-        if _rounds(t):
-            return functools.partial(_rounding_number, target=target)
-        return functools.partial(_canonical_number, target=target)
-    if oid == BOOL:
-        return _bool_value
-    if oid in (INT2, INT4, INT8, OID):
-        return functools.partial(_canonical_number, target=target)
-    if oid in (FLOAT4, FLOAT8):
-        return lambda text: _float_value(text, target).cast(target)
-    if oid == BYTEA:
-        return _bytea_value
-    patterns = {
-        DATE: _DATE,
-        TIMESTAMP: _DATE + _TIME,
-        TIMESTAMPTZ: _DATE + _TIME + _OFFSET,
-    }
-    if oid in patterns:
-        full_pattern = "^" + patterns[oid] + _END
-        return functools.partial(_datetime_plain, target=target, full_pattern=full_pattern)
-    if oid == INTERVAL:
-        return None
-    return lambda text: text
+    (or, for a column whose infinities become NULL, see :func:`nulled`)."""
+    return type_cast(t).plain(t, spark_type(t))
 
 
 def _simple_text_array(text: Column) -> Column:
@@ -921,253 +655,13 @@ def _datetime_plain(text: Column, target: DataType, full_pattern: str) -> Column
     return _datetime_value(text, target, full_pattern).cast(target)
 
 
-def _is_partial(plain: Callable[[Column], Column] | None) -> bool:
+def is_partial(plain: Callable[[Column], Column] | None) -> bool:
     """Whether a plain value is NULL for texts it does not handle (the full cast decides those)
     rather than only for texts that do not cast."""
     return plain is _simple_text_array or (
         isinstance(plain, functools.partial)
         and plain.func in (_canonical_number, _rounding_number, _datetime_plain)
     )
-
-
-def cast_pair(text: Column, t: PgType) -> Column:
-    """``struct<value, error>`` for one text value (see :func:`cast_expr`)."""
-    return _let(text, _caster(t))
-
-
-def cast_expr(text: Column, t: PgType) -> tuple[Column, Column]:
-    """``(typed value, error)`` for one PostgreSQL text value of type ``t``.
-
-    The error is NULL when the text is NULL or cast fine, and a short message otherwise; the
-    value is NULL whenever the error is not. Both columns carry the whole cast: to cast many
-    columns, use :func:`cast_values`, which builds each type's cast once.
-    """
-    pair = cast_pair(text, t)
-    return pair["value"], pair["error"]
-
-
-def cast_values(df: DataFrame, values_col: str, columns: Sequence[tuple[str, PgType]]) -> DataFrame:
-    """Replace ``values_col`` (``array<string>``) by one typed column per ``(name, type)``.
-
-    Column ``i`` comes from ``values_col[i]``. The typed columns take ``values_col``'s place,
-    the other columns of ``df`` stay, and ``_cast_errors`` (``array<struct<column_name, raw,
-    message>>``, empty when the row cast cleanly) comes last. A row with fewer values than
-    ``columns`` has an error for each missing one.
-
-    The columns of one type are cast together, ``transform(array(texts...), <cast>)``, so the
-    plan holds each distinct type's cast once however wide the table is, and the cast of a type
-    is built once per process.
-    """
-    if values_col not in df.columns:
-        raise ValueError(f"no column {values_col!r} in the DataFrame")
-    names = [name for name, _ in columns]
-    outputs = [name for name in df.columns if name != values_col] + names + [CAST_ERRORS_COLUMN]
-    clashes = sorted({name for name in outputs if outputs.count(name) > 1})
-    if clashes:
-        raise ValueError(f"cast_values would produce duplicate columns: {clashes}")
-
-    positions: dict[PgType, list[int]] = {}
-    for position, (_, t) in enumerate(columns):
-        positions.setdefault(t, []).append(position)
-    prefix = _unused_prefix(df.columns)
-    group_names = {t: f"{prefix}{_type_key(t)}" for t in positions}
-    plain = {t: _plain_value(t) for t in positions}
-    values = column(values_col)
-    everything = [column(name) for name in df.columns]
-    texts = df.select(
-        *everything,
-        *(
-            F.array(*(F.get(values, p) for p in group)).alias(group_names[t])
-            for t, group in positions.items()
-        ),
-    )
-    # Scalar types: the value as a plain expression (code-generated); the full cast, with its
-    # error messages, runs only for a row where some such value failed. Arrays and intervals:
-    # the full cast for every row.
-    value_names = {p: f"{prefix}v{p}" for p in range(len(columns))}
-    staged = texts.select(
-        *everything,
-        *(
-            (
-                column(group_names[t]) if plain[t] else _group_cast(t, group_names[t], is_remote())
-            ).alias(group_names[t])
-            for t in positions
-        ),
-        *(
-            plain[t](F.get(values, p)).alias(value_names[p])
-            for t, group in positions.items()
-            if plain[t]
-            for p in group
-        ),
-    )
-
-    nulled = {p: _nulled(t) for p, (_, t) in enumerate(columns)}
-
-    def failed(p: int) -> Column:
-        text = F.get(values, p)
-        out = text.isNotNull() & column(value_names[p]).isNull()
-        return out & ~nulled[p](text) if nulled[p] else out
-
-    def any_failed(group: list[int]) -> Column:
-        return functools.reduce(lambda a, b: a | b, (failed(p) for p in group))
-
-    staged = staged.select(
-        *everything,
-        *(column(value_names[p]) for t, group in positions.items() if plain[t] for p in group),
-        *(
-            (
-                F.when(any_failed(group), _group_cast(t, group_names[t], is_remote()))
-                if plain[t]
-                else column(group_names[t])
-            ).alias(group_names[t])
-            for t, group in positions.items()
-        ),
-    )
-
-    value_at: dict[int, Column] = {}
-    error_at: dict[int, Column] = {}
-    for t, group in positions.items():
-        for k, position in enumerate(group):
-            pair = F.get(column(group_names[t]), k)
-            if _is_partial(plain[t]):
-                value_at[position] = F.coalesce(
-                    column(value_names[position]), F.when(failed(position), pair["value"])
-                )
-                error_at[position] = F.when(failed(position), pair["error"])
-            elif plain[t]:
-                value_at[position] = column(value_names[position])
-                error_at[position] = F.when(
-                    failed(position),
-                    F.coalesce(pair["error"], _lit(f"cannot cast to {_label(spark_type(t))}")),
-                )
-            else:
-                value_at[position] = pair["value"]
-                error_at[position] = pair["error"]
-    count = F.size(values)
-    typed = [value_at[p].alias(name) for p, name in enumerate(names)]
-    errors = [
-        F.struct(
-            _lit(name).alias("column_name"),
-            F.get(values, p).alias("raw"),
-            F.coalesce(
-                F.when(values.isNull() | (count <= p), _lit(f"no value at position {p}")),
-                error_at[p],
-            ).alias("message"),
-        )
-        for p, name in enumerate(names)
-    ]
-    # the array of errors is built (a lambda function, without generated code) only for a row
-    # that has one
-    suspect = [values.isNull(), count < len(names)] + [
-        failed(p) if plain[t] else error_at[p].isNotNull()
-        for t, group in positions.items()
-        for p in group
-    ]
-    cast_errors = F.when(
-        functools.reduce(lambda a, b: a | b, suspect),
-        F.filter(F.array(*errors), lambda e: e["message"].isNotNull()),
-    ).otherwise(F.array().cast(CAST_ERROR_TYPE))
-    output: list[Column] = []
-    for name in df.columns:
-        output.extend(typed if name == values_col else [column(name)])
-    output.append(cast_errors.cast(CAST_ERROR_TYPE).alias(CAST_ERRORS_COLUMN))
-    return staged.select(*output)
-
-
-SUSPECT_COLUMN = "_pgm_suspect"
-
-
-def plain_cast(
-    df: DataFrame, values_col: str, columns: Sequence[tuple[str, PgType]]
-) -> DataFrame | None:
-    """The fast half of :func:`cast_values`: plain expressions only, so Spark generates code for
-    all of it (a lambda function anywhere in a projection leaves the projection uncompiled).
-
-    Returns ``df``'s other columns, one typed column per ``(name, type)`` from its plain value,
-    ``values_col`` only where the row is suspect (NULL elsewhere), and ``_pgm_suspect``: whether
-    the plain values do not settle the row (a value did not cast or was left to the full cast,
-    or the row has fewer values than ``columns``, or none). The typed columns of a row that is
-    not suspect are exactly what :func:`cast_values` gives it, with no errors; cast the suspect
-    rows' ``values_col`` with :func:`cast_values` for theirs.
-
-    None when some type has no plain value (arrays of other element types than text, interval)
-    or when a column is named ``values_col`` or ``_pgm_suspect``: use :func:`cast_values`.
-    """
-    if values_col not in df.columns:
-        raise ValueError(f"no column {values_col!r} in the DataFrame")
-    names = [name for name, _ in columns]
-    if values_col in names or SUSPECT_COLUMN in names:
-        return None
-    outputs = [n for n in df.columns if n != values_col] + names + [values_col, SUSPECT_COLUMN]
-    clashes = sorted({name for name in outputs if outputs.count(name) > 1})
-    if clashes:
-        raise ValueError(f"plain_cast would produce duplicate columns: {clashes}")
-    exprs = _plain_exprs(values_col, tuple(columns), tuple(df.columns), is_remote())
-    if exprs is None:
-        return None
-    typed, output = exprs
-    return df.select(*typed).select(*output)
-
-
-@functools.lru_cache(maxsize=256)
-def _plain_exprs(
-    values_col: str, columns: tuple[tuple[str, PgType], ...], taken: tuple[str, ...], remote: bool
-) -> tuple[list[Column], list[Column]] | None:
-    """The two projections of :func:`plain_cast`, or None. Cached: building them costs one
-    call into the JVM per expression node (thousands for a wide table, most of a second), and
-    a run casts the same table's columns for its changes and for its snapshot, as do runs in
-    one process. ``remote`` keeps Spark Connect columns apart from classic ones."""
-    del remote
-    names = [name for name, _ in columns]
-    plain = [_plain_value(t) for _, t in columns]
-    if any(p is None for p in plain):
-        return None
-    values = column(values_col)
-    prefix = _unused_prefix(taken)
-    typed = [
-        *(column(n) for n in taken),
-        *(fn(F.get(values, p)).alias(f"{prefix}{p}") for p, fn in enumerate(plain)),
-    ]
-    failed = [
-        F.get(values, p).isNotNull() & column(f"{prefix}{p}").isNull() for p in range(len(plain))
-    ]
-    suspect = functools.reduce(
-        lambda a, b: a | b, [values.isNull(), F.size(values) < len(names), *failed]
-    )
-    others = [column(n) for n in taken if n != values_col]
-    output = [
-        *others,
-        *(column(f"{prefix}{p}").alias(name) for p, name in enumerate(names)),
-        F.when(suspect, values).alias(values_col),
-        suspect.alias(SUSPECT_COLUMN),
-    ]
-    return typed, output
-
-
-@functools.lru_cache(maxsize=1024)
-def _group_cast(t: PgType, texts: str, remote: bool) -> Column:
-    """``transform(texts, <cast to t>)``; cached, because building a cast costs hundreds of
-    calls into the JVM and a silver run casts the same types table after table, run after run.
-    ``remote`` keeps Spark Connect columns apart from classic ones.
-    """
-    del remote
-    return F.transform(column(texts), _caster(t))
-
-
-def _type_key(t: PgType) -> str:
-    return hashlib.sha1(repr(t).encode()).hexdigest()[:16]
-
-
-def _unused_prefix(taken: Sequence[str]) -> str:
-    prefix = "__pgm_cast_"
-    while any(name.startswith(prefix) for name in taken):
-        prefix = "_" + prefix
-    return prefix
-
-
-def column(name: str) -> Column:
-    """A reference to the column called ``name``, whatever characters the name has."""
-    return F.col("`" + name.replace("`", "``") + "`")
 
 
 def adjustments(columns: Sequence[tuple[str, PgType]]) -> list[tuple[str, str, Callable]]:
@@ -1177,10 +671,10 @@ def adjustments(columns: Sequence[tuple[str, PgType]]) -> list[tuple[str, str, C
     ``test(text)`` is whether a value's text is adjusted. Silver counts them per run."""
     out = []
     for name, t in columns:
-        if _element(t) is not None and not t.target:
+        if element_type(t) is not None and not t.target:
             continue
         target = spark_type(t)
-        oid = _base_oid(t)
+        oid = base_oid(t)
         if isinstance(target, DecimalType) and oid == NUMERIC and _rounds(t):
             scale = target.scale
             out.append((name, "Rounded", lambda text, s=scale: _significant_decimals(text) > s))

@@ -39,12 +39,20 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from capture.pgoutput import (
+    OLD_TUPLE_FULL,
     UNCHANGED_TOAST,
     BinaryValue,
     Delete,
     Insert,
     Relation,
     Update,
+)
+from silver.errors import (
+    DefaultReplicaIdentity,
+    InvalidValue,
+    MissingToast,
+    SchemaIncompatible,
+    SilverError,
 )
 
 
@@ -79,12 +87,9 @@ class Diff(NamedTuple):
     """RETRACT: the key's positions; FILL: the positions of the unchanged-TOAST columns."""
 
 
-class ChangeError(ValueError):
-    """A definite error of one change; ``code`` names it in the errors table."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+ChangeError = SilverError
+"""What :func:`change_diffs` raises for a change it cannot read (a :mod:`silver.errors` type;
+``code`` names it in the errors table)."""
 
 
 def _retyped(
@@ -163,7 +168,7 @@ def _text(value) -> str | None:
     if value is None:
         return None
     if isinstance(value, BinaryValue):
-        raise ChangeError("InvalidValue", "binary-format value in a text-format stream")
+        raise InvalidValue("binary-format value in a text-format stream")
     return value.decode("utf-8")
 
 
@@ -172,8 +177,7 @@ def _row(values, layout: Layout, width: int, old: list | None) -> tuple[list, tu
     ``old`` could not fill (NULL in the row)."""
     row: list[str | None] = [None] * width
     if len(values) != len(layout.positions):
-        raise ChangeError(
-            "SchemaIncompatible",
+        raise SchemaIncompatible(
             f"tuple has {len(values)} columns, its Relation {len(layout.positions)}",
         )
     unfilled = []
@@ -191,8 +195,7 @@ def _row(values, layout: Layout, width: int, old: list | None) -> tuple[list, tu
 def _old_row(values, layout: Layout, width: int) -> list:
     row: list = [None] * width
     if len(values) != len(layout.positions):
-        raise ChangeError(
-            "SchemaIncompatible",
+        raise SchemaIncompatible(
             f"old tuple has {len(values)} columns, its Relation {len(layout.positions)}",
         )
     for value, pos in zip(values, layout.positions, strict=True):
@@ -204,7 +207,7 @@ def _key_row(source: list, keys: tuple[int, ...], width: int, what: str) -> list
     row: list[str | None] = [None] * width
     for pos in keys:
         if source[pos] is None or source[pos] is UNCHANGED_TOAST:
-            raise ChangeError("MissingToast", f"{what} has no value in a key column")
+            raise MissingToast(f"{what} has no value in a key column")
         row[pos] = source[pos]
     return row
 
@@ -214,26 +217,25 @@ def change_diffs(
 ) -> list[Diff]:
     """The diff rows of one change, values in table column order (``width`` long)."""
     if layout is None:
-        raise ChangeError("SchemaIncompatible", "change without a Relation message before it")
+        raise SchemaIncompatible("change without a Relation message before it")
     if layout.positions is None:
-        raise ChangeError("SchemaIncompatible", layout.problem or "incompatible Relation")
+        raise SchemaIncompatible(layout.problem or "incompatible Relation")
     if isinstance(message, Insert):
         new, unfilled = _row(message.new, layout, width, None)
         if unfilled:
-            raise ChangeError("MissingToast", "inserted row has an unchanged TOAST value")
+            raise MissingToast("inserted row has an unchanged TOAST value")
         return [Diff(1, new)]
-    full = message.old is not None and message.old_kind == "O"
+    full = message.old is not None and message.old_kind == OLD_TUPLE_FULL
     if not full and not layout.keys:
         verb = "delete" if isinstance(message, Delete) else "update"
-        raise ChangeError(
-            "DefaultReplicaIdentity",
+        raise DefaultReplicaIdentity(
             f"{verb} of a table without a replica identity key: it needs a primary key, "
             "REPLICA IDENTITY USING INDEX, or REPLICA IDENTITY FULL",
         )
     old = _old_row(message.old, layout, width) if message.old is not None else None
     if full and any(v is UNCHANGED_TOAST for v in old):
         what = "deleted row" if isinstance(message, Delete) else "old row of an update"
-        raise ChangeError("MissingToast", f"{what} has an unchanged TOAST value")
+        raise MissingToast(f"{what} has an unchanged TOAST value")
     if isinstance(message, Delete):
         if full:
             return [Diff(-1, old)]

@@ -87,8 +87,6 @@ def copy_diffs(
     copy_rows: DataFrame,
     widths: Mapping[int, tuple[int, int]],
     python_decode: Callable[[DataFrame], DataFrame],
-    *,
-    mark: bool = False,
 ) -> DataFrame:
     """``table_oid, lsn, payload`` copy records -> diff rows (silver's ``DIFF_SCHEMA``).
 
@@ -97,15 +95,14 @@ def copy_diffs(
     turns ``table_oid, lsn, payload`` records (whole payloads, or single lines ended by a
     newline) into diff rows with the Python decoder.
 
-    With ``mark``, the Python half is not run: each record holding rows for it gives instead one
-    marker row (``code`` :data:`PYTHON_CODE`, the record's ``table_oid`` and ``lsn``, ``diff``
-    0), found in the same scan as the SQL half. A caller that persists the rows and finds
-    markers runs :func:`python_diffs` on those tables' records. Without ``mark``, a first query
-    looks for such records, and the Python half joins the plan only when there are some.
+    The Python half is not run: each record holding rows for it gives instead one marker row
+    (``code`` :data:`PYTHON_CODE`, the record's ``table_oid`` and ``lsn``, ``diff`` 0), found
+    in the same scan as the SQL half. A caller that finds markers runs :func:`python_diffs` on
+    those tables' records.
     """
     if not widths:
         return python_decode(copy_rows.where(F.lit(False)))
-    e = _decode_exprs(tuple(sorted(widths.items())), mark, is_remote())
+    e = _decode_exprs(tuple(sorted(widths.items())), is_remote())
     followed = copy_rows.where(e.followed)
     fast = (
         followed.select(*e.chunks)
@@ -114,12 +111,9 @@ def copy_diffs(
         .select("*", e.fields)
         .select(*e.out)
     )
-    # A query that finds no record for Python (one scan of the payloads, two byte searches
-    # each) costs a third of what running an empty Python branch does. (The Python branch on
-    # an empty relation runs no task; it keeps the output's schema that of the Python half.)
-    if mark or followed.where(e.hard).isEmpty():
-        return fast.unionByName(python_decode(copy_rows.where(F.lit(False))))
-    return fast.unionByName(python_diffs(copy_rows, widths, python_decode))
+    # (The Python branch on an empty relation runs no task; it keeps the output's schema that
+    # of the Python half.)
+    return fast.unionByName(python_decode(copy_rows.where(F.lit(False))))
 
 
 @dataclass(frozen=True)
@@ -127,7 +121,6 @@ class _DecodeExprs:
     """The expressions of :func:`copy_diffs`'s Spark SQL half, stage by stage."""
 
     followed: Column
-    hard: Column
     chunks: list[Column]
     lines: list[Column]
     keep: Column
@@ -136,9 +129,7 @@ class _DecodeExprs:
 
 
 @functools.lru_cache(maxsize=256)
-def _decode_exprs(
-    widths: tuple[tuple[int, tuple[int, int]], ...], mark: bool, remote: bool
-) -> _DecodeExprs:
+def _decode_exprs(widths: tuple[tuple[int, tuple[int, int]], ...], remote: bool) -> _DecodeExprs:
     """Built once per process for each set of tables: building them costs one call into the
     JVM per expression node, about a quarter of a second. ``remote`` keeps Spark Connect
     columns apart from classic ones."""
@@ -173,8 +164,7 @@ def _decode_exprs(
         ).alias("_line"),
     ]
     line = F.col("_line")
-    kept = line.isNull() if mark else F.lit(False)
-    keep = kept | ~(F.col("_hard") & (line.isNull() | line.rlike(HARD_LINE)))
+    keep = line.isNull() | ~(F.col("_hard") & (line.isNull() | line.rlike(HARD_LINE)))
     fields = F.col("_fields")
     count = F.size(fields)
     most = max(w for _, (_, w) in widths)
@@ -206,7 +196,6 @@ def _decode_exprs(
     ]
     return _DecodeExprs(
         followed=F.col("table_oid").isin(oids),
-        hard=_needs_python(text, valid),
         chunks=chunks,
         lines=lines,
         keep=keep,
@@ -233,7 +222,7 @@ def python_diffs(
     followed = copy_rows.where(F.col("table_oid").isin(list(widths)))
     text = F.col("payload").cast("string")
     valid = F.is_valid_utf8(text)
-    suspect = (
+    hard = (
         followed.where(_needs_python(text, valid))
         .select(
             "table_oid",
@@ -245,7 +234,7 @@ def python_diffs(
         )
         .select("table_oid", "lsn", "payload", F.explode("_ls").alias("_line"))
     )
-    slow = suspect.where(F.col("_line").isNull() | F.col("_line").rlike(HARD_LINE)).select(
+    slow = hard.where(F.col("_line").isNull() | F.col("_line").rlike(HARD_LINE)).select(
         "table_oid",
         "lsn",
         F.when(F.col("_line").isNull(), F.col("payload"))

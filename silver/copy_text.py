@@ -25,7 +25,6 @@ the number of columns the caller expects.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 
 NULL_MARKER = "\\N"
 DELIMITER = "\t"
@@ -43,17 +42,6 @@ _SINGLE_BYTE_ESCAPES = {bytes([c]): bytes([c]) for c in range(256) if c not in b
     b"t": b"\t",
     b"v": b"\v",
 }
-_ENCODE_FIELD = str.maketrans(
-    {
-        "\\": "\\\\",
-        "\b": "\\b",
-        "\f": "\\f",
-        "\n": "\\n",
-        "\r": "\\r",
-        "\t": "\\t",
-        "\v": "\\v",
-    }
-)
 
 
 class CopyDecodeError(ValueError):
@@ -96,18 +84,6 @@ def decode_copy_row(raw: bytes, expected_columns: int | None = None) -> list[str
             raise MissingColumn(expected_columns, len(fields))
         raise ColumnCountMismatch(expected_columns, len(fields))
     return fields
-
-
-def encode_copy_field(value: str | None) -> str:
-    """One field as PostgreSQL's COPY TO writes it."""
-    if value is None:
-        return NULL_MARKER
-    return value.translate(_ENCODE_FIELD)
-
-
-def encode_copy_row(values: Iterable[str | None]) -> bytes:
-    """One row as PostgreSQL's COPY TO writes it, newline included."""
-    return (DELIMITER.join(map(encode_copy_field, values)) + "\n").encode()
 
 
 def _split_escaped(raw: bytes) -> list[bytes]:

@@ -47,6 +47,7 @@ from pyspark.sql import types as T
 
 from core.naming import quote
 from silver.changes import FILL, PLAIN, RETRACT
+from silver.errors import MissingToast, UnknownPreviousRow
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ def resolve(
                 errors.append(
                     Unresolved(
                         c.lsn,
-                        "UnknownPreviousRow",
+                        UnknownPreviousRow.__name__,
                         f"no row with key ({key}) before this change: its earlier image never "
                         "reached silver (see the table's earlier errors)",
                     )
@@ -162,7 +163,7 @@ def resolve(
                     errors.append(
                         Unresolved(
                             c.lsn,
-                            "MissingToast",
+                            MissingToast.__name__,
                             "unchanged TOAST value, and the row before the change is unknown",
                         )
                     )
@@ -226,27 +227,9 @@ def resolve_previous_images(
     ``cached`` until the caller has written them.
     """
     data = [quote(n) for n in names]
-    key_names = [names[p] for p in keys]
-    key_types = [typed.schema[n].dataType for n in key_names]
     above = F.col(_LSN) > F.lit(-1 if floor is None else floor)
     changes = typed.where(F.col(KIND).isNotNull() & above)
-    wanted = (
-        changes.where(F.col(KIND) == RETRACT)
-        .select(*(F.col(quote(n)).alias(f"_pgm_key{i}") for i, n in enumerate(key_names)))
-        .distinct()
-    )
-    base = typed.where(F.col(KIND).isNull()).select(*data, F.col(_DIFF))
-    if prior is not None:
-        base = base.unionByName(prior.select(*data, F.col("_diff").alias(_DIFF)))
-    if key_names:
-        on = functools.reduce(
-            lambda a, b: a & b,
-            [F.col(quote(n)) == F.col(f"_pgm_key{i}") for i, n in enumerate(key_names)],
-        )
-        base = base.where(_key_filter(wanted, key_names, key_types)).join(
-            F.broadcast(wanted), on, "left_semi"
-        )
-    base = base.groupBy(*data).agg(F.sum(_DIFF).alias(_DIFF)).where(F.col(_DIFF) > 0)
+    base = _previous_rows(typed, changes, names, keys, prior)
     combined = base.select(
         *data,
         F.lit(0).cast("bigint").alias(_LSN),
@@ -265,33 +248,10 @@ def resolve_previous_images(
             T.StructField(_MESSAGE, T.StringType()),
         ]
     )
-    truncates = list(truncates)
+    names, truncates = list(names), list(truncates)
 
     def run(table: pa.Table) -> pa.Table:
-        rows = table.to_pylist()
-        base_rows, changes_ = [], []
-        for r in rows:
-            values = [r[n] for n in names]
-            if r[_SIDE] == 0:
-                base_rows.append(values)
-            else:
-                changes_.append(
-                    Change(r[_LSN], r[ORDINAL], r[_DIFF], r[KIND], tuple(r[COLUMNS] or ()), values)
-                )
-        out, errors = resolve(base_rows, changes_, keys, truncates)
-        records = [
-            {**dict(zip(names, o.values, strict=True)), _LSN: o.lsn, _DIFF: o.diff} for o in out
-        ] + [{_LSN: e.lsn, _DIFF: 0, _CODE: e.code, _MESSAGE: e.message} for e in errors]
-        arrow = pa.schema(
-            [table.schema.field(n) for n in names]
-            + [
-                pa.field(_LSN, pa.int64()),
-                pa.field(_DIFF, pa.int64()),
-                pa.field(_CODE, pa.string()),
-                pa.field(_MESSAGE, pa.string()),
-            ]
-        )
-        return pa.Table.from_pylist(records, schema=arrow)
+        return _resolve_arrow(table, names, keys, truncates)
 
     resolved = combined.groupBy(F.lit(0).alias("_pgm_group")).applyInArrow(run, schema)
     resolved = resolved.persist(StorageLevel.MEMORY_AND_DISK)
@@ -302,3 +262,68 @@ def resolve_previous_images(
     whole = typed.where(F.col(KIND).isNull() | (F.col(KIND) == PLAIN)).select(*data, _LSN, _DIFF)
     good = resolved.where(F.col(_CODE).isNull()).select(*data, _LSN, _DIFF)
     return Images(whole.unionByName(good), errors, [resolved])
+
+
+def _previous_rows(
+    typed: DataFrame,
+    changes: DataFrame,
+    names: Sequence[str],
+    keys: tuple[int, ...],
+    prior: DataFrame | None,
+) -> DataFrame:
+    """The rows before the run (its snapshot rows and ``prior``) with a key some ``RETRACT``
+    change of the run names, summed, with their positive multiplicities."""
+    data = [quote(n) for n in names]
+    key_names = [names[p] for p in keys]
+    key_types = [typed.schema[n].dataType for n in key_names]
+    wanted = (
+        changes.where(F.col(KIND) == RETRACT)
+        .select(*(F.col(quote(n)).alias(f"_pgm_key{i}") for i, n in enumerate(key_names)))
+        .distinct()
+    )
+    base = typed.where(F.col(KIND).isNull()).select(*data, F.col(_DIFF))
+    if prior is not None:
+        base = base.unionByName(prior.select(*data, F.col("_diff").alias(_DIFF)))
+    if key_names:
+        on = functools.reduce(
+            lambda a, b: a & b,
+            [F.col(quote(n)) == F.col(f"_pgm_key{i}") for i, n in enumerate(key_names)],
+        )
+        base = base.where(_key_filter(wanted, key_names, key_types)).join(
+            F.broadcast(wanted), on, "left_semi"
+        )
+    return base.groupBy(*data).agg(F.sum(_DIFF).alias(_DIFF)).where(F.col(_DIFF) > 0)
+
+
+def _resolve_arrow(
+    table: pa.Table,
+    names: list[str],
+    keys: tuple[int, ...],
+    truncates: list[tuple[int, int]],
+) -> pa.Table:
+    """Worker body: one table's previous rows (side 0) and changes (side 1) -> :func:`resolve`'s
+    whole rows and errors."""
+    rows = table.to_pylist()
+    base_rows, changes_ = [], []
+    for r in rows:
+        values = [r[n] for n in names]
+        if r[_SIDE] == 0:
+            base_rows.append(values)
+        else:
+            changes_.append(
+                Change(r[_LSN], r[ORDINAL], r[_DIFF], r[KIND], tuple(r[COLUMNS] or ()), values)
+            )
+    out, errors = resolve(base_rows, changes_, keys, truncates)
+    records = [
+        {**dict(zip(names, o.values, strict=True)), _LSN: o.lsn, _DIFF: o.diff} for o in out
+    ] + [{_LSN: e.lsn, _DIFF: 0, _CODE: e.code, _MESSAGE: e.message} for e in errors]
+    arrow = pa.schema(
+        [table.schema.field(n) for n in names]
+        + [
+            pa.field(_LSN, pa.int64()),
+            pa.field(_DIFF, pa.int64()),
+            pa.field(_CODE, pa.string()),
+            pa.field(_MESSAGE, pa.string()),
+        ]
+    )
+    return pa.Table.from_pylist(records, schema=arrow)

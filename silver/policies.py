@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from core.config import ConfigError, TablePolicy
-from silver.casts import override_problem, pg_type_of
+from silver.pgtypes import override_problem, pg_type_of
 
 
 def column_policy_problems(

@@ -36,22 +36,20 @@ from pyspark.sql.types import (
 
 from capture.connection import connect
 from capture.snapshot import Column, table_schema_at_snapshot
-from silver.casts import (
+from silver.cast_columns import UNSETTLED_COLUMN as SUSPECT_COLUMN
+from silver.cast_columns import cast_values, plain_cast
+from silver.casts import CAST_ERRORS_COLUMN, adjustments
+from silver.copy_text import decode_copy_row
+from silver.pgtypes import (
     ARRAY_ELEMENT,
-    CAST_ERRORS_COLUMN,
     INTERVAL_TYPE,
     NON_COMMA_DELIMITED,
-    SUSPECT_COLUMN,
     UNCONSTRAINED_NUMERIC,
     PgType,
-    adjustments,
-    cast_values,
     override_problem,
     pg_type_of,
-    plain_cast,
     spark_type,
 )
-from silver.copy_text import decode_copy_row
 
 INF, NAN = float("inf"), float("nan")
 BIG_TEXT = ('größe ☃\tTab\nNewline\\Back "quoted" {a,b} NULL \\N ' * 500)[:20_000]

@@ -14,9 +14,8 @@ from silver.copy_text import (
     InvalidCopyInput,
     MissingColumn,
     decode_copy_row,
-    encode_copy_field,
-    encode_copy_row,
 )
+from tests.silver_helpers import encode_copy_field, encode_copy_row
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 
 from pgmedallion.pipeline import run_stages
 from pgmedallion.verify import verify
-from silver.build import load_tables
+from silver.catalog import load_tables
 from tests.workload import assert_exact, drop_schemas, make_config
 
 SCHEMA = """

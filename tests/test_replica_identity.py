@@ -214,7 +214,7 @@ def test_a_crash_between_silver_commits_resolves_the_same_way(spark, db, monkeyp
             if len(appends) == 2:
                 raise Crash(name)
 
-    monkeypatch.setattr("silver.build.failpoint", crash_on_second)
+    monkeypatch.setattr("silver.write.failpoint", crash_on_second)
     with pytest.raises(Crash):
         run_silver(spark, cfg)
     monkeypatch.undo()

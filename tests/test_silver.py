@@ -15,7 +15,8 @@ from capture.slot import ensure_slot
 from core.config import Config, LakehouseConfig, SourceConfig, TablePolicy
 from pgmedallion.pipeline import run_stages, silver_state
 from pgmedallion.verify import verify
-from silver.build import load_tables, run_silver
+from silver.build import run_silver
+from silver.catalog import load_tables
 
 SHOP = """
 CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');

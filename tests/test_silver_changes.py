@@ -132,7 +132,7 @@ def _numeric(precision: int, scale: int) -> int:
 
 
 def test_a_type_modifier_that_changes_the_spark_type_is_incompatible():
-    from silver.casts import PgType, spark_type
+    from silver.pgtypes import PgType, spark_type
 
     def target(col: TableColumn):
         return spark_type(PgType(col.type_oid, col.typmod))

@@ -1,0 +1,275 @@
+"""Casting: one table's diff rows of a run -> typed rows, errors and adjustments.
+
+The plain cast (:func:`silver.casts.plain_cast`: code-generated Spark SQL expressions) settles
+almost every row. The rows it leaves out are the table's *unsettled* rows (decode errors, COPY
+records marked for the Python decoder, values with no plain cast); they are cast in full with
+their error messages (:func:`silver.casts.cast_values`). :func:`cast_in_one_pass` casts in the
+job that writes the settled rows and the unsettled ones afterwards; :func:`cast_diffs` casts
+all of them before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import uuid
+from dataclasses import dataclass
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, Observation
+from pyspark.sql import functions as F
+
+from silver.cast_columns import UNSETTLED_COLUMN, cast_values, plain_cast
+from silver.casts import CAST_ERRORS_COLUMN, adjustments
+from silver.contract import TableInfo
+from silver.copy_sql import PYTHON_CODE
+from silver.decode import TableDiffs
+from silver.errors import CastError, ErrorRecord
+from silver.identity import COLUMNS, KIND, ORDINAL
+from silver.pgtypes import PgType, pg_type_of
+
+
+def _typed_columns(info: TableInfo) -> list[tuple[str, PgType]]:
+    return [(c["name"], pg_type_of(c)) for c in info.columns]
+
+
+# Internal names while a table's rows are cast: no PostgreSQL column can be one of these
+# without also colliding with silver's own _lsn/_diff/_run, which the README reserves.
+ROW_LSN, ROW_DIFF = "_pgm_lsn", "_pgm_diff"
+_CODE, _RAW, _MESSAGE = "_pgm_code", "_pgm_raw", "_pgm_message"
+
+
+def data_columns(info: TableInfo) -> list:
+    """The table's columns, as Spark column references (names quoted)."""
+    return [F.col(f"`{c['name'].replace('`', '``')}`") for c in info.columns]
+
+
+@dataclass
+class CastRows:
+    """One table's diff rows after the cast (see :func:`cast_diffs`)."""
+
+    rows: DataFrame
+    """The rows that cast: one column per table column, then ``_pgm_lsn`` and ``_pgm_diff``."""
+    errors: list[ErrorRecord]
+    """The table's decode errors and ``CastError`` records."""
+    cached: list[DataFrame]
+    adjusted: list[tuple] = dataclasses.field(default_factory=list)
+    """Values a declared policy changed: ``(column, code, count, first_lsn, sample)``."""
+
+    def unpersist(self) -> None:
+        for df in self.cached:
+            df.unpersist()
+
+
+def _cast_base(rows: DataFrame, changes: bool = False) -> DataFrame:
+    """The columns a cast works on; with ``changes``, also what :mod:`silver.identity` needs of
+    a change's rows (NULL for snapshot rows)."""
+    extra = []
+    if changes:
+        has = set(rows.columns)
+        extra = [
+            F.col("ordinal").alias(ORDINAL),
+            (F.col("kind") if "kind" in has else F.lit(None).cast("int")).alias(KIND),
+            (F.col("columns") if "columns" in has else F.lit(None).cast("array<int>")).alias(
+                COLUMNS
+            ),
+        ]
+    return rows.select(
+        "values",
+        F.col("lsn").alias(ROW_LSN),
+        F.col("diff").alias(ROW_DIFF),
+        F.col("code").alias(_CODE),
+        F.col("raw").alias(_RAW),
+        F.col("message").alias(_MESSAGE),
+        *extra,
+    )
+
+
+_CHANGE_COLUMNS = (ORDINAL, KIND, COLUMNS)
+
+
+def _out(info: TableInfo, changes: bool = False) -> list:
+    return [
+        *data_columns(info),
+        F.col(ROW_LSN),
+        F.col(ROW_DIFF),
+        *(_CHANGE_COLUMNS if changes else ()),
+    ]
+
+
+def cast_diffs(info: TableInfo, diffs: TableDiffs, changes: bool = False) -> CastRows:
+    """One table's diff rows cast to its types; the decode errors and the values that did not
+    cast, all known before any row is written.
+
+    Every value is first cast by plain (code-generated) expressions (``plain_cast``), and the
+    result persisted. One count over it finds the rows those leave unsettled; usually there are
+    none and that is all. Otherwise :func:`_cast_unsettled` casts them. The caller calls
+    ``unpersist`` when it has written the rows. With ``changes`` the rows keep each change's
+    ordinal, kind and columns (for :mod:`silver.identity`). :func:`cast_in_one_pass` does the
+    same work without the persisted copy, for a caller that can write the unsettled rows
+    afterwards.
+    """
+    columns = _typed_columns(info)
+    base = _cast_base(diffs.rows, changes)
+    staged = plain_cast(base, "values", columns)
+    plain = staged is not None
+    if staged is None:  # some type has no plain value: every row takes the full cast
+        staged = base.withColumn(UNSETTLED_COLUMN, F.lit(True))
+    staged = staged.persist(StorageLevel.MEMORY_AND_DISK)
+    parts = [staged.where(~F.col(UNSETTLED_COLUMN)).select(*_out(info, changes))] if plain else []
+    cached, errors = [staged], []
+    unsettled = _cast_unsettled(info, diffs, staged.where(F.col(UNSETTLED_COLUMN)), changes)
+    adjusted = []
+    if unsettled is not None:
+        parts.append(unsettled.rows)
+        cached += unsettled.cached
+        errors, adjusted = unsettled.errors, unsettled.adjusted
+    if not parts:  # no rows at all, and no plain values to give the typed columns' schema
+        kept = ("values", ROW_LSN, ROW_DIFF, *(_CHANGE_COLUMNS if changes else ()))
+        empty = base.where(F.lit(False)).select(*kept)
+        parts.append(cast_values(empty, "values", columns).select(*_out(info, changes)))
+    return CastRows(functools.reduce(DataFrame.unionByName, parts), errors, cached, adjusted)
+
+
+def _cast_unsettled(
+    info: TableInfo, diffs: TableDiffs, unsettled: DataFrame, changes: bool = False
+) -> CastRows | None:
+    """The rows the plain cast left unsettled (``unsettled``: rows of ``plain_cast``'s output
+    that set ``_pgm_unsettled``, read at most three times): their decode errors, the rows of
+    the records marked for Python decoded there, and all the rest cast in full with their error
+    messages (``cast_values``). None when there are no unsettled rows."""
+    columns = _typed_columns(info)
+    if not unsettled.count():
+        return None
+    flagged = unsettled.where(F.col(_CODE).isNotNull()).select(ROW_LSN, _CODE, _RAW, _MESSAGE)
+    flagged = flagged.collect()
+    errors = [
+        ErrorRecord(info.oid, r[ROW_LSN], r[_CODE], r[_MESSAGE], raw=r[_RAW])
+        for r in flagged
+        if r[_CODE] != PYTHON_CODE
+    ]
+    cached: list[DataFrame] = []
+    kept = ("values", ROW_LSN, ROW_DIFF, *(_CHANGE_COLUMNS if changes else ()))
+    texts = unsettled.where(F.col(_CODE).isNull()).select(*kept)
+    if any(r[_CODE] == PYTHON_CODE for r in flagged):
+        python = diffs.python().persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(python)
+        errors += [
+            ErrorRecord(info.oid, r["lsn"], r["code"], r["message"], raw=r["raw"])
+            for r in python.where(F.col("code").isNotNull()).collect()
+        ]
+        texts = texts.unionByName(
+            _cast_base(python.where(F.col("code").isNull()), changes).select(*kept)
+        )
+    full = cast_values(texts, "values", columns).persist(StorageLevel.MEMORY_AND_DISK)
+    cached.append(full)
+    errors += _cast_errors(info, full)
+    rows = full.where(F.size(CAST_ERRORS_COLUMN) == 0).select(*_out(info, changes))
+    return CastRows(rows, errors, cached, _adjusted(info, texts))
+
+
+def _adjusted(info: TableInfo, texts: DataFrame) -> list[tuple]:
+    """How many of ``texts``' values a declared policy changed (``silver.casts.adjustments``),
+    per column and kind: ``(column, code, count, first_lsn, sample)``, counts above zero. Only
+    unsettled rows can hold such values (the plain cast settles none of them)."""
+    checks = adjustments(_typed_columns(info))
+    if not checks:
+        return []
+    names = [c["name"] for c in info.columns]
+    aggregates = []
+    for i, (name, _, test) in enumerate(checks):
+        text = F.get(F.col("values"), names.index(name))
+        hit = text.isNotNull() & test(text)
+        aggregates += [
+            F.count_if(hit).alias(f"n{i}"),
+            F.min(F.when(hit, F.col(ROW_LSN))).alias(f"l{i}"),
+            F.array_distinct(F.array(F.min(F.when(hit, text)), F.max(F.when(hit, text)))).alias(
+                f"s{i}"
+            ),
+        ]
+    row = texts.agg(*aggregates).first()
+    return [
+        (name, code, row[f"n{i}"], row[f"l{i}"], json.dumps(row[f"s{i}"]))
+        for i, (name, code, _) in enumerate(checks)
+        if row[f"n{i}"]
+    ]
+
+
+@dataclass
+class OnePass:
+    """One table's diff rows cast as part of the job that writes them (see
+    :func:`cast_in_one_pass`)."""
+
+    rows: DataFrame
+    """The rows the plain cast settles, as :attr:`CastRows.rows`. Use it in exactly one action
+    (the write), then call :meth:`finish`."""
+    wal_rows: DataFrame
+    """The same for the table's decoded changes alone (for rewinds; not observed)."""
+    info: TableInfo
+    diffs: TableDiffs
+    observation: Observation
+    unsettled: DataFrame
+    """All of the table's unsettled rows (the decode run again), for :meth:`finish`."""
+
+    def finish(self) -> CastRows | None:
+        """After the action that consumed :attr:`rows`: the rows it left out, cast in full,
+        with the table's errors; None when it left none out (the common case, known from the
+        count the action itself made). When that count is missing (the write was skipped: a
+        run repeated after a crash, whose first write Delta already has), the unsettled rows
+        are counted again."""
+        try:
+            counted = self.observation.get.get("unsettled")
+        except Exception:  # the observed plan did not run: its metrics row is empty
+            counted = None
+        if counted == 0:
+            return None
+        unsettled = self.unsettled.persist(StorageLevel.MEMORY_AND_DISK)
+        cast = _cast_unsettled(self.info, self.diffs, unsettled)
+        if cast is None:
+            unsettled.unpersist()
+            return None
+        cast.cached.insert(0, unsettled)
+        return cast
+
+
+def cast_in_one_pass(info: TableInfo, diffs: TableDiffs) -> OnePass | None:
+    """The cast of :func:`cast_diffs` in the job that writes the rows, with no persisted copy.
+
+    ``rows`` are the rows the plain cast settles (usually all of them); the write that
+    consumes them also counts the others (an observed metric). :meth:`OnePass.finish` then
+    casts those, when there are some, for a second write. None when some type has no plain
+    value: use :func:`cast_diffs`.
+    """
+    columns = _typed_columns(info)
+    wal = plain_cast(_cast_base(diffs.wal), "values", columns)
+    copy = plain_cast(_cast_base(diffs.copy), "values", columns)
+    if wal is None or copy is None:
+        return None
+    staged = wal.unionByName(copy, allowMissingColumns=True)
+    observation = Observation(f"pgm_unsettled_{uuid.uuid4().hex}")
+    observed = staged.observe(observation, F.count_if(F.col(UNSETTLED_COLUMN)).alias("unsettled"))
+
+    def settled(df: DataFrame) -> DataFrame:
+        return df.where(~F.col(UNSETTLED_COLUMN)).select(*_out(info))
+
+    return OnePass(
+        settled(observed),
+        settled(wal),
+        info,
+        diffs,
+        observation,
+        staged.where(F.col(UNSETTLED_COLUMN)),
+    )
+
+
+def _cast_errors(info: TableInfo, typed: DataFrame) -> list[ErrorRecord]:
+    code = CastError.__name__
+    return [
+        ErrorRecord(
+            info.oid, r[ROW_LSN], code, r["e"]["message"], r["e"]["column_name"], r["e"]["raw"]
+        )
+        for r in typed.where(F.size(CAST_ERRORS_COLUMN) > 0)
+        .select(ROW_LSN, F.explode(CAST_ERRORS_COLUMN).alias("e"))
+        .collect()
+    ]

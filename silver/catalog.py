@@ -1,0 +1,302 @@
+"""The catalog: what silver knows of each source table, and of its columns over time.
+
+``_tables`` holds a row per table (:class:`~silver.contract.TableInfo`); a run updates it from
+bronze's schema and rewind records and from the Relation messages of the stream, and plans the
+column layout of every Relation (:func:`plan_layouts`) against the table's columns.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from capture.pgoutput import MSG_RELATION, MSG_TRUNCATE, Relation, Truncate, decode
+from core.config import Config
+from silver.changes import LayoutIndex, TableColumn, plan_columns
+from silver.contract import Names, TableInfo
+from silver.decode import message_type
+from silver.errors import ErrorRecord, SchemaIncompatible
+from silver.pgtypes import pg_type_of, spark_type
+from silver.policies import with_policies
+
+Relations = dict[int, list[tuple[int, int, Relation]]]
+"""relid -> ``(lsn, ordinal, Relation)``, every Relation message of the table silver read."""
+
+
+def silver_table_name(schema: str, name: str, oid: int, taken: set[str]) -> str:
+    """A metastore-safe, stable name: ``public."OrderItems"`` -> ``public_orderitems``."""
+    base = re.sub(r"[^a-z0-9]+", "_", f"{schema}_{name}".lower()).strip("_")[:100] or "table"
+    if base[0].isdigit():
+        base = "t_" + base
+    candidate = base if base not in taken else f"{base}_{oid}"
+    taken.add(candidate)
+    return candidate
+
+
+def load_tables(spark: SparkSession, cfg: Config) -> dict[int, TableInfo]:
+    """The source's tables as ``_tables`` holds them, by OID."""
+    n = Names(cfg)
+    out = {}
+    for r in spark.table(n.tables).where(F.col("source") == cfg.source.name).collect():
+        out[r["table_oid"]] = TableInfo(
+            oid=r["table_oid"],
+            schema=r["table_schema"],
+            name=r["table_name"],
+            silver_table=r["silver_table"],
+            snapshot_lsn=r["snapshot_lsn"],
+            primary_key=list(r["primary_key"] or []),
+            not_null=list(r["not_null"] or []),
+            columns=json.loads(r["columns"]),
+            snapshot_run=r["snapshot_run"],
+        )
+    return out
+
+
+def column_entry(c: dict) -> dict:
+    """A ``_tables`` column entry with every key, defaults filled in."""
+    keys = (
+        "name",
+        "type_oid",
+        "typmod",
+        "type_name",
+        "base_type_oid",
+        "element_type_oid",
+        "category",
+        "target",
+        "infinity",
+    )
+    text = ("type_name", "category", "target", "infinity")
+    return {k: c.get(k, "" if k in text else 0) for k in keys}
+
+
+def silver_tables(spark: SparkSession, n: Names) -> set[str]:
+    """The silver schema's table names, lower case (one catalog call for the run)."""
+    return {r["tableName"].lower() for r in spark.sql(f"SHOW TABLES IN {n.schema}").collect()}
+
+
+def table_exists(spark: SparkSession, qualified: str) -> bool:
+    try:
+        return spark.table(qualified).schema is not None
+    except Exception:
+        return False
+
+
+def write_tables(spark: SparkSession, n: Names, source: str, tables: dict[int, TableInfo]) -> None:
+    """Replace the source's rows of ``_tables`` by ``tables``."""
+    rows = []
+    for info in tables.values():
+        cols = [dict(c, spark_type=spark_type(pg_type_of(c)).simpleString()) for c in info.columns]
+        rows.append(
+            (
+                source,
+                info.oid,
+                info.schema,
+                info.name,
+                info.silver_table,
+                info.snapshot_lsn,
+                info.primary_key,
+                info.not_null,
+                json.dumps(cols, sort_keys=True),
+                info.snapshot_run,
+            )
+        )
+    df = spark.createDataFrame(
+        rows,
+        "source string, table_oid long, table_schema string, table_name string, "
+        "silver_table string, snapshot_lsn long, primary_key array<string>, "
+        "not_null array<string>, columns string, snapshot_run long",
+    ).withColumn("updated_at", F.current_timestamp())
+    # One atomic commit replacing this source's rows (other sources' rows stay as they are),
+    # through the catalog (by name, so it works on Unity Catalog managed tables too).
+    df.select(*spark.table(n.tables).columns).writeTo(n.tables).overwrite(
+        F.col("source") == F.lit(source)
+    )
+
+
+def apply_schemas(
+    tables: dict[int, TableInfo], control: list, cfg: Config, taken: set[str]
+) -> None:
+    """Bronze's ``schema`` records (a table's columns at its snapshot) into ``tables``."""
+    for r in control:
+        if r["kind"] != "schema":
+            continue
+        s = json.loads(r["payload"])
+        qualified = f"{s['schema']}.{s['name']}"
+        cols = with_policies(
+            qualified,
+            cfg.policy(qualified),
+            [column_entry(c) for c in s["columns"] if not c.get("generated")],
+        )
+        old = tables.get(r["table_oid"])
+        tables[r["table_oid"]] = TableInfo(
+            oid=r["table_oid"],
+            schema=s["schema"],
+            name=s["name"],
+            silver_table=old.silver_table
+            if old
+            else silver_table_name(s["schema"], s["name"], r["table_oid"], taken),
+            snapshot_lsn=old.snapshot_lsn if old else None,
+            snapshot_run=old.snapshot_run if old else None,
+            primary_key=list(s["primary_key"]),
+            not_null=[c["name"] for c in s["columns"] if c["not_null"]],
+            columns=cols,  # a table snapshotted again is rebuilt with its columns of now
+        )
+
+
+def apply_rewinds(tables: dict[int, TableInfo], control: list, run: int) -> dict[int, int]:
+    """Bronze's ``rewind`` records (a table's snapshot LSN) into ``tables``: the tables
+    snapshotted in this run, with their snapshot LSNs."""
+    new_snapshots: dict[int, int] = {}
+    for r in control:
+        if r["kind"] == "rewind" and r["table_oid"] in tables:
+            tables[r["table_oid"]].snapshot_lsn = r["lsn"]
+            tables[r["table_oid"]].snapshot_run = run
+            new_snapshots[r["table_oid"]] = r["lsn"]
+    return new_snapshots
+
+
+RELATION_TYPE, TRUNCATE_TYPE = message_type(MSG_RELATION), message_type(MSG_TRUNCATE)
+
+
+def window_messages(wal: DataFrame) -> tuple[list[tuple[int, int, bytes]], list[tuple]]:
+    """The window's Relation messages ``(lsn, ordinal, payload)`` and Truncates ``(lsn,
+    ordinal, Truncate)``, in one read."""
+    rows = (
+        wal.where(F.col("mtype").isin(RELATION_TYPE, TRUNCATE_TYPE))
+        .select("lsn", "ordinal", "payload", "mtype")
+        .collect()
+    )
+    relations = [
+        (r["lsn"], r["ordinal"], bytes(r["payload"])) for r in rows if r["mtype"] == RELATION_TYPE
+    ]
+    truncates = [
+        (r["lsn"], r["ordinal"], decode(bytes(r["payload"])))
+        for r in rows
+        if r["mtype"] == TRUNCATE_TYPE
+    ]
+    return relations, truncates
+
+
+def known_relations(
+    spark: SparkSession, n: Names, source: str, run: int, window: list[tuple[int, int, bytes]]
+) -> Relations:
+    """Every Relation message of the source: those earlier runs kept and the window's."""
+    earlier = (
+        spark.table(n.relations)
+        .where((F.col("source") == source) & (F.col("run") < run))
+        .select("lsn", "ordinal", "payload")
+        .collect()
+    )
+    relations: Relations = defaultdict(list)
+    seen = set()
+    for lsn, ordinal, payload in [(r[0], r[1], bytes(r[2])) for r in earlier] + window:
+        if (lsn, ordinal, payload) in seen:
+            continue
+        seen.add((lsn, ordinal, payload))
+        rel = decode(payload)
+        relations[rel.relid].append((lsn, ordinal, rel))
+    return relations
+
+
+def _new_column(name: str, type_oid: int, typmod: int, policy) -> dict:
+    own = policy.column(name)
+    return column_entry(
+        {
+            "name": name,
+            "type_oid": type_oid,
+            "typmod": typmod,
+            "target": own.type,
+            "infinity": own.infinity,
+        }
+    )
+
+
+def add_stream_tables(
+    tables: dict[int, TableInfo], relations: Relations, cfg: Config, taken: set[str]
+) -> None:
+    """Tables seen only through the stream (added to the publication, not yet snapshotted)."""
+    for relid, rels in relations.items():
+        if relid in tables:
+            continue
+        rels.sort(key=lambda e: (e[0], e[1]))
+        first = rels[0][2]
+        policy = cfg.policy(f"{first.namespace or 'pg_catalog'}.{first.name}")
+        tables[relid] = TableInfo(
+            oid=relid,
+            schema=first.namespace or "pg_catalog",
+            name=first.name,
+            silver_table=silver_table_name(first.namespace, first.name, relid, taken),
+            snapshot_lsn=None,
+            primary_key=[c.name for c in first.columns if c.is_key],
+            not_null=[],
+            columns=[
+                _new_column(c.name, c.type_oid, c.type_modifier, policy) for c in first.columns
+            ],
+        )
+
+
+def truncates_by_table(
+    truncates: list[tuple], tables: dict[int, TableInfo]
+) -> dict[int, list[tuple[int, int]]]:
+    """The window's truncates, ``(lsn, ordinal)`` per followed table."""
+    truncate_at: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for lsn, ordinal, msg in truncates:
+        assert isinstance(msg, Truncate)
+        for relid in msg.relids:
+            if relid in tables:
+                truncate_at[relid].append((lsn, ordinal))
+    return truncate_at
+
+
+Layouts = dict[int, tuple[LayoutIndex, int]]
+"""OID -> (the column layout of each of its Relations, the table's width)."""
+
+
+def plan_layouts(
+    tables: dict[int, TableInfo], relations: Relations, cfg: Config, f_from: int
+) -> tuple[Layouts, dict[int, tuple[int, int]], list[ErrorRecord]]:
+    """Each table's Relations laid out against its columns (new columns added to the table):
+    the layouts, the COPY widths (OID -> (COPY columns, silver columns)), and a
+    ``SchemaIncompatible`` error for each Relation in the window silver cannot follow."""
+    layouts: Layouts = {}
+    copy_widths: dict[int, tuple[int, int]] = {}
+    errors: list[ErrorRecord] = []
+    for oid, info in tables.items():
+        copy_width = len(info.columns)
+        index, width = _table_layouts(info, relations.get(oid, []), cfg, f_from, errors)
+        layouts[oid] = (index, width)
+        copy_widths[oid] = (copy_width, width)
+    return layouts, copy_widths, errors
+
+
+def _table_layouts(
+    info: TableInfo, relations: list, cfg: Config, f_from: int, errors: list[ErrorRecord]
+) -> tuple[LayoutIndex, int]:
+    base = [TableColumn(c["name"], c["type_oid"], c["typmod"]) for c in info.columns]
+    rels = sorted(relations, key=lambda e: (e[0], e[1]))
+    entries = {c["name"]: c for c in info.columns}
+
+    def target_type(col: TableColumn) -> T.DataType:
+        entry = entries.get(col.name, {"type_oid": col.type_oid})
+        return spark_type(pg_type_of(column_entry({**entry, "typmod": col.typmod})))
+
+    final, rel_layouts = plan_columns(
+        base, [(lsn, rel) for lsn, _, rel in rels], info.snapshot_lsn, target_type
+    )
+    for (lsn, _, _rel), layout in zip(rels, rel_layouts, strict=False):
+        if layout.positions is None and lsn >= f_from:
+            errors.append(ErrorRecord(info.oid, lsn, SchemaIncompatible.__name__, layout.problem))
+    known = {c["name"] for c in info.columns}
+    policy = cfg.policy(info.qualified_name)
+    for c in final:
+        if c.name not in known:
+            info.columns.append(_new_column(c.name, c.type_oid, c.typmod, policy))
+    index = LayoutIndex(
+        [((lsn, ordinal), lay) for (lsn, ordinal, _), lay in zip(rels, rel_layouts, strict=False)]
+    )
+    return index, len(final)

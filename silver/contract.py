@@ -1,0 +1,152 @@
+"""Silver's table contract: the schemas of its own tables and of the rows between its stages.
+
+``_tables``, ``_errors``, ``_progress``, ``_plans``, ``_relations`` and ``_adjustments`` (see
+``silver/__init__.py``) are created here; :class:`Names` holds their qualified names.
+``DIFF_SCHEMA`` is a decoded row of a table (snapshot or change) before the cast, and
+``CHANGE_SCHEMA`` the same for a decoded change with what :mod:`silver.changes` says of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+from core.config import Config
+
+TABLES_DDL = (
+    "source STRING NOT NULL, table_oid BIGINT NOT NULL, table_schema STRING, table_name STRING, "
+    "silver_table STRING NOT NULL, snapshot_lsn BIGINT, primary_key ARRAY<STRING>, "
+    "not_null ARRAY<STRING>, columns STRING, updated_at TIMESTAMP, snapshot_run BIGINT"
+)
+ERRORS_DDL = (
+    "source STRING NOT NULL, table_oid BIGINT, table_schema STRING, table_name STRING, "
+    "lsn BIGINT, code STRING NOT NULL, column_name STRING, raw STRING, message STRING, "
+    "run BIGINT NOT NULL, detected_at TIMESTAMP NOT NULL"
+)
+PROGRESS_DDL = (
+    "source STRING NOT NULL, run BIGINT NOT NULL, frontier BIGINT NOT NULL, "
+    "bronze_batch BIGINT NOT NULL, completed_at TIMESTAMP NOT NULL, tables ARRAY<BIGINT>"
+)
+"""One row per completed run; ``tables``: the OIDs of the tables whose diffs, errors or
+adjustments the run wrote (NULL in runs made before it existed: any table)."""
+PLANS_DDL = (
+    "source STRING NOT NULL, run BIGINT NOT NULL, frontier_from BIGINT NOT NULL, "
+    "frontier BIGINT NOT NULL, batch_from BIGINT NOT NULL, batch_to BIGINT NOT NULL, "
+    "planned_at TIMESTAMP NOT NULL"
+)
+ADJUSTMENTS_DDL = (
+    "source STRING NOT NULL, table_oid BIGINT NOT NULL, table_schema STRING, table_name STRING, "
+    "run BIGINT NOT NULL, column_name STRING NOT NULL, code STRING NOT NULL, "
+    "count BIGINT NOT NULL, first_lsn BIGINT, sample STRING, detected_at TIMESTAMP NOT NULL"
+)
+"""Values a declared policy changed instead of keeping exactly (``Rounded``, ``Clamped``,
+``Nulled``), counted per table, column and run; gold reports them in ``_quality``."""
+RELATIONS_DDL = (
+    "source STRING NOT NULL, relid BIGINT NOT NULL, lsn BIGINT NOT NULL, ordinal BIGINT NOT NULL, "
+    "payload BINARY NOT NULL, run BIGINT NOT NULL"
+)
+
+DIFF_SCHEMA = T.StructType(
+    [
+        T.StructField("table_oid", T.LongType()),
+        T.StructField("lsn", T.LongType()),
+        T.StructField("ordinal", T.LongType()),
+        T.StructField("diff", T.LongType()),
+        T.StructField("values", T.ArrayType(T.StringType())),
+        T.StructField("code", T.StringType()),
+        T.StructField("message", T.StringType()),
+        T.StructField("raw", T.StringType()),
+    ]
+)
+DIFF_ARROW = pa.schema(
+    [
+        ("table_oid", pa.int64()),
+        ("lsn", pa.int64()),
+        ("ordinal", pa.int64()),
+        ("diff", pa.int64()),
+        ("values", pa.list_(pa.string())),
+        ("code", pa.string()),
+        ("message", pa.string()),
+        ("raw", pa.string()),
+    ]
+)
+CHANGE_SCHEMA = T.StructType(
+    [
+        *DIFF_SCHEMA.fields,
+        T.StructField("kind", T.IntegerType()),
+        T.StructField("columns", T.ArrayType(T.IntegerType())),
+    ]
+)
+"""A decoded change's diff rows: ``DIFF_SCHEMA`` plus what :mod:`silver.changes` says of a row
+(``kind``: PLAIN, RETRACT or FILL, and its ``columns``)."""
+CHANGE_ARROW = pa.schema(
+    [*DIFF_ARROW, pa.field("kind", pa.int32()), pa.field("columns", pa.list_(pa.int32()))]
+)
+
+
+@dataclass
+class TableInfo:
+    """What silver knows about one source table (a row of ``_tables``)."""
+
+    oid: int
+    schema: str
+    name: str
+    silver_table: str
+    snapshot_lsn: int | None
+    primary_key: list[str]
+    not_null: list[str]
+    columns: list[dict]
+    """``{name, type_oid, typmod, type_name, base_type_oid, element_type_oid, category,
+    target, infinity}``."""
+    snapshot_run: int | None = None
+    """The silver run that (re)built the table from its newest snapshot: its earlier errors
+    are history (``pgmedallion resync``)."""
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
+@dataclass(frozen=True)
+class SilverResult:
+    run: int | None
+    """The run this call completed; None when there was nothing new."""
+    frontier: int
+    rows: dict[str, int]
+    """``schema.table`` -> diff rows appended."""
+    errors: int
+
+
+class Names:
+    """The qualified names of silver's tables (and bronze's) for one configuration."""
+
+    def __init__(self, cfg: Config) -> None:
+        q = lambda name: cfg.qualified("silver", name)  # noqa: E731
+        self.tables, self.errors, self.progress = q("_tables"), q("_errors"), q("_progress")
+        self.plans, self.relations = q("_plans"), q("_relations")
+        self.adjustments = q("_adjustments")
+        self.bronze = cfg.qualified("bronze", "bronze")
+        self.table = q
+        parts = [p for p in (cfg.lakehouse.catalog, cfg.lakehouse.silver_schema) if p]
+        self.schema = ".".join("`" + p.replace("`", "``") + "`" for p in parts)
+
+
+def ensure_silver_tables(spark: SparkSession, cfg: Config) -> None:
+    n = Names(cfg)
+    spark.sql(f"CREATE SCHEMA IF NOT EXISTS {n.schema}")
+    for table, ddl in (
+        (n.tables, TABLES_DDL),
+        (n.errors, ERRORS_DDL),
+        (n.progress, PROGRESS_DDL),
+        (n.plans, PLANS_DDL),
+        (n.relations, RELATIONS_DDL),
+        (n.adjustments, ADJUSTMENTS_DDL),
+    ):
+        spark.sql(f"CREATE TABLE IF NOT EXISTS {table} ({ddl}) USING DELTA")
+    if "snapshot_run" not in spark.table(n.tables).columns:  # tables made before resync
+        spark.sql(f"ALTER TABLE {n.tables} ADD COLUMNS (snapshot_run BIGINT)")
+    if "tables" not in spark.table(n.progress).columns:  # made before runs listed their tables
+        spark.sql(f"ALTER TABLE {n.progress} ADD COLUMNS (tables ARRAY<BIGINT>)")

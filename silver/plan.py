@@ -1,0 +1,122 @@
+"""Planning: which window of bronze a silver run reads, written down before anything else.
+
+A run ``R`` reads the frontier window ``[F_prev, F)`` (``F``: bronze's committed frontier) and
+the batch window ``(b_prev, b]`` (``b``: bronze's last batch). The plan goes to ``_plans``
+first, and a rerun after a crash redoes the planned run with the same windows, which read the
+same immutable bronze rows. The batch window's control records (``schema``, ``rewind``,
+``error``, and one ``copy`` row per table with COPY records) are read here in one pass.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+
+from bronze.spark_table import bronze_frontier
+from core.config import Config
+from core.errors import PipelineError
+from silver.contract import Names
+from silver.errors import ErrorRecord
+from silver.write import append
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One run's windows: wal ``lsn in [f_from, f_to)``, bronze batches ``(b_from, b_to]``."""
+
+    run: int
+    f_from: int
+    f_to: int
+    b_from: int
+    b_to: int
+
+
+def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
+    """The next run's plan (the planned one again after a crash), or None when nothing is new."""
+    n, source = Names(cfg), cfg.source.name
+    done = (
+        spark.table(n.progress)
+        .where(F.col("source") == source)
+        .orderBy(F.col("run").desc())
+        .limit(1)
+        .collect()
+    )
+    last_run, f_prev, b_prev = (
+        (done[0]["run"], done[0]["frontier"], done[0]["bronze_batch"]) if done else (-1, 0, -1)
+    )
+    run = last_run + 1
+    planned = (
+        spark.table(n.plans).where((F.col("source") == source) & (F.col("run") == run)).collect()
+    )
+    if planned:
+        p = planned[0]
+        log.info("silver run %d: redoing the planned run", run)
+        return Plan(run, p["frontier_from"], p["frontier"], p["batch_from"], p["batch_to"])
+    frontier = bronze_frontier(spark, n.bronze, source)
+    frontier = f_prev if frontier is None else max(frontier, f_prev)
+    row = spark.table(n.bronze).where(F.col("source") == source).agg(F.max("batch_id")).first()
+    batch = b_prev if row is None or row[0] is None else row[0]
+    if frontier == f_prev and batch == b_prev:
+        return None
+    plan = spark.createDataFrame(
+        [(source, run, f_prev, frontier, b_prev, batch)],
+        "source string, run long, frontier_from long, frontier long, batch_from long, "
+        "batch_to long",
+    ).withColumn("planned_at", F.current_timestamp())
+    append(plan, n.plans, source, run)
+    return Plan(run, f_prev, frontier, b_prev, batch)
+
+
+def last_frontier(spark: SparkSession, n: Names, source: str) -> int:
+    """The frontier of the source's last completed run (0: none yet)."""
+    last = spark.table(n.progress).where(F.col("source") == source).agg(F.max("frontier")).first()
+    return (last[0] if last else None) or 0
+
+
+def control_records(in_batches: DataFrame) -> list[Row]:
+    """The batch window's ``schema``, ``rewind`` and ``error`` records, and one ``copy`` row
+    per table with COPY records in it, in batch order (one read)."""
+    records = in_batches.select(
+        "kind", "table_oid", "table_schema", "table_name", "lsn", "payload", "batch_id"
+    )
+    copied = (
+        records.where(F.col("kind") == "copy")
+        .groupBy("table_oid")
+        .agg(F.min("batch_id").alias("batch_id"))
+        .select(
+            F.lit("copy").alias("kind"),
+            "table_oid",
+            F.lit(None).cast("string").alias("table_schema"),
+            F.lit(None).cast("string").alias("table_name"),
+            F.lit(None).cast("bigint").alias("lsn"),
+            F.lit(None).cast("binary").alias("payload"),
+            "batch_id",
+        )
+    )
+    return (
+        records.where(F.col("kind").isin("schema", "rewind", "error"))
+        .unionByName(copied)
+        .orderBy("batch_id")
+        .collect()
+    )
+
+
+def control_errors(control: list[Row], oids: list[int]) -> list[ErrorRecord]:
+    """Bronze's error records, each for its table (or, for none, every table in ``oids``)."""
+    errors = []
+    for r in control:
+        if r["kind"] != "error":
+            continue
+        e = json.loads(r["payload"]) if r["payload"] else {}
+        targets = [r["table_oid"]] if r["table_oid"] is not None else oids
+        code = e.get("code", PipelineError.__name__)
+        for oid in targets:
+            # the payload's "lsn" is the same position, as text
+            errors.append(ErrorRecord(oid, r["lsn"], code, e.get("message", "")))
+    return errors

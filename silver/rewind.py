@@ -1,0 +1,66 @@
+"""Rewinds, truncates and consolidation: pure DataFrame -> DataFrame steps of a table's diffs.
+
+A table snapshotted at LSN ``s`` after its changes at or below ``s`` were read holds those
+changes twice: once in the snapshot's rows (at LSN 0) and once as changes. The rewinds take
+them out again: each such change once more, at LSN 0, with its diff negated. Rows here are
+``data..., _lsn, _diff``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+
+def rewinds(changes: DataFrame, lsn: str, diff: str, snapshot_lsn: int) -> DataFrame:
+    """The rewinds of a snapshot at ``snapshot_lsn``: the rows of ``changes`` with ``lsn`` in
+    ``(0, snapshot_lsn]``, at ``lsn`` 0 and with ``diff`` negated; other columns as they are."""
+    rewound = changes.where((F.col(lsn) > 0) & (F.col(lsn) <= snapshot_lsn))
+    return rewound.withColumns({lsn: F.lit(0).cast("bigint"), diff: -F.col(diff)})
+
+
+def with_rewinds(
+    rows: DataFrame, changes: DataFrame, data: Sequence[Column], lsn: str, diff: str, snapshot_lsn
+) -> DataFrame:
+    """``rows`` as ``data..., _lsn, _diff``, plus the rewinds of ``changes`` (the same rows, or
+    the changes among them) when the table has a snapshot (``snapshot_lsn`` not None)."""
+    out = rows.select(*data, F.col(lsn).alias("_lsn"), F.col(diff).alias("_diff"))
+    if snapshot_lsn is None:
+        return out
+    back = rewinds(changes, lsn, diff, snapshot_lsn)
+    return out.unionByName(
+        back.select(*data, F.col(lsn).cast("bigint").alias("_lsn"), F.col(diff).alias("_diff"))
+    )
+
+
+def truncated(
+    rows: DataFrame, data: Sequence[Column], truncates: Sequence[tuple[int, int]], earlier=None
+) -> DataFrame:
+    """``rows`` (``data..., _lsn, _diff``) with every row retracted at each truncate's LSN:
+    the state below it (with ``earlier``, a table's rows of earlier runs) negated there."""
+    out = rows
+    for lsn, _ in sorted(truncates):
+        before = out.where(F.col("_lsn") < lsn)
+        if earlier is not None:
+            before = before.unionByName(
+                earlier.select(*data, "_lsn", "_diff").where(F.col("_lsn") < lsn)
+            )
+        state = before.groupBy(*data).agg(F.sum("_diff").alias("_diff")).where(F.col("_diff") > 0)
+        out = out.unionByName(
+            state.select(
+                *data, F.lit(lsn).cast("bigint").alias("_lsn"), (-F.col("_diff")).alias("_diff")
+            )
+        )
+    return out
+
+
+def consolidated(rows: DataFrame, data: Sequence[Column], run: int) -> DataFrame:
+    """Diffs summed per (row, LSN), zeros dropped, stamped with the run."""
+    return (
+        rows.groupBy(*data, "_lsn")
+        .agg(F.sum("_diff").alias("_diff"))
+        .where(F.col("_diff") != 0)
+        .withColumn("_run", F.lit(run).cast("bigint"))
+    )

@@ -1,0 +1,154 @@
+"""Silver's writes: every append of a run, idempotent per run.
+
+Every append carries ``txnAppId = pgmedallion-silver-<source>`` and ``txnVersion = <run>``, so
+a run repeated after a crash skips each table Delta already has it in. A table's unsettled
+rows (see ``silver/__init__.py``) go in a second append of the run under their own
+``txnAppId`` (:data:`UNSETTLED_APP_SUFFIX`).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from core.failpoints import failpoint
+from silver.contract import Names, TableInfo
+from silver.errors import ErrorRecord
+
+UNSETTLED_APP_SUFFIX = "-late"
+"""The ``txnAppId`` suffix of a table's append of its unsettled rows. The text is the one runs
+have always written: a run redone after an upgrade must find the appends it made before."""
+
+
+def append(df: DataFrame, table: str, source: str, run: int) -> None:
+    """Append ``df`` to one of silver's own tables as run ``run``'s idempotent commit."""
+    writer = (
+        df.write.format("delta")
+        .mode("append")
+        .option("txnAppId", f"pgmedallion-silver-{source}")
+        .option("txnVersion", run)
+    )
+    failpoint("silver.before_append")
+    writer.saveAsTable(table)
+    failpoint("silver.after_append")
+
+
+def append_diffs(
+    df: DataFrame, table: str, source: str, run: int, unsettled: bool = False
+) -> int | None:
+    """Append a table's diffs of run ``run`` (``unsettled``: the rows its first append left
+    out), as an idempotent Delta commit; how many rows it wrote (None: not known, the write was
+    skipped as done before). Through ``writeTo``: its write fills the metrics a
+    ``DataFrame.observe`` in ``df``'s plan collects (``saveAsTable``'s does not)."""
+    app = f"pgmedallion-silver-{source}" + (UNSETTLED_APP_SUFFIX if unsettled else "")
+    observation = Observation(f"pgm_rows_{uuid.uuid4().hex}")
+    writer = (
+        df.observe(observation, F.count(F.lit(1)).alias("rows"))
+        .writeTo(table)
+        .option("txnAppId", app)
+        .option("txnVersion", str(run))
+        .option("mergeSchema", "true")
+    )
+    failpoint("silver.before_append")
+    writer.append()
+    failpoint("silver.after_append")
+    try:
+        return observation.get.get("rows")
+    except Exception:  # the write was skipped (idempotent): the observed plan did not run
+        return None
+
+
+def written(spark: SparkSession, target: str, run: int, counts: list[int | None]) -> int:
+    """The rows run ``run`` appended to ``target``: the writes' own counts, or (a write
+    skipped as done before) a count of the table's rows of the run."""
+    if all(c is not None for c in counts):
+        return sum(counts)
+    return spark.table(target).where(F.col("_run") == run).count()
+
+
+def create_diff_table(spark: SparkSession, table: str, schema: T.StructType) -> None:
+    """A table's diffs table, with column mapping by name (any PostgreSQL name works)."""
+    from delta.tables import DeltaTable
+
+    (
+        DeltaTable.createIfNotExists(spark)
+        .tableName(table)
+        .addColumns(schema)
+        .property("delta.columnMapping.mode", "name")
+        .property("delta.minReaderVersion", "2")
+        .property("delta.minWriterVersion", "5")
+        .execute()
+    )
+
+
+def write_errors(
+    spark: SparkSession,
+    n: Names,
+    source: str,
+    run: int,
+    tables: dict[int, TableInfo],
+    errors: list[ErrorRecord],
+) -> None:
+    """Append the run's error records to ``_errors``."""
+    rows = []
+    for e in errors:
+        info = tables.get(e.table_oid)
+        schema, name = (info.schema, info.name) if info is not None else (None, None)
+        rows.append(
+            (source, e.table_oid, schema, name, e.lsn, e.code, e.column, e.raw, e.message, run)
+        )
+    df = spark.createDataFrame(
+        rows,
+        "source string, table_oid long, table_schema string, table_name string, lsn long, "
+        "code string, column_name string, raw string, message string, run long",
+    ).withColumn("detected_at", F.current_timestamp())
+    append(df, n.errors, source, run)
+
+
+def write_adjustments(
+    spark: SparkSession,
+    n: Names,
+    source: str,
+    run: int,
+    tables: dict[int, TableInfo],
+    adjusted: list[tuple],
+) -> None:
+    """Append ``(table_oid, column, code, count, first_lsn, sample)`` rows to ``_adjustments``."""
+    df = spark.createDataFrame(
+        [
+            (source, oid, tables[oid].schema, tables[oid].name, run, *rest)
+            for oid, *rest in adjusted
+        ],
+        "source string, table_oid long, table_schema string, table_name string, run long, "
+        "column_name string, code string, count long, first_lsn long, sample string",
+    ).withColumn("detected_at", F.current_timestamp())
+    append(df, n.adjustments, source, run)
+
+
+def write_relations(
+    spark: SparkSession,
+    n: Names,
+    source: str,
+    run: int,
+    relations: list[tuple[int, int, int, bytes]],
+) -> None:
+    """Append ``(relid, lsn, ordinal, payload)`` Relation messages to ``_relations``."""
+    df = spark.createDataFrame(
+        [(source, relid, lsn, o, p, run) for relid, lsn, o, p in relations],
+        "source string, relid long, lsn long, ordinal long, payload binary, run long",
+    )
+    append(df, n.relations, source, run)
+
+
+def write_progress(
+    spark: SparkSession, n: Names, source: str, run: int, frontier: int, batch: int, tables: list
+) -> None:
+    """The run's ``_progress`` row: its last write."""
+    df = spark.createDataFrame(
+        [(source, run, frontier, batch, tables)],
+        "source string, run long, frontier long, bronze_batch long, tables array<long>",
+    ).withColumn("completed_at", F.current_timestamp())
+    append(df, n.progress, source, run)
