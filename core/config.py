@@ -98,7 +98,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class ColumnPolicy:
     type: str = ""
-    """A type override (see ``silver.casts.override_type``); "" keeps the mapping's type."""
+    """A type override (see ``silver.pgtypes.override_type``); "" keeps the mapping's type."""
     infinity: str = ""
     """What ``±infinity`` becomes in a date or timestamp column; "" is the table's policy."""
 
