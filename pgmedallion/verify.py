@@ -40,7 +40,11 @@ from capture.snapshot import (
 )
 from core.config import Config
 from core.spark import one_task_per_partition
+from pgmedallion.pipeline import run_stages, silver_state
+from silver.cast_columns import cast_values
+from silver.catalog import load_tables
 from silver.copy_text import decode_copy_row
+from silver.pgtypes import pg_type_of
 
 log = logging.getLogger(__name__)
 
@@ -188,11 +192,6 @@ def verify(
     spark: SparkSession, cfg: Config, *, catch_up: bool = True, check_gold: bool = True
 ) -> VerifyResult:
     """Compare silver (and gold) with the source at a fresh snapshot LSN."""
-    from pgmedallion.pipeline import run_stages, silver_state
-    from silver.cast_columns import cast_values
-    from silver.catalog import load_tables
-    from silver.pgtypes import pg_type_of
-
     tables = {
         oid: info for oid, info in load_tables(spark, cfg).items() if info.snapshot_lsn is not None
     }

@@ -21,7 +21,6 @@ LAZY_IMPORTS = {
     "pgmedallion/cli.py": "a command imports only what it runs (no pyspark for `capture`)",
     "pgmedallion/pipeline.py": "a capture-only run must not import pyspark (silver, gold do)",
     "pgmedallion/demo.py": "the demo starts PostgreSQL before importing the Spark side",
-    "pgmedallion/verify.py": "verify runs the silver decoder only for tables it checks",
 }
 
 
