@@ -140,10 +140,14 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
         print(f"capture failed: {e}", file=sys.stderr)
         return 1
     except Exception as e:
-        if type(e).__name__ == "GoldQualityError":
+        # Imported only now: both import pyspark, which a capture-only run never loads.
+        from gold.quality import GoldQualityError
+        from marts.runner import MartsError
+
+        if isinstance(e, GoldQualityError):
             print(f"gold quality failed: {e}", file=sys.stderr)
             return 1
-        if type(e).__name__ == "MartsError":
+        if isinstance(e, MartsError):
             print(f"marts failed: {e}", file=sys.stderr)
             return 1
         raise
