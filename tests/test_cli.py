@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 
 def test_help_lists_the_commands():
     out = subprocess.run(["pgmedallion", "--help"], capture_output=True, text=True, check=True)
@@ -81,3 +83,49 @@ def test_a_local_capture_needs_no_java(db, spark, tmp_path):
     bronze = spark.read.format("delta").load(str(state / "warehouse" / "pgm_bronze.db" / "bronze"))
     assert bronze.where("kind = 'rewind'").count() == 1
     assert bronze.where("kind = 'wal' AND substring(payload, 1, 1) = 'I'").count() == 1
+
+
+@pytest.mark.slow
+def test_run_exits_1_naming_the_table_when_gold_quality_fails(db, tmp_path):
+    """A definite error under the default ``fail`` policy: ``run`` prints one line naming the
+    table and the rule, exits 1, and shows no traceback."""
+    import os
+    import sys
+    from pathlib import Path
+
+    import psycopg
+
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE truncated (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO truncated SELECT g, 'v' || g FROM generate_series(1, 50) g")
+        conn.execute("CREATE PUBLICATION truncated_pub FOR TABLE truncated")
+    config = tmp_path / "pgmedallion.toml"
+    config.write_text(
+        "[source]\n"
+        f"name = 'truncated'\nhost = '{db['host']}'\nport = {db['port']}\n"
+        f"dbname = '{db['dbname']}'\nuser = '{db['user']}'\npassword_env = 'TRUNCATED_PW'\n"
+        "publication = 'truncated_pub'\nslot = 'truncated_slot'\n"
+        f"[lakehouse]\nstate_dir = '{tmp_path / 'state'}'\n"
+    )
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, TRUNCATED_PW=db["password"], PYTHONPATH=str(repo))
+
+    def run() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "pgmedallion.cli", "-c", str(config), "run"],
+            capture_output=True,
+            text=True,
+            cwd=repo,
+            env=env,
+            timeout=600,
+        )
+
+    first = run()
+    assert first.returncode == 0, first.stderr
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("TRUNCATE truncated")
+    second = run()
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert "gold quality failed" in second.stderr and "public.truncated" in second.stderr
+    assert "no_definite_errors" in second.stderr
+    assert "Traceback" not in second.stderr
