@@ -64,6 +64,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from core.naming import qualified
+
 
 def on_databricks() -> bool:
     """Running on a Databricks cluster (its runtime sets this variable)."""
@@ -229,7 +231,7 @@ class Config:
         """``catalog.schema.name`` (or ``schema.name``) with every part back-quoted."""
         schema = getattr(self.lakehouse, f"{layer}_schema")
         parts = [p for p in (self.lakehouse.catalog, schema, name) if p]
-        return ".".join("`" + p.replace("`", "``") + "`" for p in parts)
+        return qualified(parts)
 
     def local_table_path(self, layer: str, name: str) -> str | None:
         """Where the local Spark session (``core.spark.get_spark(state_dir)``, a Hive

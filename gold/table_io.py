@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from core.config import Config
-from core.naming import COLUMN_MAPPING, quote
+from core.naming import COLUMN_MAPPING, qualified, quote
 from gold.history import TAG
 from gold.plan import Table
 from gold.pruning import small
@@ -54,7 +54,7 @@ def latest_version(spark: SparkSession, name: str) -> int:
 def gold_table_names(spark: SparkSession, cfg: Config) -> set[str]:
     """The gold schema's table names, lower case (one catalog call)."""
     parts = [p for p in (cfg.lakehouse.catalog, cfg.lakehouse.gold_schema) if p]
-    schema = ".".join("`" + p.replace("`", "``") + "`" for p in parts)
+    schema = qualified(parts)
     return {r["tableName"].lower() for r in spark.sql(f"SHOW TABLES IN {schema}").collect()}
 
 

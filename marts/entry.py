@@ -34,14 +34,11 @@ from pyspark.sql import SparkSession
 from pyspark.sql.connect.client.core import PlanObservedMetrics
 
 from core.expectations import QUALITY_SCHEMA, quality_rows
+from core.naming import quote
 from marts.runner import QUALITY_PREFIX
 
 COUNT_COLUMNS = ["dataset", "rule", "action", "passed", "failed"]
 _FLOW_DONE = re.compile(r"^Flow '?(?P<name>[^' ]+)'? has COMPLETED")
-
-
-def _q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def completed_flow(message: str) -> str | None:
@@ -56,13 +53,13 @@ def record_quality(
     spark: SparkSession, schema: str, source: str, refreshed: set[str]
 ) -> list[dict[str, Any]]:
     """Append the refreshed ``<dataset>_quality`` views' counts to ``<schema>._quality``."""
-    names = [r.tableName for r in spark.sql(f"SHOW TABLES IN {_q(schema)}").collect()]
+    names = [r.tableName for r in spark.sql(f"SHOW TABLES IN {quote(schema)}").collect()]
     views = sorted(n for n in names if n.endswith("_quality") and n.lower() in refreshed)
-    counts = [spark.read.table(f"{_q(schema)}.{_q(n)}") for n in views]
+    counts = [spark.read.table(f"{quote(schema)}.{quote(n)}") for n in views]
     counts = [df for df in counts if df.columns == COUNT_COLUMNS]
     if not counts:
         return []
-    target = f"{_q(schema)}.{_q('_quality')}"
+    target = f"{quote(schema)}.{quote('_quality')}"
     run = 1
     if spark.catalog.tableExists(f"{schema}._quality"):
         run = (spark.sql(f"SELECT max(run) FROM {target}").first()[0] or 0) + 1

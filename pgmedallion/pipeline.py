@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from core.config import Config, on_databricks
+from core.naming import qualified, quote
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +67,7 @@ def ensure_schemas(spark: SparkSession, cfg: Config) -> None:
     for layer in ("bronze", "silver", "gold"):
         schema = getattr(cfg.lakehouse, f"{layer}_schema")
         parts = [p for p in (cfg.lakehouse.catalog, schema) if p]
-        spark.sql(
-            "CREATE SCHEMA IF NOT EXISTS "
-            + ".".join("`" + p.replace("`", "``") + "`" for p in parts)
-        )
+        spark.sql("CREATE SCHEMA IF NOT EXISTS " + qualified(parts))
     ensure_bronze_table(
         spark, cfg.qualified("bronze", "bronze"), cfg.local_table_path("bronze", "bronze")
     )
@@ -208,7 +206,7 @@ def silver_state(spark: SparkSession, cfg: Config, silver_table: str, before_lsn
     if before_lsn is not None:
         diffs = diffs.where(F.col("_lsn") < before_lsn)
     data = [c for c in diffs.columns if c not in ("_lsn", "_diff", "_run")]
-    cols = [F.col("`" + c.replace("`", "``") + "`") for c in data]
+    cols = [F.col(quote(c)) for c in data]
     summed = diffs.groupBy(*cols).agg(F.sum("_diff").alias("_n")).where(F.col("_n") > 0)
     return summed.withColumn("_i", F.explode(F.sequence(F.lit(1), F.col("_n")))).select(*cols)
 
@@ -231,8 +229,8 @@ def request_resync(spark: SparkSession | None, cfg: Config, names: list[str]) ->
     state = bronze.state()
     captured = {f"{schema}.{name}": oid for oid, (_, schema, name) in state.snapshots.items()}
     by_name: dict[str, list[str]] = {}
-    for qualified in captured:
-        by_name.setdefault(qualified.split(".", 1)[1], []).append(qualified)
+    for full in captured:
+        by_name.setdefault(full.split(".", 1)[1], []).append(full)
     chosen, unknown = [], []
     for name in names:
         if name in captured:

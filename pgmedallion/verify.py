@@ -39,6 +39,7 @@ from capture.snapshot import (
     worker_ctid_ranges,
 )
 from core.config import Config
+from core.naming import quote
 from core.spark import one_task_per_partition
 from pgmedallion.pipeline import run_stages, silver_state
 from silver.cast_columns import cast_values
@@ -165,7 +166,7 @@ def source_rows_at_snapshot(
 
 
 def _checksum(df: DataFrame) -> tuple[int, int]:
-    cols = [F.col("`" + c.replace("`", "``") + "`") for c in df.columns]
+    cols = [F.col(quote(c)) for c in df.columns]
     row = df.agg(
         F.count(F.lit(1)).alias("n"),
         F.sum(F.xxhash64(*cols).cast("decimal(38,0)")).alias("h"),
@@ -249,7 +250,7 @@ def verify(
 
 
 def _cols(names: list[str]):
-    return [F.col("`" + c.replace("`", "``") + "`") for c in names]
+    return [F.col(quote(c)) for c in names]
 
 
 def _silver_frontier(spark: SparkSession, cfg: Config) -> int:

@@ -17,6 +17,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.utils import is_remote
 
+from core.naming import quote
 from silver.casts import (
     CAST_ERROR_TYPE,
     CAST_ERRORS_COLUMN,
@@ -274,4 +275,4 @@ def _unused_prefix(taken: Sequence[str]) -> str:
 
 def column(name: str) -> Column:
     """A reference to the column called ``name``, whatever characters the name has."""
-    return F.col("`" + name.replace("`", "``") + "`")
+    return F.col(quote(name))

@@ -52,7 +52,6 @@ from silver.errors import (
     InvalidValue,
     MissingToast,
     SchemaIncompatible,
-    SilverError,
 )
 
 
@@ -87,7 +86,6 @@ class Diff(NamedTuple):
     """RETRACT: the key's positions; FILL: the positions of the unchanged-TOAST columns."""
 
 
-ChangeError = SilverError
 """What :func:`change_diffs` raises for a change it cannot read (a :mod:`silver.errors` type;
 ``code`` names it in the errors table)."""
 

@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from core.config import Config
+from core.naming import qualified
 
 TABLES_DDL = (
     "source STRING NOT NULL, table_oid BIGINT NOT NULL, table_schema STRING, table_name STRING, "
@@ -131,7 +132,7 @@ class Names:
         self.bronze = cfg.qualified("bronze", "bronze")
         self.table = q
         parts = [p for p in (cfg.lakehouse.catalog, cfg.lakehouse.silver_schema) if p]
-        self.schema = ".".join("`" + p.replace("`", "``") + "`" for p in parts)
+        self.schema = qualified(parts)
 
 
 def ensure_silver_tables(spark: SparkSession, cfg: Config) -> None:

@@ -8,7 +8,6 @@ from capture.pgoutput import UNCHANGED_TOAST, Delete, Insert, Relation, Relation
 from silver.changes import (
     FILL,
     RETRACT,
-    ChangeError,
     Diff,
     Layout,
     LayoutIndex,
@@ -16,6 +15,7 @@ from silver.changes import (
     change_diffs,
     plan_columns,
 )
+from silver.errors import SilverError
 
 BASE = [TableColumn("id", 23, -1), TableColumn("body", 25, -1)]
 
@@ -75,7 +75,7 @@ def test_key_only_changes_name_the_row_they_need():
     ],
 )
 def test_definite_errors(message, layout, code):
-    with pytest.raises(ChangeError) as err:
+    with pytest.raises(SilverError) as err:
         change_diffs(message, layout, 2)
     assert err.value.code == code
 
@@ -107,7 +107,7 @@ def test_added_column_widens_the_table_and_earlier_rows_get_null():
 def test_incompatible_relations(relation, problem):
     _, layouts = plan_columns(BASE, [(30, relation)], snapshot_lsn=20)
     assert layouts[0].positions is None and problem in layouts[0].problem
-    with pytest.raises(ChangeError) as err:
+    with pytest.raises(SilverError) as err:
         change_diffs(Insert(1, (b"1",)), layouts[0], 2)
     assert err.value.code == "SchemaIncompatible"
 
