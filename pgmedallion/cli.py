@@ -416,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:  # py4j logs every gateway connection it closes at INFO
+        logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
         config = load_config(args.config)
     except ConfigError as e:
