@@ -46,6 +46,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from capture.pgoutput import decode, format_lsn
+from core import delta_rs
 from core.config import Config
 from core.parallel import concurrently
 from silver import catalog
@@ -218,6 +219,7 @@ def _run_tables(
         if oid in r.changed or oid in r.copied or oid in r.new_snapshots or oid in r.truncate_at
     )
     existing = catalog.silver_tables(spark, n) if work else set()
+    schema_dir = delta_rs.schema_dir(spark, n.schema) if work else None
 
     def one_table(oid: int) -> tuple[int, list[ErrorRecord], list[tuple]]:
         info = r.tables[oid]
@@ -233,6 +235,7 @@ def _run_tables(
             truncates=r.truncate_at.get(oid, []) if deletes else [],
             identity_keys=r.identity_keys.get(oid),
             exists=info.silver_table.lower() in existing,
+            path=delta_rs.table_dir(schema_dir, info.silver_table),
         )
 
     rows: dict[str, int] = {}
@@ -277,6 +280,7 @@ def table_run(
     truncates: list[tuple[int, int]],
     identity_keys: tuple[int, ...] | None = None,
     exists: bool | None = None,
+    path: str | None = None,
 ) -> tuple[int, list[ErrorRecord], list[tuple]]:
     """Cast, rewind, truncate, consolidate and append one table's diffs of this run.
 
@@ -307,18 +311,18 @@ def table_run(
     one = None if truncates or resolving else cast_in_one_pass(info, diffs)
     if one is None:
         return _table_run_whole(
-            spark, cfg, target, info, diffs, run, truncates, identity_keys, exists
+            spark, cfg, target, info, diffs, run, truncates, identity_keys, exists, path
         )
     data = data_columns(info)
     settled = consolidated(_rewound(info, one.rows, one.wal_rows), data, run)
     if not exists:
         create_diff_table(spark, target, settled.schema)
-    counts = [append_diffs(settled, target, cfg.source.name, run)]
+    counts = [append_diffs(settled, target, cfg.source.name, run, path=path)]
     unsettled = one.finish()
     if unsettled is None:
         return written(spark, target, run, counts), [], []
     rows = consolidated(_rewound(info, unsettled.rows, unsettled.rows), data, run)
-    counts.append(append_diffs(rows, target, cfg.source.name, run, unsettled=True))
+    counts.append(append_diffs(rows, target, cfg.source.name, run, unsettled=True, path=path))
     unsettled.unpersist()
     return written(spark, target, run, counts), unsettled.errors, unsettled.adjusted
 
@@ -337,6 +341,7 @@ def _table_run_whole(
     truncates: list[tuple[int, int]],
     identity_keys: tuple[int, ...] | None,
     exists: bool,
+    path: str | None,
 ) -> tuple[int, list[ErrorRecord], list[tuple]]:
     """:func:`table_run` for a table cast whole before anything is written."""
     resolving = identity_keys is not None
@@ -361,6 +366,8 @@ def _table_run_whole(
     out = consolidated(truncated(_rewound(info, ok, ok), data, truncates, earlier), data, run)
     if not exists:
         create_diff_table(spark, target, out.schema)
-    count = written(spark, target, run, [append_diffs(out, target, cfg.source.name, run)])
+    count = written(
+        spark, target, run, [append_diffs(out, target, cfg.source.name, run, path=path)]
+    )
     cast.unpersist()
     return count, errors, cast.adjusted

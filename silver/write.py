@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import uuid
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from core import delta_rs
 from core.failpoints import failpoint
 from silver.contract import Names, TableInfo
 from silver.errors import ErrorRecord
@@ -37,13 +39,34 @@ def append(df: DataFrame, table: str, source: str, run: int) -> None:
 
 
 def append_diffs(
-    df: DataFrame, table: str, source: str, run: int, unsettled: bool = False
+    df: DataFrame,
+    table: str,
+    source: str,
+    run: int,
+    unsettled: bool = False,
+    path: str | None = None,
 ) -> int | None:
     """Append a table's diffs of run ``run`` (``unsettled``: the rows its first append left
     out), as an idempotent Delta commit; how many rows it wrote (None: not known, the write was
-    skipped as done before). Through ``writeTo``: its write fills the metrics a
-    ``DataFrame.observe`` in ``df``'s plan collects (``saveAsTable``'s does not)."""
+    skipped as done before).
+
+    A table in a local directory (``path``) whose columns the rows match is appended to by
+    delta-rs: one Spark job collects the rows as Arrow (filling the metrics a
+    ``DataFrame.observe`` in ``df``'s plan collects) and delta-rs commits them. Otherwise,
+    and for a new column (schema evolution), through Spark's ``writeTo``: its write fills
+    those metrics too (``saveAsTable``'s does not)."""
     app = f"pgmedallion-silver-{source}" + (UNSETTLED_APP_SUFFIX if unsettled else "")
+    if delta_rs.usable(path):
+        dt = delta_rs.open_table(path)
+        if delta_rs.done(dt, app, run):
+            return None
+        schema = df.schema
+        if delta_rs.conforms(dt, pa.schema([pa.field(f.name, pa.null()) for f in schema])):
+            rows = df.toArrow()
+            failpoint("silver.before_append")
+            delta_rs.append(path, rows, app, run)
+            failpoint("silver.after_append")
+            return rows.num_rows
     observation = Observation(f"pgm_rows_{uuid.uuid4().hex}")
     writer = (
         df.observe(observation, F.count(F.lit(1)).alias("rows"))
