@@ -17,6 +17,7 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 
@@ -24,6 +25,8 @@ try:  # the `local` extra; a Databricks cluster commits through Spark
     from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 except ImportError:  # pragma: no cover - exercised only without the extra
     DeltaTable = None
+
+from core.config import on_databricks
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +47,6 @@ def schema_dir(spark, schema: str) -> str | None:
     """The local directory of Spark schema ``schema`` (qualified, back-quoted), under which
     its managed tables live as ``<dir>/<table name in lower case>``; None when it is not on
     this file system, on Databricks, or delta-rs is not installed or turned off."""
-    from urllib.parse import unquote, urlparse
-
-    from core.config import on_databricks
-
     if DeltaTable is None or on_databricks():
         return None
     if os.environ.get(ENGINE_ENV, "auto").lower() == "spark":
