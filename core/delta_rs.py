@@ -108,3 +108,29 @@ def append(
         commit_properties=commit_properties(app, version, metadata),
     )
     return True
+
+
+def empty_commit(
+    path: str, app: str, version: int, metadata: Mapping[str, str] | None = None
+) -> None:
+    """A commit that changes no data and records ``app`` at ``version`` (and ``metadata``):
+    what Spark commits for a MERGE whose source is empty, and delta-rs does not."""
+    table = open_table(path)
+    table.create_write_transaction(
+        [],
+        mode="append",
+        schema=table.schema(),
+        commit_properties=commit_properties(app, version, metadata),
+    )
+
+
+def tagged_commit(path: str, tag: str, first: int) -> tuple[int, str] | None:
+    """The newest commit of the table at ``path`` whose ``userMetadata`` holds ``tag``, as
+    ``(version, userMetadata)``; among the ``first`` newest commits first, then all."""
+    table = open_table(path)
+    for limit in (first, None):
+        for commit in table.history(limit):  # newest first
+            meta = commit.get("userMetadata")
+            if isinstance(meta, str) and tag in meta:
+                return int(commit["version"]), meta
+    return None

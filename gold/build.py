@@ -58,6 +58,7 @@ from queue import Queue
 
 from pyspark.sql import SparkSession
 
+from core import delta_rs
 from core.config import Config
 from core.failpoints import failpoint
 from core.parallel import concurrently
@@ -78,7 +79,7 @@ from gold.pruning import untouched
 from gold.quality import GoldQualityError
 from gold.reports import ensure_report_tables, write_reports
 from gold.table import build_table, untouched_outcome
-from gold.table_io import gold_table_names, plain_name
+from gold.table_io import gold_schema_name, gold_table_names, plain_name
 
 GOLD_WORKERS = 4
 """How many tables a gold run builds at once (see ``silver.build.TABLE_WORKERS``)."""
@@ -162,6 +163,7 @@ def _build_tables(
     spark: SparkSession, cfg: Config, inputs: _Inputs, work: list[tuple[SourceTable, ErrorSummary]]
 ) -> list[TableOutcome]:
     """Build the tables of ``work`` concurrently, each in a session of its own."""
+    schema_dir = delta_rs.schema_dir(spark, gold_schema_name(cfg)) if work else None
     sessions: Queue = Queue()
     for session in _sessions(spark, min(GOLD_WORKERS, len(work))):
         sessions.put(session)
@@ -179,6 +181,7 @@ def _build_tables(
                 summary,
                 adjusted=inputs.adjusted.get(info.table_oid),
                 exists=inputs.exists(info),
+                path=delta_rs.table_dir(schema_dir, info.silver_table),
             )
         finally:
             sessions.put(session)

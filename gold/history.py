@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from core import delta_rs
 from core.config import Config
 
 TAG = "pgmedallion_gold"  # the key of gold's JSON in its commits' ``userMetadata``
@@ -208,12 +209,15 @@ def touched_by_silver_runs(
 # --------------------------------------------------------------------------- gold
 
 
-def applied_state(spark: SparkSession, gold: str) -> Applied | None:
+def applied_state(spark: SparkSession, gold: str, path: str | None = None) -> Applied | None:
     """The newest gold commit of ``gold``, from its Delta history (None: nothing applied).
 
     The newest commits are looked at first (Delta reads one commit file per version of
-    history), the whole history only when none of them is gold's.
+    history), the whole history only when none of them is gold's. A table in a local
+    directory (``path``) has its history read by delta-rs (milliseconds, not a Spark query).
     """
+    if delta_rs.usable(path):
+        return _applied_of(delta_rs.tagged_commit(path, TAG, HISTORY_FIRST))
     rows = []
     for limit in (HISTORY_FIRST, None):
         history = spark.sql(f"DESCRIBE HISTORY {gold}" + (f" LIMIT {limit}" if limit else ""))
@@ -226,15 +230,20 @@ def applied_state(spark: SparkSession, gold: str) -> Applied | None:
         )
         if rows:
             break
-    if not rows:
+    return _applied_of((int(rows[0]["version"]), rows[0]["userMetadata"]) if rows else None)
+
+
+def _applied_of(commit: tuple[int, str] | None) -> Applied | None:
+    """What a gold commit ``(version, userMetadata)`` records as applied."""
+    if commit is None:
         return None
-    meta = json.loads(rows[0]["userMetadata"])[TAG]
+    meta = json.loads(commit[1])[TAG]
     return Applied(
         silver_run=int(meta["silver_run"]),
         frontier=int(meta["frontier"]),
         silver_frontier=int(meta["silver_frontier"]),
         quarantine_version=meta.get("quarantine_version"),
-        version=int(rows[0]["version"]),
+        version=commit[0],
         rows=meta.get("rows"),
     )
 

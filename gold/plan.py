@@ -48,6 +48,7 @@ class Table:
     range_pred: Column | None = None  # touched keys' ranges, on gold's columns
     range_pred_target: Column | None = None  # the same on the MERGE target alias ``t``
     touched: int = 0  # how many keys the run touches
+    path: str | None = None  # the gold table's local directory (delta-rs commits), if any
 
     def __post_init__(self) -> None:
         self.policy = self.cfg.policy(self.info.name).on_error

@@ -38,6 +38,7 @@ from gold.table_io import (
     create_table,
     gold_schema,
     merge_gold,
+    merge_gold_delta_rs,
     plain_name,
     same_columns,
     table_exists,
@@ -56,16 +57,21 @@ def build_table(
     applied_override: Applied | None | str = "discover",
     adjusted: ErrorSummary | None = None,
     exists: bool | None = None,
+    path: str | None = None,
 ) -> TableOutcome:
     """Bring one gold table to ``silver_run`` at ``frontier`` (or hold it; see module doc).
 
     ``applied_override`` replaces what the gold history says was applied (tests use it to act
     as a run whose bookkeeping was lost); Delta's idempotent writes must then skip the commit.
+    ``path``: the gold table's local directory, where its history is read and a MERGE made
+    through delta-rs (see :func:`gold.table_io.merge_gold_delta_rs`).
     """
     t = Table(spark, cfg, info, silver_run, frontier, errors, adjusted or ErrorSummary())
+    t.path = path
     errors_record = summary_record(info.name, NO_DEFINITE_ERRORS, t.policy, errors)
     _ensure_gold(t, exists)
-    applied = applied_state(spark, t.gold) if applied_override == "discover" else applied_override
+    discover = applied_override == "discover"
+    applied = applied_state(spark, t.gold, path) if discover else applied_override
     mode = _mode(t, applied)
     if mode == "unchanged":
         untouched = [QualityRecord(info.name, r.name, t.policy, 0, 0) for r in t.rules]
@@ -92,7 +98,8 @@ def build_table(
             t, checked, affected, applied, quarantined, quarantine_old, version
         )
         rows = gold_rows + (applied.rows - old_rows if affected is not None else 0)
-        _write_gold(t, checked, affected, mode, q_version, rows, gold_rows, version)
+        old = applied.rows if affected is not None else None
+        _write_gold(t, checked, affected, mode, q_version, rows, gold_rows, version, old)
     finally:
         checked.unpersist()
     now = Applied(  # what the commit just made (or, skipped as done, had made) records
@@ -143,8 +150,10 @@ def _write_gold(
     rows: int,
     gold_rows: int,
     version: int | None,
+    rows_before: int | None = None,
 ) -> None:
-    """The gold commit: an overwrite (full build) or one MERGE, tagged with what it applies."""
+    """The gold commit: an overwrite (full build) or one MERGE, tagged with what it applies
+    (a small local table's MERGE through delta-rs)."""
     meta = {
         "source": t.info.source,
         "silver_run": t.silver_run,
@@ -154,6 +163,11 @@ def _write_gold(
         "mode": mode,
         "rows": rows,
     }
+    if affected is not None:
+        ops = merge_operations(checked, affected, t.key, t.names)
+        if merge_gold_delta_rs(t, ops, meta, version, rows_before):
+            failpoint("gold.after_table")
+            return
     with tagged_commit(t.spark, meta, t.app_id, version):
         if affected is None:
             new = expand(checked.filter(F.col(TO_GOLD) & (F.col(MULT) > 0)))
