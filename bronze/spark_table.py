@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from bronze.store import Bronze, CopyTask
 from bronze.table import ARROW_SCHEMA, BRONZE_DDL, STATS_COLUMNS, SealedBatch, app_id
 from core.errors import PipelineError, error_type
-from core.spark import one_task_per_partition
+from core.spark import create_table, one_task_per_partition
 
 
 def ensure_bronze_table(spark: SparkSession, table: str, path: str | None = None) -> None:
@@ -30,10 +30,11 @@ def ensure_bronze_table(spark: SparkSession, table: str, path: str | None = None
         location = str(path).replace("\\", "\\\\").replace("'", "\\'")
         spark.sql(f"CREATE TABLE IF NOT EXISTS {table} USING DELTA LOCATION '{location}'")
         return
-    spark.sql(
+    sql = (
         f"CREATE TABLE IF NOT EXISTS {table} ({BRONZE_DDL}) USING DELTA "
         f"TBLPROPERTIES ('delta.dataSkippingStatsColumns' = '{STATS_COLUMNS}')"
     )
+    create_table(spark, lambda: spark.sql(sql))
 
 
 def local_table_path(spark: SparkSession, table: str) -> str | None:

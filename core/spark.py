@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import logging
 import os
 import re
 import shutil
@@ -20,9 +21,12 @@ import subprocess
 from pathlib import Path
 from urllib.parse import urlparse
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
 from core.config import on_databricks  # noqa: F401 (where callers import it from)
+
+log = logging.getLogger(__name__)
 
 MIN_JAVA = 17
 POSTGRES_JDBC = "org.postgresql:postgresql:42.7.4"
@@ -254,3 +258,48 @@ def one_task_per_partition(spark: SparkSession, count: int) -> DataFrame:
     few rows often puts two of them in one partition, and one task then runs both in turn.)
     """
     return spark.range(0, count, 1, numPartitions=max(1, count))
+
+
+def create_table(spark: SparkSession, create) -> None:
+    """Run ``create``, a ``CREATE TABLE IF NOT EXISTS`` of a managed Delta table.
+
+    Spark creates such a table in two steps: Delta's first commit in the table's directory,
+    then the catalog's record. A process killed between the two leaves a directory that the
+    catalog does not know and that Delta refuses to create a table in
+    (``DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION``). When that directory holds nothing but
+    a Delta log of at most the creation commit (no data file, no later commit), it is what an
+    interrupted create left: it is removed and the table created again. Anything else is
+    raised as it is.
+    """
+    try:
+        create()
+        return
+    except AnalysisException as exc:
+        if exc.getCondition() != "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION":
+            raise
+        url = urlparse(exc.getMessageParameters().get("tableLocation", ""))
+        path = Path(url.path)
+        if url.scheme not in ("file", "") or not _creation_leftover(path):
+            raise
+    log.warning("removing what an interrupted CREATE TABLE left in %s", path)
+    shutil.rmtree(path)
+    create()
+
+
+def _creation_leftover(path: Path) -> bool:
+    """Whether ``path`` holds only a Delta log of at most version 0 and no data."""
+    if not path.is_dir():
+        return False
+    for f in path.rglob("*"):
+        if not f.is_file():
+            continue
+        parts = f.relative_to(path).parts
+        if parts[0] != "_delta_log":
+            return False
+        name = f.name
+        if name.endswith(".json") and not name.startswith("."):
+            if name != f"{0:020d}.json":
+                return False
+        elif name.endswith(".parquet"):  # a checkpoint: more than a creation
+            return False
+    return True

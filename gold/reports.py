@@ -16,6 +16,7 @@ from pyspark.sql import types as T
 
 from core.config import Config
 from core.expectations import QUALITY_SCHEMA, quality_frame
+from core.spark import create_table
 from gold.history import SAMPLE_ROWS, ErrorSummary
 from gold.plan import TableOutcome
 from gold.quality import QualityRecord, Rule
@@ -87,9 +88,8 @@ def ensure_report_tables(spark: SparkSession, cfg: Config) -> None:
     from delta.tables import DeltaTable
 
     for name, schema in (("_frontier", FRONTIER_SCHEMA), ("_quality", QUALITY_SCHEMA)):
-        DeltaTable.createIfNotExists(spark).tableName(cfg.qualified("gold", name)).addColumns(
-            schema
-        ).execute()
+        builder = DeltaTable.createIfNotExists(spark).tableName(cfg.qualified("gold", name))
+        create_table(spark, builder.addColumns(schema).execute)
 
 
 def write_frontier(

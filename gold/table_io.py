@@ -19,6 +19,7 @@ from pyspark.sql import types as T
 from core import delta_rs
 from core.config import Config
 from core.naming import COLUMN_MAPPING, qualified, quote
+from core.spark import create_table as create_managed
 from gold.history import TAG
 from gold.plan import Table
 from gold.pruning import small
@@ -77,7 +78,7 @@ def create_table(spark: SparkSession, name: str, schema: T.StructType) -> None:
     builder = DeltaTable.createIfNotExists(spark).tableName(name).addColumns(schema)
     for key, value in GOLD_PROPERTIES.items():
         builder = builder.property(key, value)
-    builder.execute()
+    create_managed(spark, builder.execute)
 
 
 def _nullable(fields: Sequence[T.StructField]) -> list[T.StructField]:

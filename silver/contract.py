@@ -16,6 +16,7 @@ from pyspark.sql import types as T
 
 from core.config import Config
 from core.naming import qualified
+from core.spark import create_table
 
 TABLES_DDL = (
     "source STRING NOT NULL, table_oid BIGINT NOT NULL, table_schema STRING, table_name STRING, "
@@ -146,7 +147,8 @@ def ensure_silver_tables(spark: SparkSession, cfg: Config) -> None:
         (n.relations, RELATIONS_DDL),
         (n.adjustments, ADJUSTMENTS_DDL),
     ):
-        spark.sql(f"CREATE TABLE IF NOT EXISTS {table} ({ddl}) USING DELTA")
+        sql = f"CREATE TABLE IF NOT EXISTS {table} ({ddl}) USING DELTA"
+        create_table(spark, lambda sql=sql: spark.sql(sql))
     if "snapshot_run" not in spark.table(n.tables).columns:  # tables made before resync
         spark.sql(f"ALTER TABLE {n.tables} ADD COLUMNS (snapshot_run BIGINT)")
     if "tables" not in spark.table(n.progress).columns:  # made before runs listed their tables

@@ -17,6 +17,7 @@ from pyspark.sql import types as T
 
 from core import delta_rs
 from core.failpoints import failpoint
+from core.spark import create_table
 from silver.contract import Names, TableInfo
 from silver.errors import ErrorRecord
 
@@ -96,15 +97,15 @@ def create_diff_table(spark: SparkSession, table: str, schema: T.StructType) -> 
     """A table's diffs table, with column mapping by name (any PostgreSQL name works)."""
     from delta.tables import DeltaTable
 
-    (
+    builder = (
         DeltaTable.createIfNotExists(spark)
         .tableName(table)
         .addColumns(schema)
         .property("delta.columnMapping.mode", "name")
         .property("delta.minReaderVersion", "2")
         .property("delta.minWriterVersion", "5")
-        .execute()
     )
+    create_table(spark, builder.execute)
 
 
 def write_errors(
