@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 import pyarrow as pa
 
 try:  # the `local` extra; a Databricks cluster commits through Spark
-    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+    from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
 except ImportError:  # pragma: no cover - exercised only without the extra
     DeltaTable = None
 
@@ -134,3 +134,49 @@ def tagged_commit(path: str, tag: str, first: int) -> tuple[int, str] | None:
             if isinstance(meta, str) and tag in meta:
                 return int(commit["version"]), meta
     return None
+
+
+SMALL_TABLE_ROWS = 100_000
+"""Tables of at most this many rows are read through delta-rs into Spark's memory where a run
+reads them whole or nearly (see :func:`read`)."""
+
+
+def small(path: str | None, columns: list[str] | None = None) -> bool:
+    """Whether the table at ``path`` is local, has at most :data:`SMALL_TABLE_ROWS` rows (by
+    its log's statistics) and, given ``columns``, has all of them."""
+    if not usable(path):
+        return False
+    table = open_table(path)
+    if columns is not None:
+        have = {f.name for f in table.schema().fields}
+        if not set(columns) <= have:
+            return False
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if "num_records" not in actions.column_names:
+        return False
+    counts = actions.column("num_records")
+    if counts.null_count:
+        return False
+    return sum(counts.to_pylist()) <= SMALL_TABLE_ROWS
+
+
+def read(spark, path: str, schema, where: str | None = None):
+    """The rows of the table at ``path`` (``WHERE where``, DataFusion SQL over the table as
+    ``t``) as a Spark DataFrame of ``schema`` made from local data.
+
+    A Spark scan of a Delta table pays for the table's snapshot (a job that replays its log
+    when another engine wrote the newest commits) before it reads a row; for a small table
+    delta-rs reads it in milliseconds and Spark computes on the rows in memory. Column
+    mapping and deletion vectors are honoured (``QueryBuilder``; ``to_pyarrow_table`` is not
+    used: it reads a column-mapped table's columns as NULL)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    names = ", ".join('"' + f.name.replace('"', '""') + '"' for f in schema.fields)
+    sql = f"SELECT {names} FROM t" + (f" WHERE {where}" if where else "")
+    reader = QueryBuilder().register("t", open_table(path)).execute(sql)
+    rows = pa.RecordBatchReader.from_stream(reader).read_all()
+    target = to_arrow_schema(schema, timezone="UTC")
+    rows = pa.Table.from_arrays(
+        [col.cast(f.type) for col, f in zip(rows.columns, target, strict=True)], schema=target
+    )
+    return spark.createDataFrame(rows, schema=schema)

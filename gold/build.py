@@ -79,7 +79,7 @@ from gold.pruning import untouched
 from gold.quality import GoldQualityError
 from gold.reports import ensure_report_tables, write_reports
 from gold.table import build_table, untouched_outcome
-from gold.table_io import gold_schema_name, gold_table_names, plain_name
+from gold.table_io import gold_table_names, layer_schema, plain_name
 
 GOLD_WORKERS = 4
 """How many tables a gold run builds at once (see ``silver.build.TABLE_WORKERS``)."""
@@ -163,7 +163,8 @@ def _build_tables(
     spark: SparkSession, cfg: Config, inputs: _Inputs, work: list[tuple[SourceTable, ErrorSummary]]
 ) -> list[TableOutcome]:
     """Build the tables of ``work`` concurrently, each in a session of its own."""
-    schema_dir = delta_rs.schema_dir(spark, gold_schema_name(cfg)) if work else None
+    schema_dir = delta_rs.schema_dir(spark, layer_schema(cfg, "gold")) if work else None
+    silver_dir = delta_rs.schema_dir(spark, layer_schema(cfg, "silver")) if schema_dir else None
     sessions: Queue = Queue()
     for session in _sessions(spark, min(GOLD_WORKERS, len(work))):
         sessions.put(session)
@@ -182,6 +183,7 @@ def _build_tables(
                 adjusted=inputs.adjusted.get(info.table_oid),
                 exists=inputs.exists(info),
                 path=delta_rs.table_dir(schema_dir, info.silver_table),
+                silver_path=delta_rs.table_dir(silver_dir, info.silver_table),
             )
         finally:
             sessions.put(session)

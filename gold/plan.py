@@ -9,6 +9,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from core import delta_rs
 from core.config import Config
 from gold.history import Applied, ErrorSummary, SourceTable
 from gold.quality import VALUES_ADJUSTED, QualityRecord, row_rules
@@ -49,6 +50,8 @@ class Table:
     range_pred_target: Column | None = None  # the same on the MERGE target alias ``t``
     touched: int = 0  # how many keys the run touches
     path: str | None = None  # the gold table's local directory (delta-rs commits), if any
+    silver_path: str | None = None  # the silver table's, likewise
+    local: bool = False  # a small local table: its rows are read by delta-rs, see ``updates``
 
     def __post_init__(self) -> None:
         self.policy = self.cfg.policy(self.info.name).on_error
@@ -72,12 +75,21 @@ class Table:
 
     def updates(self, after_silver_run: int | None) -> DataFrame:
         """Silver's diffs of the runs in (``after_silver_run``, ``silver_run``], below the
-        table's frontier."""
+        table's frontier (read by delta-rs for a small local table, :attr:`local`)."""
         cond = F.col(SILVER_RUN) <= self.silver_run
         if after_silver_run is not None:
             cond = cond & (F.col(SILVER_RUN) > after_silver_run)
         if self.held:
             cond = cond & (F.col(LSN) < self.frontier)
+        if self.local:
+            where = f"{SILVER_RUN} <= {int(self.silver_run)}"
+            if after_silver_run is not None:
+                where += f" AND {SILVER_RUN} > {int(after_silver_run)}"
+            if self.held:
+                where += f" AND {LSN} < {int(self.frontier)}"
+            fields = {f.name: f for f in self.silver.schema.fields}
+            schema = T.StructType([fields[n] for n in [*self.names, LSN, DIFF]])
+            return delta_rs.read(self.spark, self.silver_path, schema, where)
         return self.silver.filter(cond).select(*[c(n) for n in self.names], LSN, DIFF)
 
 

@@ -56,14 +56,15 @@ def latest_version(spark: SparkSession, name: str) -> int:
     return int(spark.sql(f"DESCRIBE HISTORY {name} LIMIT 1").collect()[0]["version"])
 
 
-def gold_schema_name(cfg: Config) -> str:
-    """The gold schema, qualified and back-quoted."""
-    return qualified([p for p in (cfg.lakehouse.catalog, cfg.lakehouse.gold_schema) if p])
+def layer_schema(cfg: Config, layer: str) -> str:
+    """A layer's schema (``gold``, ``silver``), qualified and back-quoted."""
+    schema = getattr(cfg.lakehouse, f"{layer}_schema")
+    return qualified([p for p in (cfg.lakehouse.catalog, schema) if p])
 
 
 def gold_table_names(spark: SparkSession, cfg: Config) -> set[str]:
     """The gold schema's table names, lower case (one catalog call)."""
-    schema = gold_schema_name(cfg)
+    schema = layer_schema(cfg, "gold")
     return {r["tableName"].lower() for r in spark.sql(f"SHOW TABLES IN {schema}").collect()}
 
 
@@ -168,14 +169,16 @@ def merge_gold_delta_rs(
         return True
     source = ops.toArrow()
     values = {_sql_name(n): f"s.{_sql_name(n)}" for n in [*t.names, LSN]}
-    match = " AND ".join(f"t.{_sql_name(k)} IS NOT DISTINCT FROM s.{_sql_name(k)}" for k in t.key)
+    # Each term in parentheses: DataFusion parses ``a AND b IS NOT DISTINCT FROM c`` otherwise
+    # (a text key column then fails to plan).
+    match = " AND ".join(f"(t.{_sql_name(k)} IS NOT DISTINCT FROM s.{_sql_name(k)})" for k in t.key)
     meta = {"userMetadata": json.dumps({TAG: metadata})}
     props = delta_rs.commit_properties(t.app_id, version, meta)
     try:
         (
             table.merge(
                 source,
-                predicate=f"s.{OP} != '{INSERT}' AND {match}",
+                predicate=f"(s.{OP} != '{INSERT}') AND {match}",
                 source_alias="s",
                 target_alias="t",
                 commit_properties=props,

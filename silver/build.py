@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from capture.pgoutput import decode, format_lsn
 from core import delta_rs
@@ -352,7 +353,9 @@ def _table_run_whole(
             ok,
             [c["name"] for c in info.columns],
             identity_keys,
-            spark.table(target).where(F.col("_run") < run) if exists else None,
+            _prior(spark, target, path, ok.schema, [c["name"] for c in info.columns], run)
+            if exists
+            else None,
             info.snapshot_lsn,
             truncates,
         )
@@ -371,3 +374,20 @@ def _table_run_whole(
     )
     cast.unpersist()
     return count, errors, cast.adjusted
+
+
+def _prior(
+    spark: SparkSession,
+    target: str,
+    path: str | None,
+    typed: T.StructType,
+    names: list[str],
+    run: int,
+) -> DataFrame:
+    """The table's rows of the runs before ``run``: for a small local table, its columns
+    ``names`` (typed as in ``typed``, the run's cast rows) and ``_diff`` read through delta-rs
+    into Spark's memory; else a Spark scan."""
+    if delta_rs.small(path, [*names, "_diff"]):
+        fields = [typed[n] for n in names] + [T.StructField("_diff", T.LongType())]
+        return delta_rs.read(spark, path, T.StructType(fields), f"_run < {int(run)}")
+    return spark.table(target).where(F.col("_run") < run)

@@ -27,12 +27,13 @@ CREATE TABLE "Order Items" (
     doc jsonb,
     raw bytea
 );
-CREATE TABLE loose (k int, v text);
+CREATE TABLE loose (v text, k int, note text, words text[]);
 INSERT INTO "Order Items"
 SELECT g, g / 7.0, '2026-01-01 00:00+02'::timestamptz + g * interval '1 hour',
        ARRAY['a' || g, NULL], jsonb_build_object('g', g), decode(md5(g::text), 'hex')
 FROM generate_series(1, 200) g;
-INSERT INTO loose VALUES (1, 'one'), (NULL, 'no key'), (NULL, 'no key'), (2, NULL);
+INSERT INTO loose (k, v, words) VALUES (1, 'one', '{a,b}'), (NULL, 'no key', NULL),
+    (NULL, 'no key', NULL), (2, NULL, '{}');
 CREATE PUBLICATION pub FOR ALL TABLES;
 '''
 
@@ -41,7 +42,7 @@ UPDATE "Order Items" SET amount = amount * 3, tags = NULL WHERE "Order ""Id""" %
 DELETE FROM "Order Items" WHERE "Order ""Id""" BETWEEN 50 AND 60;
 INSERT INTO "Order Items" ("Order ""Id""", amount) VALUES (1000, 12.5), (1001, NULL);
 DELETE FROM loose WHERE k IS NULL AND ctid = (SELECT min(ctid) FROM loose WHERE k IS NULL);
-INSERT INTO loose VALUES (NULL, 'no key');
+INSERT INTO loose (k, v) VALUES (NULL, 'no key');
 UPDATE loose SET v = 'two' WHERE k = 2;
 '''
 
@@ -71,13 +72,14 @@ def test_both_engines_write_the_same_exact_tables(spark, db, monkeypatch, engine
     run_stages(spark, cfg)
     assert_exact(verify(spark, cfg), {"public.Order Items": 191, "public.loose": 4})
 
-    silver = _engines(spark, cfg.qualified("silver", "public_order_items"))
-    gold = _engines(spark, cfg.qualified("gold", "public_order_items"))
-    merges = [e for op, e in gold if op == "MERGE"]
-    appends = [e for op, e in silver if op in ("WRITE", "APPEND")]
-    assert merges and appends
-    if engine == "delta-rs":
-        assert all(e.startswith("delta-rs") for e in merges), gold
-        assert appends[-1].startswith("delta-rs"), silver
-    else:
-        assert not any(e.startswith("delta-rs") for e in merges + appends), (silver, gold)
+    for table in ("public_order_items", "public_loose"):
+        silver = _engines(spark, cfg.qualified("silver", table))
+        gold = _engines(spark, cfg.qualified("gold", table))
+        merges = [e for op, e in gold if op == "MERGE"]
+        appends = [e for op, e in silver if op in ("WRITE", "APPEND")]
+        assert merges and appends, (silver, gold)
+        if engine == "delta-rs":
+            assert all(e.startswith("delta-rs") for e in merges), gold
+            assert appends[-1].startswith("delta-rs"), silver
+        else:
+            assert not any(e.startswith("delta-rs") for e in merges + appends), (silver, gold)
