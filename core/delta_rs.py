@@ -179,4 +179,6 @@ def read(spark, path: str, schema, where: str | None = None):
     rows = pa.Table.from_arrays(
         [col.cast(f.type) for col, f in zip(rows.columns, target, strict=True)], schema=target
     )
-    return spark.createDataFrame(rows, schema=schema)
+    if rows.num_rows == 0:  # PySpark cannot localize the time zone of a column of no chunks
+        return spark.createDataFrame([], schema=schema)
+    return spark.createDataFrame(rows.combine_chunks(), schema=schema)
