@@ -86,11 +86,10 @@ def commit_properties(
     )
 
 
-def conforms(table: DeltaTable, data: pa.Schema) -> bool:
-    """Whether rows of ``data`` can be appended as they are: the same column names in the
-    same order (delta-rs cannot add a column to a column-mapped table)."""
-    have = [f.name for f in table.schema().fields]
-    return have == list(data.names)
+def conforms(table: DeltaTable, names: list[str]) -> bool:
+    """Whether rows with columns ``names`` can be appended as they are: the table's column
+    names in the same order (delta-rs cannot add a column to a column-mapped table)."""
+    return [f.name for f in table.schema().fields] == names
 
 
 def append(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import uuid
 
-import pyarrow as pa
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -61,8 +60,7 @@ def append_diffs(
         dt = delta_rs.open_table(path)
         if delta_rs.done(dt, app, run):
             return None
-        schema = df.schema
-        if delta_rs.conforms(dt, pa.schema([pa.field(f.name, pa.null()) for f in schema])):
+        if delta_rs.conforms(dt, df.columns):
             rows = df.toArrow()
             failpoint("silver.before_append")
             delta_rs.append(path, rows, app, run)
