@@ -50,7 +50,7 @@ from capture.pgoutput import decode, format_lsn
 from core import delta_rs
 from core.config import Config
 from core.parallel import concurrently
-from silver import catalog
+from silver import batch, catalog
 from silver.cast_rows import ROW_DIFF, ROW_LSN, cast_diffs, cast_in_one_pass, data_columns
 from silver.catalog import load_tables
 from silver.changes import RETRACT
@@ -63,6 +63,7 @@ from silver.rewind import consolidated, truncated, with_rewinds
 from silver.write import (
     append_diffs,
     create_diff_table,
+    diffs_app,
     write_adjustments,
     write_errors,
     write_progress,
@@ -93,6 +94,7 @@ class _Run:
     truncate_at: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     changed: set[int] = field(default_factory=set)
     identity_keys: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    change_rows: dict[int, int] = field(default_factory=dict)
 
 
 def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
@@ -127,7 +129,7 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
     def diffs_of(oid: int) -> TableDiffs:
         return table_diffs(oid, wal_good, copy_rows, copy_widths[oid])
 
-    work, rows, adjusted = _run_tables(spark, cfg, n, r, diffs_of)
+    work, rows, adjusted = _run_tables(spark, cfg, n, r, diffs_of, wal_good)
     _write_run(spark, n, source, r, work, adjusted)
     wal.unpersist()
     wal_diffs.unpersist()
@@ -181,11 +183,13 @@ def _read_changes(r: _Run, wal_diffs: DataFrame) -> None:
     INDEX), with their identity's key positions (the first, if the identity changed)."""
     changed = wal_diffs.groupBy("table_oid").agg(
         F.count_if(F.col("code").isNotNull()).alias("errors"),
+        F.count(F.lit(1)).alias("rows"),
         F.collect_set(F.when(F.col("kind") == RETRACT, F.col("columns"))).alias("identities"),
     )
     with_errors = []
     for c in changed.collect():
         r.changed.add(c["table_oid"])
+        r.change_rows[c["table_oid"]] = c["rows"]
         if c["errors"]:
             with_errors.append(c["table_oid"])
         if c["identities"]:
@@ -208,12 +212,14 @@ def _truncates(r: _Run, cfg: Config) -> None:
 
 
 def _run_tables(
-    spark: SparkSession, cfg: Config, n: Names, r: _Run, diffs_of
+    spark: SparkSession, cfg: Config, n: Names, r: _Run, diffs_of, wal_good: DataFrame
 ) -> tuple[list[int], dict[str, int], list[tuple]]:
     """Only the tables this run has something for: a table with no rows, snapshot or truncate
-    in the window costs nothing. The others run concurrently (each its own Delta commits).
-    Returns the tables run, rows appended per table and ``(table_oid, column, code, count,
-    first_lsn, sample)`` adjustments; their errors go to ``r.errors``."""
+    in the window costs nothing. Small tables with changes only go through the batched path
+    (:mod:`silver.batch`: a few Spark jobs for all of them); the others run concurrently (each
+    its own Spark jobs and Delta commits). Returns the tables run, rows appended per table and
+    ``(table_oid, column, code, count, first_lsn, sample)`` adjustments; their errors go to
+    ``r.errors``."""
     work = sorted(
         oid
         for oid in r.tables
@@ -221,6 +227,10 @@ def _run_tables(
     )
     existing = catalog.silver_tables(spark, n) if work else set()
     schema_dir = delta_rs.schema_dir(spark, n.schema) if work else None
+    paths = {oid: delta_rs.table_dir(schema_dir, r.tables[oid].silver_table) for oid in work}
+    rows: dict[str, int] = {}
+    adjusted: list[tuple] = []
+    rest = _run_batched(spark, cfg, n, r, work, existing, paths, wal_good, rows)
 
     def one_table(oid: int) -> tuple[int, list[ErrorRecord], list[tuple]]:
         info = r.tables[oid]
@@ -236,18 +246,69 @@ def _run_tables(
             truncates=r.truncate_at.get(oid, []) if deletes else [],
             identity_keys=r.identity_keys.get(oid),
             exists=info.silver_table.lower() in existing,
-            path=delta_rs.table_dir(schema_dir, info.silver_table),
+            path=paths[oid],
         )
 
-    rows: dict[str, int] = {}
-    adjusted: list[tuple] = []
     for oid, (count, cast_errors, table_adjusted) in zip(
-        work, concurrently(one_table, work, TABLE_WORKERS), strict=True
+        rest, concurrently(one_table, rest, TABLE_WORKERS), strict=True
     ):
         rows[r.tables[oid].qualified_name] = count
         r.errors.extend(cast_errors)
         adjusted += [(oid, *a) for a in table_adjusted]
     return work, rows, adjusted
+
+
+def _run_batched(
+    spark: SparkSession,
+    cfg: Config,
+    n: Names,
+    r: _Run,
+    work: list[int],
+    existing: set[str],
+    paths: dict[int, str | None],
+    wal_good: DataFrame,
+    rows: dict[str, int],
+) -> list[int]:
+    """The tables of ``work`` that :mod:`silver.batch` takes, run there (their rows counted in
+    ``rows``, their errors in ``r.errors``); returns the others, in order."""
+    only_changes = [
+        oid
+        for oid in work
+        if oid in r.changed
+        and oid not in r.copied
+        and oid not in r.new_snapshots
+        and oid not in r.truncate_at
+        and r.tables[oid].silver_table.lower() in existing
+    ]
+
+    def takes(oid: int) -> bool:
+        return batch.qualifies(r.tables[oid], paths[oid], r.change_rows.get(oid, 0))
+
+    chosen = [
+        oid
+        for oid, ok in zip(
+            only_changes, concurrently(takes, only_changes, batch.COMMIT_WORKERS), strict=True
+        )
+        if ok
+    ]
+    if not chosen:
+        return work
+    candidates = [
+        batch.Candidate(
+            r.tables[oid],
+            wal_good.where(F.col("table_oid") == oid),
+            paths[oid],
+            r.identity_keys.get(oid),
+        )
+        for oid in chosen
+    ]
+    run = r.plan.run
+    outcomes, _ = batch.run_batched(spark, candidates, run, diffs_app(cfg.source.name))
+    for oid, outcome in outcomes.items():
+        info = r.tables[oid]
+        rows[info.qualified_name] = written(spark, n.table(info.silver_table), run, [outcome.rows])
+        r.errors.extend(outcome.errors)
+    return [oid for oid in work if oid not in outcomes]
 
 
 def _write_run(

@@ -38,6 +38,11 @@ def append(df: DataFrame, table: str, source: str, run: int) -> None:
     failpoint("silver.after_append")
 
 
+def diffs_app(source: str, unsettled: bool = False) -> str:
+    """The ``txnAppId`` of a table's append of its diffs (``unsettled``: its second one)."""
+    return f"pgmedallion-silver-{source}" + (UNSETTLED_APP_SUFFIX if unsettled else "")
+
+
 def append_diffs(
     df: DataFrame,
     table: str,
@@ -55,7 +60,7 @@ def append_diffs(
     ``DataFrame.observe`` in ``df``'s plan collects) and delta-rs commits them. Otherwise,
     and for a new column (schema evolution), through Spark's ``writeTo``: its write fills
     those metrics too (``saveAsTable``'s does not)."""
-    app = f"pgmedallion-silver-{source}" + (UNSETTLED_APP_SUFFIX if unsettled else "")
+    app = diffs_app(source, unsettled)
     if delta_rs.usable(path):
         dt = delta_rs.open_table(path)
         if delta_rs.done(dt, app, run):

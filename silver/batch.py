@@ -1,0 +1,254 @@
+"""Many small tables of one run in a few Spark jobs: the batched path of :func:`silver.build`.
+
+A run that touches many tables with a few changes each spent most of its time on per-table
+Spark jobs (the cast's count, the key-range query, the identity resolution's Python job, the
+append's collect: 0.15-0.35 s each, whatever the rows). Here the tables that qualify (below)
+go through two jobs per :data:`core.packed.PARTS_PER_JOB` tables, and the rest of each table's
+work is in the driver on a few rows:
+
+    1. cast        one job: every table's changes cast by the plain expressions, packed
+                   (``core.packed``), collected as Arrow
+    2. resolve     in the driver: previous images (``silver.identity.resolve``, the same
+                   function the Spark path runs in a Python task) against the table's rows of
+                   earlier runs, read and summed by delta-rs; then the rewinds
+    3. consolidate one job: the rows sent back packed, summed per (table, row, LSN) by
+                   Spark's grouping, collected
+    4. append      per table, through delta-rs, concurrently: the same commit (``txnAppId``,
+                   ``txnVersion``) the per-table path makes, so a rerun skips it either way
+
+What qualifies: a table with changes in the window and nothing else (no snapshot rows, no
+truncate), whose silver table exists in a local directory with at most
+``core.delta_rs.SMALL_TABLE_ROWS`` rows, whose window holds at most :data:`TABLE_ROWS`
+changes, and whose types all have plain casts. A table whose cast leaves a row unsettled (a
+value that does not cast, or needs the full cast) goes back to the per-table path, which
+writes what this path would and also records the errors; so does one whose silver columns are
+not the run's (a new column: schema evolution is Spark's).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from core import delta_rs, packed
+from core.failpoints import failpoint
+from core.parallel import concurrently
+from silver.cast_columns import UNSETTLED_COLUMN, plain_cast
+from silver.cast_rows import ROW_DIFF, ROW_LSN, _cast_base, _typed_columns
+from silver.changes import PLAIN, RETRACT
+from silver.contract import TableInfo
+from silver.errors import ErrorRecord
+from silver.identity import COLUMNS, KIND, ORDINAL, Change, _hashable, resolve
+
+log = logging.getLogger(__name__)
+
+TABLE_ROWS = 20_000
+"""A table whose window holds more changes than this takes the per-table path."""
+
+COMMIT_WORKERS = 4
+"""delta-rs reads and commits at once (they release the GIL)."""
+
+_CAST_SHARED = (ROW_LSN, ROW_DIFF, ORDINAL, KIND, COLUMNS, UNSETTLED_COLUMN)
+_SUM_SHARED = ("_lsn", "_diff")
+_SUM_SCHEMA = T.StructType(
+    [T.StructField("_lsn", T.LongType()), T.StructField("_diff", T.LongType())]
+)
+
+
+@dataclass
+class Candidate:
+    info: TableInfo
+    wal: DataFrame
+    """The table's decoded changes of the window (``DIFF_SCHEMA``)."""
+    path: str
+    keys: tuple[int, ...] | None
+    """Its identity's key positions, when its changes need previous images."""
+
+
+@dataclass
+class Outcome:
+    rows: int | None
+    """Rows appended; None when the commit was made before (a rerun)."""
+    errors: list[ErrorRecord]
+
+
+def qualifies(info: TableInfo, path: str | None, changes: int) -> bool:
+    """Whether the table may take this path (the cast's own test comes later)."""
+    if changes > TABLE_ROWS or not delta_rs.usable(path):
+        return False
+    names = [c["name"] for c in info.columns]
+    return delta_rs.small(path, [*names, "_lsn", "_diff", "_run"])
+
+
+def run_batched(
+    spark: SparkSession,
+    candidates: list[Candidate],
+    run: int,
+    app: str,
+) -> tuple[dict[int, Outcome], list[int]]:
+    """The candidates' runs: outcomes by table oid, and the oids left to the per-table path."""
+    cast: list[tuple[Candidate, DataFrame]] = []
+    rest: list[int] = []
+    for cand in candidates:
+        staged = plain_cast(_cast_base(cand.wal, changes=True), "values", _typed_columns(cand.info))
+        if staged is None:
+            rest.append(cand.info.oid)
+            continue
+        names = [c["name"] for c in cand.info.columns]
+        columns = [F.col(_quote(n)) for n in names] + [F.col(c) for c in _CAST_SHARED]
+        cast.append((cand, staged.select(*columns)))
+    if not cast:
+        return {}, rest
+    collected = packed.collect([df for _, df in cast], _CAST_SHARED)
+    ready: list[tuple[Candidate, pa.Table]] = []
+    for (cand, _), rows in zip(cast, collected, strict=True):
+        if pc.any(rows.column(UNSETTLED_COLUMN)).as_py():
+            rest.append(cand.info.oid)
+        else:
+            ready.append((cand, rows))
+    if not ready:
+        return {}, rest
+
+    def resolved(item: tuple[Candidate, pa.Table]) -> tuple[pa.Table, list[ErrorRecord]]:
+        cand, rows = item
+        return _resolved(cand, rows, run)
+
+    results = concurrently(resolved, ready, COMMIT_WORKERS)
+    cast_schemas = {cand.info.oid: _data_schema(df, cand) for cand, df in cast}
+    schemas = [cast_schemas[cand.info.oid] for cand, _ in ready]
+    summed: list[pa.Table] = []
+    for group in packed.chunks(list(range(len(ready)))):
+        frame = packed.frame(
+            spark,
+            [results[i][0] for i in group],
+            [schemas[i] for i in group],
+            _SUM_SCHEMA,
+        )
+        grouped = (
+            frame.groupBy(packed.PART, *packed.packed_columns(len(group)), "_lsn")
+            .agg(F.sum("_diff").alias("_diff"))
+            .where(F.col("_diff") != 0)
+        )
+        summed += packed.unpack(grouped.coalesce(2).toArrow(), len(group), _SUM_SHARED)
+
+    def commit(i: int) -> tuple[int, Outcome | None]:
+        cand, _ = ready[i]
+        rows = summed[i]
+        rows = rows.append_column("_run", pa.array([run] * rows.num_rows, pa.int64()))
+        table = delta_rs.open_table(cand.path)
+        if not delta_rs.conforms(table, rows.column_names):
+            return cand.info.oid, None
+        if delta_rs.done(table, app, run):  # a rerun: the crashed attempt made this commit
+            return cand.info.oid, Outcome(None, results[i][1])
+        failpoint("silver.before_append")
+        delta_rs.append(cand.path, rows, app, run)
+        failpoint("silver.after_append")
+        return cand.info.oid, Outcome(rows.num_rows, results[i][1])
+
+    outcomes: dict[int, Outcome] = {}
+    for oid, outcome in concurrently(commit, list(range(len(ready))), COMMIT_WORKERS):
+        if outcome is None:
+            rest.append(oid)
+        else:
+            outcomes[oid] = outcome
+    log.info("silver run %d: %d tables batched, %d per table", run, len(outcomes), len(rest))
+    return outcomes, rest
+
+
+def _quote(name: str) -> str:
+    return f"`{name.replace('`', '``')}`"
+
+
+def _data_schema(df: DataFrame, cand: Candidate) -> T.StructType:
+    names = {c["name"] for c in cand.info.columns}
+    return T.StructType([f for f in df.schema.fields if f.name in names])
+
+
+def _resolved(cand: Candidate, rows: pa.Table, run: int) -> tuple[pa.Table, list[ErrorRecord]]:
+    """A table's cast rows -> its rows with previous images resolved and rewinds added
+    (``data..., _lsn, _diff``, not yet consolidated), and the changes that did not resolve."""
+    info = cand.info
+    names = [c["name"] for c in info.columns]
+    data = rows.select(names)
+    errors: list[ErrorRecord] = []
+    if cand.keys is None:
+        out = pa.Table.from_arrays(
+            [*data.columns, rows.column(ROW_LSN), rows.column(ROW_DIFF)],
+            names=[*names, "_lsn", "_diff"],
+        )
+    else:
+        out, unresolved = _resolve(cand, rows, names, run)
+        errors = [ErrorRecord(info.oid, e.lsn, e.code, e.message) for e in unresolved]
+    if info.snapshot_lsn is not None:  # rewinds: changes in (0, S] again at 0, negated
+        lsn = out.column("_lsn")
+        back = out.filter(pc.and_(pc.greater(lsn, 0), pc.less_equal(lsn, info.snapshot_lsn)))
+        if back.num_rows:
+            back = back.set_column(
+                back.schema.get_field_index("_lsn"),
+                "_lsn",
+                pa.array([0] * back.num_rows, pa.int64()),
+            )
+            back = back.set_column(
+                back.schema.get_field_index("_diff"), "_diff", pc.negate(back.column("_diff"))
+            )
+            out = pa.concat_tables([out, back])
+    return out, errors
+
+
+def _resolve(cand: Candidate, rows: pa.Table, names: list[str], run: int):
+    """:func:`silver.identity.resolve_previous_images` on the driver: whole rows for the
+    ``RETRACT`` and ``FILL`` changes above the snapshot LSN, the state before the run read from
+    the table's rows of earlier runs."""
+    keys = cand.keys
+    floor = -1 if cand.info.snapshot_lsn is None else cand.info.snapshot_lsn
+    records = rows.to_pylist()
+    changes, whole = [], []
+    for r in records:
+        values = [r[n] for n in names]
+        kind = r[KIND]
+        if kind is None or kind == PLAIN:
+            whole.append((values, r[ROW_LSN], r[ROW_DIFF]))
+        if kind is not None and r[ROW_LSN] > floor:
+            changes.append(
+                Change(r[ROW_LSN], r[ORDINAL], r[ROW_DIFF], kind, tuple(r[COLUMNS] or ()), values)
+            )
+    wanted = {
+        tuple(_hashable(c.values[p]) for p in keys)
+        for c in changes
+        if c.kind == RETRACT and all(c.values[p] is not None for p in keys)
+    }
+    base = [
+        values
+        for values in _prior_rows(cand.path, names, run)
+        if all(values[p] is not None for p in keys)
+        and tuple(_hashable(values[p]) for p in keys) in wanted
+    ]
+    out, unresolved = resolve(base, changes, keys)
+    schema = pa.schema(
+        [rows.schema.field(n) for n in names]
+        + [pa.field("_lsn", pa.int64()), pa.field("_diff", pa.int64())]
+    )
+    table = pa.Table.from_pylist(
+        [{**dict(zip(names, v, strict=True)), "_lsn": lsn, "_diff": d} for v, lsn, d in whole]
+        + [
+            {**dict(zip(names, o.values, strict=True)), "_lsn": o.lsn, "_diff": o.diff} for o in out
+        ],
+        schema=schema,
+    )
+    return table, unresolved
+
+
+def _prior_rows(path: str, names: list[str], run: int) -> list[list]:
+    """The table's state before run ``run``: its rows of earlier runs summed, those with a
+    positive multiplicity (once each, as the Spark path's state holds them)."""
+    quoted = ", ".join('"' + n.replace('"', '""') + '"' for n in names)
+    sql = f"SELECT {quoted} FROM t WHERE _run < {int(run)} GROUP BY {quoted} HAVING SUM(_diff) > 0"
+    reader = delta_rs.QueryBuilder().register("t", delta_rs.open_table(path)).execute(sql)
+    table = pa.RecordBatchReader.from_stream(reader).read_all()
+    return [[r[n] for n in names] for r in table.to_pylist()]
