@@ -43,8 +43,25 @@ def chunks(items: Sequence, size: int = PARTS_PER_JOB) -> list[list]:
 
 
 def own_schema(df: DataFrame, shared: Sequence[str]) -> T.StructType:
-    """The columns of ``df`` that are not ``shared``, as a struct type."""
-    return T.StructType([f for f in df.schema.fields if f.name not in set(shared)])
+    """The columns of ``df`` that are not ``shared``, as a struct type (all nullable: a part's
+    struct column is NULL in the other parts' rows, and Arrow then holds NULL fields)."""
+    return T.StructType(
+        [
+            T.StructField(f.name, _nullable(f.dataType))
+            for f in df.schema.fields
+            if f.name not in set(shared)
+        ]
+    )
+
+
+def _nullable(t: T.DataType) -> T.DataType:
+    if isinstance(t, T.StructType):
+        return T.StructType([T.StructField(f.name, _nullable(f.dataType)) for f in t.fields])
+    if isinstance(t, T.ArrayType):
+        return T.ArrayType(_nullable(t.elementType), True)
+    if isinstance(t, T.MapType):
+        return T.MapType(t.keyType, _nullable(t.valueType), True)
+    return t
 
 
 def pack(parts: Sequence[DataFrame], shared: Sequence[str]) -> DataFrame:
@@ -53,7 +70,7 @@ def pack(parts: Sequence[DataFrame], shared: Sequence[str]) -> DataFrame:
     schemas = [own_schema(df, shared) for df in parts]
     packed = None
     for i, df in enumerate(parts):
-        own = F.struct(*[F.col(quote(f.name)) for f in schemas[i].fields])
+        own = F.struct(*[F.col(quote(f.name)) for f in schemas[i].fields]).cast(schemas[i])
         columns = [F.lit(i).alias(PART)] + [
             own.alias(_struct(j)) if j == i else F.lit(None).cast(s).alias(_struct(j))
             for j, s in enumerate(schemas)
