@@ -159,21 +159,39 @@ def small(path: str | None, columns: list[str] | None = None) -> bool:
     return sum(counts.to_pylist()) <= SMALL_TABLE_ROWS
 
 
+def read_arrow(path: str, names: list[str], where: str | None = None) -> pa.Table:
+    """Columns ``names`` of the table at ``path`` (``WHERE where``, DataFusion SQL over the
+    table as ``t``) as Arrow. Column mapping and deletion vectors are honoured
+    (``QueryBuilder``; ``to_pyarrow_table`` is not used: it reads a column-mapped table's
+    columns as NULL)."""
+    quoted = ", ".join('"' + n.replace('"', '""') + '"' for n in names)
+    sql = f"SELECT {quoted} FROM t" + (f" WHERE {where}" if where else "")
+    reader = QueryBuilder().register("t", open_table(path)).execute(sql)
+    return pa.RecordBatchReader.from_stream(reader).read_all()
+
+
+def spark_schema(path: str):
+    """The table's columns as Spark's ``StructType`` (what ``spark.table(...).schema`` gives,
+    without a catalog call: Delta keeps Spark's own JSON form of the schema)."""
+    import json
+
+    from pyspark.sql import types as T
+
+    parsed = T.StructType.fromJson(json.loads(open_table(path).schema().to_json()))
+    return T.StructType([T.StructField(f.name, f.dataType, f.nullable) for f in parsed.fields])
+
+
 def read(spark, path: str, schema, where: str | None = None):
     """The rows of the table at ``path`` (``WHERE where``, DataFusion SQL over the table as
     ``t``) as a Spark DataFrame of ``schema`` made from local data.
 
     A Spark scan of a Delta table pays for the table's snapshot (a job that replays its log
     when another engine wrote the newest commits) before it reads a row; for a small table
-    delta-rs reads it in milliseconds and Spark computes on the rows in memory. Column
-    mapping and deletion vectors are honoured (``QueryBuilder``; ``to_pyarrow_table`` is not
-    used: it reads a column-mapped table's columns as NULL)."""
+    delta-rs reads it in milliseconds and Spark computes on the rows in memory
+    (:func:`read_arrow`)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    names = ", ".join('"' + f.name.replace('"', '""') + '"' for f in schema.fields)
-    sql = f"SELECT {names} FROM t" + (f" WHERE {where}" if where else "")
-    reader = QueryBuilder().register("t", open_table(path)).execute(sql)
-    rows = pa.RecordBatchReader.from_stream(reader).read_all()
+    rows = read_arrow(path, [f.name for f in schema.fields], where)
     target = to_arrow_schema(schema, timezone="UTC")
     rows = pa.Table.from_arrays(
         [col.cast(f.type) for col, f in zip(rows.columns, target, strict=True)], schema=target

@@ -62,6 +62,7 @@ from core import delta_rs
 from core.config import Config
 from core.failpoints import failpoint
 from core.parallel import concurrently
+from gold.batch import build_batched
 from gold.history import (
     ErrorSummary,
     Reported,
@@ -74,7 +75,7 @@ from gold.history import (
     read_tables,
     touched_by_silver_runs,
 )
-from gold.plan import TableOutcome
+from gold.plan import Table, TableOutcome
 from gold.pruning import untouched
 from gold.quality import GoldQualityError
 from gold.reports import ensure_report_tables, write_reports
@@ -162,15 +163,43 @@ def _sessions(spark: SparkSession, count: int) -> list[SparkSession]:
 def _build_tables(
     spark: SparkSession, cfg: Config, inputs: _Inputs, work: list[tuple[SourceTable, ErrorSummary]]
 ) -> list[TableOutcome]:
-    """Build the tables of ``work`` concurrently, each in a session of its own."""
+    """Build the tables of ``work``: the small local increments together (``gold.batch``), the
+    others concurrently, each in a session of its own."""
     schema_dir = delta_rs.schema_dir(spark, layer_schema(cfg, "gold")) if work else None
     silver_dir = delta_rs.schema_dir(spark, layer_schema(cfg, "silver")) if schema_dir else None
+
+    def paths(info: SourceTable) -> dict:
+        return {
+            "path": delta_rs.table_dir(schema_dir, info.silver_table),
+            "silver_path": delta_rs.table_dir(silver_dir, info.silver_table),
+        }
+
+    outcomes: dict[int, TableOutcome] = {}
+    rest = list(range(len(work)))
+    if schema_dir and silver_dir:
+        tables = [
+            (
+                Table(
+                    spark,
+                    cfg,
+                    info,
+                    inputs.silver_run,
+                    inputs.frontier,
+                    summary,
+                    inputs.adjusted.get(info.table_oid) or ErrorSummary(),
+                    **paths(info),
+                ),
+                inputs.exists(info),
+            )
+            for info, summary in work
+        ]
+        outcomes, rest = build_batched(spark, tables)
     sessions: Queue = Queue()
-    for session in _sessions(spark, min(GOLD_WORKERS, len(work))):
+    for session in _sessions(spark, min(GOLD_WORKERS, len(rest))):
         sessions.put(session)
 
-    def one_table(item: tuple[SourceTable, ErrorSummary]) -> TableOutcome:
-        info, summary = item
+    def one_table(i: int) -> TableOutcome:
+        info, summary = work[i]
         session = sessions.get()
         try:
             return build_table(
@@ -182,13 +211,14 @@ def _build_tables(
                 summary,
                 adjusted=inputs.adjusted.get(info.table_oid),
                 exists=inputs.exists(info),
-                path=delta_rs.table_dir(schema_dir, info.silver_table),
-                silver_path=delta_rs.table_dir(silver_dir, info.silver_table),
+                **paths(info),
             )
         finally:
             sessions.put(session)
 
-    return concurrently(one_table, work, sessions.qsize())
+    for i, outcome in zip(rest, concurrently(one_table, rest, sessions.qsize()), strict=True):
+        outcomes[i] = outcome
+    return [outcomes[i] for i in range(len(work))]
 
 
 def _reports_changed(cfg: Config, inputs: _Inputs, built: int, done: list[TableOutcome]) -> bool:

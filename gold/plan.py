@@ -4,6 +4,7 @@ outcome (``TableOutcome``, reported in ``_frontier`` and ``_quality``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -57,8 +58,12 @@ class Table:
         self.policy = self.cfg.policy(self.info.name).on_error
         self.gold = self.cfg.qualified("gold", self.info.silver_table)
         self.quarantine = self.cfg.qualified("gold", self.info.silver_table + "__quarantine")
-        self.silver = self.spark.table(self.cfg.qualified("silver", self.info.silver_table))
-        self.columns = [f for f in self.silver.schema.fields if f.name not in METADATA]
+        schema = (
+            delta_rs.spark_schema(self.silver_path)
+            if delta_rs.usable(self.silver_path)
+            else self.silver.schema
+        )
+        self.columns = [f for f in schema.fields if f.name not in METADATA]
         self.names = [f.name for f in self.columns]
         self.keyed = bool(self.info.primary_key)
         self.key = list(self.info.primary_key) if self.keyed else self.names
@@ -69,9 +74,22 @@ class Table:
         )
         self.app_id = f"pgmedallion-gold-{self.info.source}-{self.info.silver_table}"
 
+    @cached_property
+    def silver(self) -> DataFrame:
+        return self.spark.table(self.cfg.qualified("silver", self.info.silver_table))
+
     @property
     def held(self) -> bool:
         return self.frontier < self.silver_frontier
+
+    def updates_where(self, after_silver_run: int | None) -> str:
+        """:meth:`updates`' condition in SQL (for a delta-rs read of the silver table)."""
+        where = f"{SILVER_RUN} <= {int(self.silver_run)}"
+        if after_silver_run is not None:
+            where += f" AND {SILVER_RUN} > {int(after_silver_run)}"
+        if self.held:
+            where += f" AND {LSN} < {int(self.frontier)}"
+        return where
 
     def updates(self, after_silver_run: int | None) -> DataFrame:
         """Silver's diffs of the runs in (``after_silver_run``, ``silver_run``], below the
@@ -82,13 +100,9 @@ class Table:
         if self.held:
             cond = cond & (F.col(LSN) < self.frontier)
         if self.local:
-            where = f"{SILVER_RUN} <= {int(self.silver_run)}"
-            if after_silver_run is not None:
-                where += f" AND {SILVER_RUN} > {int(after_silver_run)}"
-            if self.held:
-                where += f" AND {LSN} < {int(self.frontier)}"
-            fields = {f.name: f for f in self.silver.schema.fields}
+            fields = {f.name: f for f in delta_rs.spark_schema(self.silver_path).fields}
             schema = T.StructType([fields[n] for n in [*self.names, LSN, DIFF]])
+            where = self.updates_where(after_silver_run)
             return delta_rs.read(self.spark, self.silver_path, schema, where)
         return self.silver.filter(cond).select(*[c(n) for n in self.names], LSN, DIFF)
 

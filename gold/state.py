@@ -93,14 +93,18 @@ def check(state: DataFrame, rules: Sequence[Rule], key: Sequence[str], policy: s
     can never be rows of gold: under every policy such a row stays out of gold (in quarantine),
     where the next run finds it as part of the key's old state.
     """
-    checked = with_key_rows(state, key)
-    failing = [F.when(~r.passes(), F.lit(r.name)) for r in rules]
-    names = F.filter(F.array(*failing), lambda x: x.isNotNull()) if failing else F.array()
-    checked = checked.withColumn(RULES, names.cast(T.ArrayType(T.StringType())))
+    checked = with_key_rows(state, key).withColumn(RULES, failed_rules(rules))
     held = F.col(MULT) < 0
     if policy == "quarantine":
         held = held | (F.size(F.col(RULES)) > 0)
     return checked.withColumn(TO_GOLD, ~held).drop("_key_rows")
+
+
+def failed_rules(rules: Sequence[Rule]) -> Column:
+    """The names of the ``rules`` a row fails (its columns, ``_multiplicity``, ``_key_rows``)."""
+    failing = [F.when(~r.passes(), F.lit(r.name)) for r in rules]
+    names = F.filter(F.array(*failing), lambda x: x.isNotNull()) if failing else F.array()
+    return names.cast(T.ArrayType(T.StringType()))
 
 
 def expand(rows: DataFrame) -> DataFrame:

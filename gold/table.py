@@ -72,13 +72,22 @@ def build_table(
     instead of scanning the Delta tables with Spark (a snapshot and a job per scan, 0.3-0.5 s
     each).
     """
-    t = Table(spark, cfg, info, silver_run, frontier, errors, adjusted or ErrorSummary())
-    t.path, t.silver_path = path, silver_path
+    t = Table(
+        spark,
+        cfg,
+        info,
+        silver_run,
+        frontier,
+        errors,
+        adjusted or ErrorSummary(),
+        path=path,
+        silver_path=silver_path,
+    )
     errors_record = summary_record(info.name, NO_DEFINITE_ERRORS, t.policy, errors)
     _ensure_gold(t, exists)
     discover = applied_override == "discover"
     applied = applied_state(spark, t.gold, path) if discover else applied_override
-    mode = _mode(t, applied)
+    mode = build_mode(t, applied)
     t.local = (
         mode == "incremental"
         and delta_rs.usable(path)
@@ -88,7 +97,7 @@ def build_table(
     )
     if mode == "unchanged":
         untouched = [QualityRecord(info.name, r.name, t.policy, 0, 0) for r in t.rules]
-        return _outcome(t, applied, mode, [errors_record, *untouched])
+        return outcome(t, applied, mode, [errors_record, *untouched])
     state, affected, quarantine_old, old_rows = (
         (consolidate(t.updates(None), t.names), None, 0, 0)
         if mode == "full"
@@ -104,7 +113,7 @@ def build_table(
         counted, quarantined, gold_rows = count_rules(checked, t.rules, info.name, t.policy)
         records = [errors_record] + counted
         if t.policy == "fail" and any(r.failed for r in records):
-            return _outcome(t, applied, "held", records)
+            return outcome(t, applied, "held", records)
         idempotent = applied is None or silver_run > applied.silver_run
         version = silver_run if idempotent else None
         q_version = write_quarantine(
@@ -123,10 +132,10 @@ def build_table(
         version=-1,
         rows=rows,
     )
-    return _outcome(t, now, mode, records)
+    return outcome(t, now, mode, records)
 
 
-def _mode(t: Table, applied: Applied | None) -> str:
+def build_mode(t: Table, applied: Applied | None) -> str:
     """``plan``'s mode, made ``full`` where an increment cannot be built: silver rebuilt the
     table from a new snapshot since gold's last run, its key cannot be compared (a map), or
     gold's commit has no row accounting."""
@@ -191,7 +200,7 @@ def _write_gold(
     failpoint("gold.after_table")
 
 
-def _outcome(t: Table, applied: Applied | None, mode: str, records: list) -> TableOutcome:
+def outcome(t: Table, applied: Applied | None, mode: str, records: list) -> TableOutcome:
     records = [*records, summary_record(t.info.name, VALUES_ADJUSTED, "warn", t.adjusted)]
     return TableOutcome(
         table=t.info,

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -156,18 +157,26 @@ def merge_gold_delta_rs(
     t: Table, ops: DataFrame, metadata: dict, version: int | None, rows_before: int | None
 ) -> bool:
     """:func:`merge_gold` through delta-rs: one Spark job collects the MERGE's source rows as
-    Arrow and delta-rs commits the MERGE with gold's tag and, given ``version``, the table's
-    idempotency record (a MERGE of that version made before is skipped). False, having
-    written nothing, where it does not apply: not a local table, no idempotency record, a
-    table above :data:`DELTA_RS_MERGE_MAX_ROWS`, or a source delta-rs cannot take."""
+    Arrow and :func:`merge_arrow` commits them. False, having written nothing, where it does
+    not apply: not a local table, no idempotency record, a table above
+    :data:`DELTA_RS_MERGE_MAX_ROWS`, or a source delta-rs cannot take."""
     if version is None or rows_before is None or rows_before > DELTA_RS_MERGE_MAX_ROWS:
         return False
     if not delta_rs.usable(t.path):
         return False
+    if delta_rs.done(delta_rs.open_table(t.path), t.app_id, version):
+        return True
+    return merge_arrow(t, ops.toArrow(), metadata, version)
+
+
+def merge_arrow(t: Table, source: pa.Table, metadata: dict, version: int) -> bool:
+    """The MERGE of source rows ``(columns, _lsn, _op)`` (see ``gold.state.merge_operations``)
+    into the local gold table at ``t.path`` by delta-rs, with gold's tag and the table's
+    idempotency record at ``version`` (a MERGE of that version made before is skipped). False,
+    having written nothing, when delta-rs cannot take it (then Spark's MERGE is the way)."""
     table = delta_rs.open_table(t.path)
     if delta_rs.done(table, t.app_id, version):
         return True
-    source = ops.toArrow()
     values = {_sql_name(n): f"s.{_sql_name(n)}" for n in [*t.names, LSN]}
     # Each term in parentheses: DataFusion parses ``a AND b IS NOT DISTINCT FROM c`` otherwise
     # (a text key column then fails to plan).

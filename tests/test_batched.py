@@ -1,0 +1,157 @@
+"""The batched paths of silver and gold (``silver.batch``, ``gold.batch``): many small tables of
+one run in a few Spark jobs, the per-table work in the driver.
+
+End to end: tables as people write them (REPLICA IDENTITY DEFAULT with a primary key, a
+key-less table with duplicates under FULL, floating-point values with NaN and -0.0 and arrays
+of them, a text key that changes) take the batched path on their incremental runs (silver
+runs the one with a float array alone: that type has no plain cast), and ``verify`` is exact. Then the driver's MERGE operations are checked against Spark's own
+(``gold.state.merge_operations``) on the cases that matter: upserts, deletes, keys with
+several rows on either side, NULL keys.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import psycopg
+from chispa import assert_df_equality
+from pyspark.sql import functions as F
+
+from gold.batch import _Item, _operations
+from gold.state import INSERT, LSN, MULT, OLD_GOLD, OP, TO_GOLD, merge_operations
+from pgmedallion.pipeline import run_stages
+from pgmedallion.verify import verify
+from tests.workload import assert_exact, drop_schemas, make_config
+
+SCHEMA = r"""
+CREATE TABLE accounts (id bigint PRIMARY KEY, owner text NOT NULL, balance numeric(12,2));
+CREATE TABLE readings (id int PRIMARY KEY, x float8, xs float8[], at timestamptz);
+CREATE TABLE labels (code text PRIMARY KEY, label text);
+CREATE TABLE lines (sku text, qty int);
+ALTER TABLE lines REPLICA IDENTITY FULL;
+INSERT INTO accounts SELECT g, 'owner ' || g, g * 1.5 FROM generate_series(1, 50) g;
+INSERT INTO readings VALUES (1, 'NaN', '{NaN,1}', '2026-01-01 00:00+00'),
+    (2, '-0', '{-0,0}', NULL), (3, 'Infinity', NULL, '2026-02-01 12:00+05');
+INSERT INTO labels VALUES ('a', 'alpha'), ('b', 'beta'), ('c', 'gamma');
+INSERT INTO lines VALUES ('x', 1), ('x', 1), ('y', 2), (NULL, NULL);
+CREATE PUBLICATION pub FOR ALL TABLES;
+"""
+
+CHANGES = [
+    r"""
+    UPDATE accounts SET balance = balance + 1 WHERE id % 5 = 0;
+    DELETE FROM accounts WHERE id IN (3, 4);
+    INSERT INTO accounts VALUES (100, 'new', NULL);
+    UPDATE readings SET x = 'NaN', xs = '{-0}' WHERE id = 2;
+    UPDATE readings SET at = NULL WHERE id = 1;
+    UPDATE labels SET code = 'z' WHERE code = 'a';
+    DELETE FROM lines WHERE ctid = (SELECT min(ctid) FROM lines WHERE sku = 'x');
+    INSERT INTO lines VALUES ('y', 2);
+    """,
+    r"""
+    UPDATE accounts SET id = 200 WHERE id = 100;
+    UPDATE accounts SET owner = 'again' WHERE id = 5;
+    DELETE FROM readings WHERE id = 1;
+    UPDATE labels SET label = NULL;
+    UPDATE lines SET qty = 3 WHERE sku IS NULL;
+    """,
+]
+
+
+def _batched(caplog) -> list[tuple[str, int, int]]:
+    """``(stage, batched, per table)`` from the runs' log lines."""
+    found = []
+    for record in caplog.records:
+        m = re.search(r"(\d+) tables batched, (\d+) per table", record.getMessage())
+        if m:
+            found.append((record.name.split(".")[0], int(m[1]), int(m[2])))
+    return found
+
+
+def test_incremental_runs_of_small_tables_are_batched_and_exact(spark, db, caplog):
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    cfg = make_config(db, "batched")
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    counts = None
+    for changes in CHANGES:
+        with psycopg.connect(**db, autocommit=True) as conn:
+            conn.execute(changes)
+            counts = {
+                f"public.{t}": conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                for t in ("accounts", "readings", "labels", "lines")
+            }
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="silver.batch"):
+            with caplog.at_level(logging.INFO, logger="gold.batch"):
+                run_stages(spark, cfg)
+        # readings' float8[] has no plain cast: silver runs it alone, in the same run
+        assert sorted(_batched(caplog)) == [("gold", 4, 0), ("silver", 3, 1)], caplog.text
+        assert_exact(verify(spark, cfg), counts)
+
+
+def _item(rows, affected, key):
+    """A gold batch item over columns ``k``, ``v`` with the given state and old counts."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    from gold.batch import _norm
+
+    names = ["k", "v"]
+    t = SimpleNamespace(names=names, key=key, keyed=key != names)
+    item = _Item(t, None)
+    item.state = rows
+    item.affected = {tuple(_norm(v) for v in kv): (kv, old) for kv, old in affected}
+    item.arrow = pa.schema(
+        [pa.field("k", pa.string()), pa.field("v", pa.float64()), pa.field(LSN, pa.int64())]
+    )
+    return item
+
+
+def test_driver_merge_operations_equal_sparks(spark):
+    """Upsert, update, delete, a key gone to two rows and one back to one, a NULL key, and a
+    key-less table's copies: the same MERGE source rows as ``merge_operations``."""
+    cases = [
+        (
+            ["k"],
+            [  # (values, multiplicity, lsn) of the new state
+                (["a", 1.0], 1, 10),  # update in place
+                (["b", 2.0], 1, 11),  # insert
+                (["d", 4.0], 2, 12),  # two rows now (duplicates kept under warn)
+                (["e", 5.0], 1, 13),  # was two rows
+                ([None, 6.0], 1, 14),  # a NULL key
+                (["f", 7.0], -1, 15),  # a negative multiplicity: never to gold
+            ],
+            [(["a"], 1), (["b"], 0), (["c"], 1), (["d"], 1), (["e"], 2), ([None], 1), (["f"], 0)],
+        ),
+        (
+            ["k", "v"],
+            [(["x", 1.0], 3, 20), (["y", float("nan")], 1, 21)],
+            [(["x", 1.0], 1), (["y", float("nan")], 0), (["z", 0.0], 2)],
+        ),
+    ]
+    for key, state, affected in cases:
+        item = _item(state, affected, key)
+        to_gold = [(v, m, lsn) for v, m, lsn in state if m > 0]
+        ours = spark.createDataFrame(_operations(item, to_gold))
+        checked = spark.createDataFrame(
+            [(v[0], v[1], m, lsn, m > 0) for v, m, lsn in state],
+            f"k string, v double, {MULT} long, {LSN} long, {TO_GOLD} boolean",
+        )
+        old = spark.createDataFrame(
+            [(*kv, n) for kv, n in affected],
+            ", ".join([f"{k} {'string' if k == 'k' else 'double'}" for k in key])
+            + f", {OLD_GOLD} long",
+        )
+        theirs = merge_operations(checked, old, key, ["k", "v"])
+        assert_df_equality(
+            ours.select("k", "v", LSN, OP),
+            theirs.select("k", "v", LSN, OP),
+            ignore_row_order=True,
+            ignore_nullable=True,
+            allow_nan_equality=True,
+        )
+        assert ours.where(F.col(OP) == INSERT).count() == theirs.where(F.col(OP) == INSERT).count()
