@@ -109,6 +109,23 @@ def append(
     return True
 
 
+def overwrite(
+    path: str, data: pa.Table, app: str, version: int, metadata: Mapping[str, str] | None = None
+) -> bool:
+    """Replace every row of the table at ``path`` by ``data``, as the commit of ``app`` at
+    ``version``. False when that commit was made before (nothing is written)."""
+    table = open_table(path)
+    if done(table, app, version):
+        return False
+    write_deltalake(
+        table,
+        data,
+        mode="overwrite",
+        commit_properties=commit_properties(app, version, metadata),
+    )
+    return True
+
+
 def empty_commit(
     path: str, app: str, version: int, metadata: Mapping[str, str] | None = None
 ) -> None:

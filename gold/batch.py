@@ -27,9 +27,11 @@ NaN is equal to a NaN here as in Spark's grouping.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -40,12 +42,12 @@ from core import delta_rs, packed
 from core.failpoints import failpoint
 from core.naming import quote
 from core.parallel import concurrently
-from gold.history import SAMPLE_ROWS, Applied, applied_state
+from gold.history import SAMPLE_ROWS, TAG, Applied, applied_state
 from gold.plan import Table, TableOutcome
 from gold.quality import NO_DEFINITE_ERRORS, QualityRecord
 from gold.reports import summary_record
 from gold.state import DELETE, DIFF, INSERT, LSN, MULT, OP, RULES, UPSERT, failed_rules
-from gold.table import build_mode, outcome
+from gold.table import build_mode, ensure_gold, outcome
 from gold.table_io import gold_schema, merge_arrow
 
 log = logging.getLogger(__name__)
@@ -68,7 +70,10 @@ _SHARED_SCHEMA = T.StructType(
 @dataclass
 class _Item:
     t: Table
-    applied: Applied
+    applied: Applied | None
+    mode: str = "incremental"
+    """``incremental`` or ``full`` (a small table built from all of silver's rows)."""
+    exists: bool = True
     state: list[tuple[list, int, int]] = field(default_factory=list)
     """The touched keys' new state: ``(values, multiplicity, lsn)``."""
     affected: dict = field(default_factory=dict)
@@ -79,11 +84,13 @@ class _Item:
 
 
 def _norm(value):
-    """A value as a grouping key: NaN equal to NaN, lists as tuples."""
+    """A value as a grouping key: NaN equal to NaN, lists and structs as tuples."""
     if isinstance(value, float):
         return ("NaN",) if value != value else (0.0 if value == 0 else value)
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return tuple(_norm(v) for v in value)
+    if isinstance(value, dict):  # a struct: its fields in order
+        return tuple((k, _norm(v)) for k, v in value.items())
     return value
 
 
@@ -97,40 +104,55 @@ def _has_map(t: T.DataType) -> bool:
     return False
 
 
-def qualifies(t: Table, exists: bool) -> Applied | None:
-    """The table's applied state if its build takes this path (delta-rs reads only)."""
-    if not (exists and delta_rs.usable(t.path) and delta_rs.usable(t.silver_path)):
+def qualifies(t: Table, exists: bool) -> _Item | None:
+    """The table's batch item if its build takes this path (delta-rs reads only)."""
+    if not (t.path and delta_rs.usable(t.silver_path)):
         return None
     if any(_has_map(f.dataType) for f in t.columns):
         return None
-    have = delta_rs.spark_schema(t.path)
-    want = gold_schema(t.columns)
-    if [(f.name, f.dataType) for f in have.fields] != [(f.name, f.dataType) for f in want.fields]:
-        return None  # the per-table path recreates it
-    applied = applied_state(t.spark, t.gold, t.path)
-    if applied is None or applied.quarantine_version is not None or applied.rows is None:
+    applied = None
+    if exists:
+        if not delta_rs.usable(t.path):
+            return None
+        have = delta_rs.spark_schema(t.path)
+        want = gold_schema(t.columns)
+        if [(f.name, f.dataType) for f in have.fields] != [
+            (f.name, f.dataType) for f in want.fields
+        ]:
+            return None  # the per-table path recreates it
+        applied = applied_state(t.spark, t.gold, t.path)
+    if applied is not None and (applied.quarantine_version is not None or applied.rows is None):
         return None
-    if applied.rows > delta_rs.SMALL_TABLE_ROWS or build_mode(t, applied) != "incremental":
-        return None
-    if t.silver_run <= applied.silver_run:  # no idempotency record to commit under
-        return None
-    return applied
+    if applied is not None and t.silver_run <= applied.silver_run:
+        return None  # no idempotency record to commit under
+    mode = build_mode(t, applied)
+    if mode == "incremental" and applied.rows <= delta_rs.SMALL_TABLE_ROWS:
+        return _Item(t, applied, mode, exists)
+    quarantine = str(Path(t.path).parent / (t.info.silver_table + "__quarantine").lower())
+    if mode == "full" and not delta_rs.usable(quarantine) and delta_rs.small(t.silver_path):
+        return _Item(t, applied, mode, exists)
+    return None
 
 
 def _state(item: _Item) -> None:
-    """Reads silver's new diffs and gold's rows of the touched keys; the new state."""
+    """Reads silver's new diffs and gold's rows of the touched keys (a full build: all of
+    silver's rows, no gold rows); the new state. Creates a new gold table first."""
     t = item.t
+    if not item.exists:
+        ensure_gold(t, False)
     names = t.names
     positions = [names.index(k) for k in t.key]
+    after = item.applied.silver_run if item.mode == "incremental" else None
     updates = delta_rs.read_arrow(
-        t.silver_path, [*names, LSN, DIFF], t.updates_where(item.applied.silver_run)
+        t.silver_path, [*names, LSN, DIFF], t.updates_where(after)
     ).to_pylist()
     touched = {}
     for r in updates:
         values = [r[n] for n in names]
         key = tuple(_norm(values[p]) for p in positions)
         touched.setdefault(key, [values[p] for p in positions])
-    gold = delta_rs.read_arrow(t.path, [*names, LSN])
+    where = None if item.mode == "incremental" else "false"  # a full build reads no gold rows
+    gold = delta_rs.read_arrow(t.path, [*names, LSN], where)
     item.arrow = gold.schema
     sums: dict[tuple, list] = {}
     old: dict[tuple, int] = {}
@@ -243,13 +265,26 @@ def build_batched(
 ) -> tuple[dict[int, TableOutcome], list[int]]:
     """The batched builds of ``tables`` (``(table, gold table exists)``): outcomes by index,
     and the indexes left to the per-table path."""
-    applied = concurrently(lambda x: qualifies(*x), tables, WORKERS)
-    items = {i: _Item(t, a) for i, ((t, _), a) in enumerate(zip(tables, applied, strict=True)) if a}
+    found = concurrently(lambda x: qualifies(*x), tables, WORKERS)
+    items = {i: item for i, item in enumerate(found) if item is not None}
     rest = [i for i in range(len(tables)) if i not in items]
     if not items:
         return {}, rest
+
+    def state(i: int) -> bool:
+        try:
+            _state(items[i])
+            return True
+        except Exception as exc:  # e.g. a value the driver cannot take: Spark can
+            log.warning("%s: built alone (%s)", items[i].t.gold, exc)
+            return False
+
     order = sorted(items)
-    concurrently(lambda i: _state(items[i]), order, WORKERS)
+    read = concurrently(state, order, WORKERS)
+    rest += [i for i, ok in zip(order, read, strict=True) if not ok]
+    order = [i for i, ok in zip(order, read, strict=True) if ok]
+    if not order:
+        return {}, sorted(rest)
     checked = _rules(spark, [items[i] for i in order])
 
     def finish(n: int) -> TableOutcome | None:
@@ -293,17 +328,26 @@ def _finish(item: _Item, rules: Sequence[tuple[list[str], str | None]]) -> Table
     if t.policy == "fail" and any(r.failed for r in records):
         return outcome(t, applied, "held", records)
     gold_rows = sum(m for _, m, _ in to_gold)
-    rows = gold_rows + applied.rows - item.old_rows
+    full = item.mode == "full"
+    rows = gold_rows if full else gold_rows + applied.rows - item.old_rows
     meta = {
         "source": t.info.source,
         "silver_run": t.silver_run,
         "frontier": t.frontier,
         "silver_frontier": t.silver_frontier,
         "quarantine_version": None,
-        "mode": "incremental",
+        "mode": item.mode,
         "rows": rows,
     }
-    if not merge_arrow(t, _operations(item, to_gold), meta, t.silver_run):
+    try:
+        data = _gold_rows(item, to_gold) if full else _operations(item, to_gold)
+    except Exception as exc:  # a value Arrow cannot take as the driver holds it
+        log.warning("%s: built alone (%s)", t.gold, exc)
+        return None
+    if full:
+        tag = {"userMetadata": json.dumps({TAG: meta})}
+        delta_rs.overwrite(t.path, data, t.app_id, t.silver_run, tag)
+    elif not merge_arrow(t, data, meta, t.silver_run):
         return None
     failpoint("gold.after_table")
     now = Applied(
@@ -314,4 +358,13 @@ def _finish(item: _Item, rules: Sequence[tuple[list[str], str | None]]) -> Table
         version=-1,
         rows=rows,
     )
-    return outcome(t, now, "incremental", records)
+    return outcome(t, now, item.mode, records)
+
+
+def _gold_rows(item: _Item, to_gold: list[tuple[list, int, int]]) -> pa.Table:
+    """A full build's gold rows: a row of multiplicity m m times (``gold.state.expand``)."""
+    names = item.t.names
+    records = [
+        {**dict(zip(names, v, strict=True)), LSN: lsn} for v, m, lsn in to_gold for _ in range(m)
+    ]
+    return pa.Table.from_pylist(records, schema=item.arrow)

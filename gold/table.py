@@ -84,7 +84,7 @@ def build_table(
         silver_path=silver_path,
     )
     errors_record = summary_record(info.name, NO_DEFINITE_ERRORS, t.policy, errors)
-    _ensure_gold(t, exists)
+    ensure_gold(t, exists)
     discover = applied_override == "discover"
     applied = applied_state(spark, t.gold, path) if discover else applied_override
     mode = build_mode(t, applied)
@@ -149,7 +149,7 @@ def build_mode(t: Table, applied: Applied | None) -> str:
     return mode
 
 
-def _ensure_gold(t: Table, exists: bool | None) -> None:
+def ensure_gold(t: Table, exists: bool | None) -> None:
     """The gold table with the silver table's columns: created, or recreated (and its
     quarantine dropped) when the columns changed."""
     schema = gold_schema(t.columns)

@@ -115,11 +115,20 @@ def run_batched(
     if not ready:
         return {}, rest
 
-    def resolved(item: tuple[Candidate, pa.Table]) -> tuple[pa.Table, list[ErrorRecord]]:
+    def resolved(item: tuple[Candidate, pa.Table]) -> tuple[pa.Table, list[ErrorRecord]] | None:
         cand, rows = item
-        return _resolved(cand, rows, run)
+        try:
+            return _resolved(cand, rows, run)
+        except Exception as exc:  # e.g. a type DataFusion cannot group by: Spark can
+            log.warning("%s: run alone (%s)", cand.info.qualified_name, exc)
+            return None
 
-    results = concurrently(resolved, ready, COMMIT_WORKERS)
+    outcomes = concurrently(resolved, ready, COMMIT_WORKERS)
+    rest += [cand.info.oid for (cand, _), out in zip(ready, outcomes, strict=True) if out is None]
+    ready = [item for item, out in zip(ready, outcomes, strict=True) if out is not None]
+    results = [out for out in outcomes if out is not None]
+    if not ready:
+        return {}, rest
     cast_schemas = {cand.info.oid: _data_schema(df, cand) for cand, df in cast}
     schemas = [cast_schemas[cand.info.oid] for cand, _ in ready]
     summed: list[pa.Table] = []
