@@ -93,34 +93,23 @@ def conforms(table: DeltaTable, names: list[str]) -> bool:
 
 
 def append(
-    path: str, data: pa.Table, app: str, version: int, metadata: Mapping[str, str] | None = None
+    path: str,
+    data: pa.Table,
+    app: str,
+    version: int,
+    metadata: Mapping[str, str] | None = None,
+    mode: str = "append",
 ) -> bool:
-    """Append ``data`` to the table at ``path`` as the commit of ``app`` at ``version``.
-    False when that commit was made before (nothing is written)."""
+    """Append ``data`` to the table at ``path`` (``mode="overwrite"``: replace every row by
+    it) as the commit of ``app`` at ``version``. False when that commit was made before
+    (nothing is written)."""
     table = open_table(path)
     if done(table, app, version):
         return False
     write_deltalake(
         table,
         data,
-        mode="append",
-        commit_properties=commit_properties(app, version, metadata),
-    )
-    return True
-
-
-def overwrite(
-    path: str, data: pa.Table, app: str, version: int, metadata: Mapping[str, str] | None = None
-) -> bool:
-    """Replace every row of the table at ``path`` by ``data``, as the commit of ``app`` at
-    ``version``. False when that commit was made before (nothing is written)."""
-    table = open_table(path)
-    if done(table, app, version):
-        return False
-    write_deltalake(
-        table,
-        data,
-        mode="overwrite",
+        mode=mode,
         commit_properties=commit_properties(app, version, metadata),
     )
     return True

@@ -346,7 +346,7 @@ def _finish(item: _Item, rules: Sequence[tuple[list[str], str | None]]) -> Table
         return None
     if full:
         tag = {"userMetadata": json.dumps({TAG: meta})}
-        delta_rs.overwrite(t.path, data, t.app_id, t.silver_run, tag)
+        delta_rs.append(t.path, data, t.app_id, t.silver_run, tag, mode="overwrite")
     elif not merge_arrow(t, data, meta, t.silver_run):
         return None
     failpoint("gold.after_table")
