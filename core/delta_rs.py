@@ -170,8 +170,17 @@ def read_arrow(path: str, names: list[str], where: str | None = None) -> pa.Tabl
     table as ``t``) as Arrow. Column mapping and deletion vectors are honoured
     (``QueryBuilder``; ``to_pyarrow_table`` is not used: it reads a column-mapped table's
     columns as NULL)."""
-    quoted = ", ".join('"' + n.replace('"', '""') + '"' for n in names)
-    sql = f"SELECT {quoted} FROM t" + (f" WHERE {where}" if where else "")
+    sql = f"SELECT {sql_names(names)} FROM t" + (f" WHERE {where}" if where else "")
+    return query(path, sql)
+
+
+def sql_names(names: list[str]) -> str:
+    """Column names quoted for DataFusion SQL, comma separated."""
+    return ", ".join('"' + n.replace('"', '""') + '"' for n in names)
+
+
+def query(path: str, sql: str) -> pa.Table:
+    """The answer of DataFusion SQL ``sql`` over the table at ``path`` (named ``t``)."""
     reader = QueryBuilder().register("t", open_table(path)).execute(sql)
     return pa.RecordBatchReader.from_stream(reader).read_all()
 

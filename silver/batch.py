@@ -38,13 +38,14 @@ from pyspark.sql import types as T
 
 from core import delta_rs, packed
 from core.failpoints import failpoint
+from core.naming import quote
 from core.parallel import concurrently
 from silver.cast_columns import UNSETTLED_COLUMN, plain_cast
-from silver.cast_rows import ROW_DIFF, ROW_LSN, _cast_base, _typed_columns
+from silver.cast_rows import ROW_DIFF, ROW_LSN, cast_base, typed_columns
 from silver.changes import PLAIN, RETRACT
 from silver.contract import TableInfo
 from silver.errors import ErrorRecord
-from silver.identity import COLUMNS, KIND, ORDINAL, Change, _hashable, resolve
+from silver.identity import COLUMNS, KIND, ORDINAL, Change, hashable, resolve
 
 log = logging.getLogger(__name__)
 
@@ -96,12 +97,12 @@ def run_batched(
     cast: list[tuple[Candidate, DataFrame]] = []
     rest: list[int] = []
     for cand in candidates:
-        staged = plain_cast(_cast_base(cand.wal, changes=True), "values", _typed_columns(cand.info))
+        staged = plain_cast(cast_base(cand.wal, changes=True), "values", typed_columns(cand.info))
         if staged is None:
             rest.append(cand.info.oid)
             continue
         names = [c["name"] for c in cand.info.columns]
-        columns = [F.col(_quote(n)) for n in names] + [F.col(c) for c in _CAST_SHARED]
+        columns = [F.col(quote(n)) for n in names] + [F.col(c) for c in _CAST_SHARED]
         cast.append((cand, staged.select(*columns)))
     if not cast:
         return {}, rest
@@ -170,10 +171,6 @@ def run_batched(
     return outcomes, rest
 
 
-def _quote(name: str) -> str:
-    return f"`{name.replace('`', '``')}`"
-
-
 def _data_schema(df: DataFrame, cand: Candidate) -> T.StructType:
     names = {c["name"] for c in cand.info.columns}
     return T.StructType([f for f in df.schema.fields if f.name in names])
@@ -228,7 +225,7 @@ def _resolve(cand: Candidate, rows: pa.Table, names: list[str], run: int):
                 Change(r[ROW_LSN], r[ORDINAL], r[ROW_DIFF], kind, tuple(r[COLUMNS] or ()), values)
             )
     wanted = {
-        tuple(_hashable(c.values[p]) for p in keys)
+        tuple(hashable(c.values[p]) for p in keys)
         for c in changes
         if c.kind == RETRACT and all(c.values[p] is not None for p in keys)
     }
@@ -236,7 +233,7 @@ def _resolve(cand: Candidate, rows: pa.Table, names: list[str], run: int):
         values
         for values in _prior_rows(cand.path, names, run)
         if all(values[p] is not None for p in keys)
-        and tuple(_hashable(values[p]) for p in keys) in wanted
+        and tuple(hashable(values[p]) for p in keys) in wanted
     ]
     out, unresolved = resolve(base, changes, keys)
     schema = pa.schema(
@@ -256,8 +253,7 @@ def _resolve(cand: Candidate, rows: pa.Table, names: list[str], run: int):
 def _prior_rows(path: str, names: list[str], run: int) -> list[list]:
     """The table's state before run ``run``: its rows of earlier runs summed, those with a
     positive multiplicity (once each, as the Spark path's state holds them)."""
-    quoted = ", ".join('"' + n.replace('"', '""') + '"' for n in names)
+    quoted = delta_rs.sql_names(names)
     sql = f"SELECT {quoted} FROM t WHERE _run < {int(run)} GROUP BY {quoted} HAVING SUM(_diff) > 0"
-    reader = delta_rs.QueryBuilder().register("t", delta_rs.open_table(path)).execute(sql)
-    table = pa.RecordBatchReader.from_stream(reader).read_all()
+    table = delta_rs.query(path, sql)
     return [[r[n] for n in names] for r in table.to_pylist()]

@@ -30,7 +30,7 @@ from silver.identity import COLUMNS, KIND, ORDINAL
 from silver.pgtypes import PgType, pg_type_of
 
 
-def _typed_columns(info: TableInfo) -> list[tuple[str, PgType]]:
+def typed_columns(info: TableInfo) -> list[tuple[str, PgType]]:
     return [(c["name"], pg_type_of(c)) for c in info.columns]
 
 
@@ -62,7 +62,7 @@ class CastRows:
             df.unpersist()
 
 
-def _cast_base(rows: DataFrame, changes: bool = False) -> DataFrame:
+def cast_base(rows: DataFrame, changes: bool = False) -> DataFrame:
     """The columns a cast works on; with ``changes``, also what :mod:`silver.identity` needs of
     a change's rows (NULL for snapshot rows)."""
     extra = []
@@ -110,8 +110,8 @@ def cast_diffs(info: TableInfo, diffs: TableDiffs, changes: bool = False) -> Cas
     same work without the persisted copy, for a caller that can write the unsettled rows
     afterwards.
     """
-    columns = _typed_columns(info)
-    base = _cast_base(diffs.rows, changes)
+    columns = typed_columns(info)
+    base = cast_base(diffs.rows, changes)
     staged = plain_cast(base, "values", columns)
     plain = staged is not None
     if staged is None:  # some type has no plain value: every row takes the full cast
@@ -139,7 +139,7 @@ def _cast_unsettled(
     that set ``_pgm_unsettled``, read at most three times): their decode errors, the rows of
     the records marked for Python decoded there, and all the rest cast in full with their error
     messages (``cast_values``). None when there are no unsettled rows."""
-    columns = _typed_columns(info)
+    columns = typed_columns(info)
     if not unsettled.count():
         return None
     flagged = unsettled.where(F.col(_CODE).isNotNull()).select(ROW_LSN, _CODE, _RAW, _MESSAGE)
@@ -160,7 +160,7 @@ def _cast_unsettled(
             for r in python.where(F.col("code").isNotNull()).collect()
         ]
         texts = texts.unionByName(
-            _cast_base(python.where(F.col("code").isNull()), changes).select(*kept)
+            cast_base(python.where(F.col("code").isNull()), changes).select(*kept)
         )
     full = cast_values(texts, "values", columns).persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(full)
@@ -173,7 +173,7 @@ def _adjusted(info: TableInfo, texts: DataFrame) -> list[tuple]:
     """How many of ``texts``' values a declared policy changed (``silver.casts.adjustments``),
     per column and kind: ``(column, code, count, first_lsn, sample)``, counts above zero. Only
     unsettled rows can hold such values (the plain cast settles none of them)."""
-    checks = adjustments(_typed_columns(info))
+    checks = adjustments(typed_columns(info))
     if not checks:
         return []
     names = [c["name"] for c in info.columns]
@@ -241,9 +241,9 @@ def cast_in_one_pass(info: TableInfo, diffs: TableDiffs) -> OnePass | None:
     casts those, when there are some, for a second write. None when some type has no plain
     value: use :func:`cast_diffs`.
     """
-    columns = _typed_columns(info)
-    wal = plain_cast(_cast_base(diffs.wal), "values", columns)
-    copy = plain_cast(_cast_base(diffs.copy), "values", columns)
+    columns = typed_columns(info)
+    wal = plain_cast(cast_base(diffs.wal), "values", columns)
+    copy = plain_cast(cast_base(diffs.copy), "values", columns)
     if wal is None or copy is None:
         return None
     staged = wal.unionByName(copy, allowMissingColumns=True)

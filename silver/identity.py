@@ -76,11 +76,11 @@ class Unresolved:
     message: str
 
 
-def _hashable(value: Any) -> Any:
+def hashable(value: Any) -> Any:
     if isinstance(value, list):
-        return tuple(_hashable(v) for v in value)
+        return tuple(hashable(v) for v in value)
     if isinstance(value, dict):
-        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+        return tuple(sorted((k, hashable(v)) for k, v in value.items()))
     if isinstance(value, Decimal):
         return value.normalize()
     return value
@@ -95,7 +95,7 @@ class _State:
         self.rows: dict[tuple, list] = {}
 
     def _key(self, values: Sequence, keys: tuple[int, ...]) -> tuple:
-        return tuple(_hashable(values[p]) for p in keys)
+        return tuple(hashable(values[p]) for p in keys)
 
     def put(self, values: list) -> None:
         self.rows[self._key(values, self.keys)] = values
