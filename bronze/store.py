@@ -186,8 +186,9 @@ class Bronze(ABC):
         self.append(buffer.to_arrow(batch_id), batch_id, self.app + "-resync")
         return batch_id
 
-    def snapshot_partitions(self, oids: Sequence[int]) -> dict[int, tuple[int, ...]]:
-        """OID -> the leaf partitions recorded by the table's newest snapshot."""
+    def snapshot_schemas(self, oids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """OID -> the table schema recorded by the table's newest snapshot (its JSON object:
+        columns, leaf partitions, shape)."""
         if not oids:
             return {}
         listed = ", ".join(str(int(o)) for o in oids)
@@ -199,10 +200,7 @@ class Bronze(ABC):
         for r in rows:
             if r["table_oid"] not in newest or newest[r["table_oid"]][0] < r["batch_id"]:
                 newest[r["table_oid"]] = (r["batch_id"], bytes(r["payload"]))
-        return {
-            oid: tuple(json.loads(payload).get("partitions", ()))
-            for oid, (_, payload) in newest.items()
-        }
+        return {oid: json.loads(payload) for oid, (_, payload) in newest.items()}
 
 
 def _state(
@@ -332,7 +330,7 @@ class DeltaRsBronze(Bronze):
             counts[f"{schema}.{name}"] = counts.get(f"{schema}.{name}", 0) + rows
         return counts
 
-    def snapshot_partitions(self, oids: Sequence[int]) -> dict[int, tuple[int, ...]]:
+    def snapshot_schemas(self, oids: Sequence[int]) -> dict[int, dict[str, Any]]:
         wanted = set(oids)
         newest: dict[int, dict[str, Any]] = {}
         for r in self._records():
@@ -340,10 +338,7 @@ class DeltaRsBronze(Bronze):
                 continue
             if r["table_oid"] not in newest or newest[r["table_oid"]]["batch_id"] < r["batch_id"]:
                 newest[r["table_oid"]] = r
-        return {
-            oid: tuple(json.loads(self._payload(r)).get("partitions", ()))
-            for oid, r in newest.items()
-        }
+        return {oid: json.loads(self._payload(r)) for oid, r in newest.items()}
 
     def append(self, records: pa.Table, batch_id: int, app: str | None = None) -> bool:
         return DeltaRsWriter(self.path, app or self.app).append(records, batch_id)

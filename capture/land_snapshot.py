@@ -43,14 +43,17 @@ from capture.progress import (
     estimate_rows,
     table_sizes,
 )
+from capture.published import EVERYTHING, Shape, hash_copy_lines, published
 from capture.snapshot import (
     PublishedTable,
     TableSchema,
+    copy_columns,
     copy_range_chunks,
     estimate_table_block_counts,
     exported_snapshot,
     lock_for_snapshot,
     publishes_stored_generated,
+    shaped,
     table_schema_at_snapshot,
     use_snapshot,
     worker_ctid_ranges,
@@ -69,9 +72,11 @@ def _copy_task_rows(
     run_id: str,
     snapshot_lsn: int,
     batch_id: int,
+    hash_key: bytes | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Spark task body: COPY each assigned ctid range into bronze ``copy`` records, a chunk of
-    raw COPY TEXT lines each (``ordinal``: the range's row count up to and including it)."""
+    raw COPY TEXT lines each (``ordinal``: the range's row count up to and including it), the
+    publication's row filter applied and hashed columns hashed before anything is kept."""
     for id_batch in ids:
         for task in (tasks[i] for i in id_batch.column("id").to_pylist()):
             buffer = RecordBuffer(source, run_id)
@@ -84,10 +89,13 @@ def _copy_task_rows(
                 task["columns"],
                 (task["start"], task["end"]),
                 COPY_CHUNK_BYTES,
+                task["row_filter"],
             )
             rows = 0
             for count, chunk in chunks:
                 failpoint("snapshot.copy_chunk")
+                if task["hashed"]:
+                    chunk = hash_copy_lines(chunk, task["hashed"], hash_key)
                 rows += count
                 buffer.add(
                     "copy",
@@ -129,12 +137,19 @@ def land_snapshot(
         try:
             use_snapshot(conn, point.snapshot_name)
             stored_generated = publishes_stored_generated(conn, target.publication)
+            publishes = published(conn, target.publication, [t.oid for t in wanted])
             schemas = []
             for table in wanted:
                 try:
                     schema = table_schema_at_snapshot(
                         conn, table.oid, stored_generated=stored_generated
                     )
+                    shape = Shape.of(
+                        publishes.get(schema.oid, EVERYTHING),
+                        target.pii.get(f"{schema.schema}.{schema.name}", {}),
+                        target.hash_key,
+                    )
+                    schema = shaped(schema, shape)
                     lock_for_snapshot(conn, table.oid, (schema.schema, schema.name))
                 except TableDropped as exc:
                     dropped[table] = exc
@@ -198,6 +213,7 @@ def _write_snapshot(
 ) -> None:
     tasks = []
     for schema in schemas:
+        columns, hashed = copy_columns(schema)
         for part, (start, end) in enumerate(
             worker_ctid_ranges(blocks[schema.oid], workers, version)
         ):
@@ -206,7 +222,9 @@ def _write_snapshot(
                     "oid": schema.oid,
                     "schema": schema.schema,
                     "name": schema.name,
-                    "columns": [c.name for c in schema.columns if not c.generated],
+                    "columns": columns,
+                    "row_filter": (schema.shape or Shape()).row_filter,
+                    "hashed": hashed,
                     "part": part,
                     "start": start,
                     "end": end,
@@ -224,6 +242,7 @@ def _write_snapshot(
         run_id=run_id,
         snapshot_lsn=point.snapshot_lsn,
         batch_id=batch_id,
+        hash_key=target.hash_key,
     )
     bronze.write_snapshot(len(tasks), copy_rows, meta.to_arrow(batch_id), batch_id, workers)
 

@@ -34,6 +34,7 @@ from capture.options import (
     StreamResult,
 )
 from capture.pgoutput import format_lsn
+from capture.published import StreamPolicies
 from capture.replication import Keepalive, ReplicationStream, start_replication
 from capture.slot import (
     SystemIdentity,
@@ -89,7 +90,8 @@ def land_stream(
             resume = frontier if frontier is not None else slot.confirmed_flush_lsn or 0
             check_resume_point(slot, resume)
             # PostgreSQL 18 skips a dropped publication silently: check it by name first.
-            publication_tables(conn, target.publication)
+            tables = publication_tables(conn, target.publication)
+            policies = stream_policies(target, tables)
             stop_at = None if continuous else current_wal_lsn(conn)
             log.info(
                 "streaming slot %s from %s %s",
@@ -103,7 +105,7 @@ def land_stream(
             )
             try:
                 loop = _Loop(stop_at, options.stop or threading.Event(), end_at, options.limits)
-                _stream_loop(stream, writer, conn, target, loop, new_tables)
+                _stream_loop(stream, writer, conn, target, loop, new_tables, policies)
             except PipelineError:
                 writer.salvage()
                 raise
@@ -115,6 +117,18 @@ def land_stream(
             repl.close()
     finally:
         conn.close()
+
+
+def stream_policies(target: CaptureTarget, tables: list[PublishedTable]) -> StreamPolicies | None:
+    """The rewriter of ``target``'s column policies (None: no table has one)."""
+    if not target.pii:
+        return None
+    by_oid = {
+        t.oid: target.pii[f"{t.schema}.{t.name}"]
+        for t in tables
+        if f"{t.schema}.{t.name}" in target.pii
+    }
+    return StreamPolicies(target.pii, by_oid, target.hash_key)
 
 
 @dataclass(frozen=True)
@@ -135,6 +149,7 @@ def _stream_loop(
     target: CaptureTarget,
     loop: _Loop,
     new_tables: Callable[[list[PublishedTable]], bool] | None,
+    policies: StreamPolicies | None,
 ) -> None:
     stop_at, stop, end_at, limits = loop.stop_at, loop.stop, loop.end_at, loop.limits
     continuous = stop_at is None
@@ -157,6 +172,8 @@ def _stream_loop(
                     break
                 continue
             commit_lsn, end_lsn, xid, ordinal, _, payload = event
+            if policies is not None:
+                payload = policies(payload)
             add(commit_lsn, end_lsn, xid, ordinal, payload)
             messages += 1
             if messages >= max_messages or len(data) >= max_bytes:

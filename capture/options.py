@@ -51,6 +51,10 @@ class CaptureTarget:
     """The bronze table's qualified name."""
     bronze_path: str | None = None
     """Its local directory, when known without Spark (see :func:`bronze.store.open_bronze`)."""
+    pii: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """``schema.table`` -> column -> ``exclude`` | ``hash`` (``capture.published``)."""
+    hash_key: bytes | None = field(default=None, repr=False)
+    """The key of hashed columns (a secret: never in a message or ``repr``)."""
 
 
 def bronze_of(spark: SparkSession | Bronze | None, target: CaptureTarget) -> Bronze:

@@ -240,6 +240,47 @@ def decode(buf: bytes | bytearray | memoryview) -> PgoutputMessage:
     return message
 
 
+def encode(message: Relation | Insert | Update | Delete) -> bytes:
+    """The bytes of a Relation or change message: the inverse of :func:`decode` for the kinds
+    capture rewrites before bronze (column policies, ``capture.redact``)."""
+    if isinstance(message, Relation):
+        out = [MSG_RELATION, _U32.pack(message.relid), _cstr(message.namespace)]
+        out += [_cstr(message.name), message.replica_identity.encode()]
+        out.append(_U16.pack(len(message.columns)))
+        for column in message.columns:
+            out += [bytes([column.flags]), _cstr(column.name)]
+            out.append(_COLUMN_TYPE.pack(column.type_oid, column.type_modifier))
+        return b"".join(out)
+    if isinstance(message, Insert):
+        return MSG_INSERT + _U32.pack(message.relid) + TUPLE_NEW + _tuple_bytes(message.new)
+    if isinstance(message, Update):
+        out = [MSG_UPDATE, _U32.pack(message.relid)]
+        if message.old is not None:
+            out += [message.old_kind.encode(), _tuple_bytes(message.old)]
+        return b"".join([*out, TUPLE_NEW, _tuple_bytes(message.new)])
+    if isinstance(message, Delete):
+        old = _tuple_bytes(message.old)
+        return MSG_DELETE + _U32.pack(message.relid) + message.old_kind.encode() + old
+    raise TypeError(f"cannot encode {type(message).__name__}")
+
+
+def _cstr(text: str) -> bytes:
+    return text.encode() + b"\0"
+
+
+def _tuple_bytes(values: TupleData) -> bytes:
+    out = [_U16.pack(len(values))]
+    for value in values:
+        if value is None:
+            out.append(VALUE_NULL)
+        elif value is UNCHANGED_TOAST:
+            out.append(VALUE_UNCHANGED_TOAST)
+        else:
+            kind = VALUE_BINARY if isinstance(value, BinaryValue) else VALUE_TEXT
+            out += [kind, _U32.pack(len(value)), value]
+    return b"".join(out)
+
+
 def format_lsn(lsn: int) -> str:
     """``0x16B3748`` -> ``'0/16B3748'``, as PostgreSQL prints a ``pg_lsn``."""
     if not 0 <= lsn < 1 << 64:

@@ -18,6 +18,8 @@ class CheckResult:
     ok: bool
     message: str
     remediation_sql: str | None = None
+    warning: bool = False
+    """Passed, but says something the user should act on (the run goes ahead)."""
 
 
 @dataclass(frozen=True)

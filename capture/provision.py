@@ -40,6 +40,7 @@ from capture.preflight import (
 )
 from capture.publication import (
     check_publication,
+    check_published,
     check_select_privilege,
     published_tables,
     resolve_tables,
@@ -121,6 +122,7 @@ def run_checks(
         except PipelineError:
             pass
         held_back = [t for t in held_back if (t.schema, t.name) not in published]
+        results += guarded("published columns and rows", check_published, conn, publication, found)
         results += guarded("select privilege", check_select_privilege, conn, role, found)
         results += guarded(
             "replica identity",
@@ -144,7 +146,8 @@ def format_report(results: Sequence[CheckResult]) -> str:
     """One line per check (``✓``/``✗ name: message``), remediation SQL indented below it."""
     lines = []
     for result in results:
-        lines.append(f"{'✓' if result.ok else '✗'} {result.name}: {result.message}")
+        mark = ("!" if result.warning else "✓") if result.ok else "✗"
+        lines.append(f"{mark} {result.name}: {result.message}")
         if result.remediation_sql:
             lines.extend(f"    {line}" for line in result.remediation_sql.splitlines())
     failed = sum(not result.ok for result in results)

@@ -10,6 +10,7 @@ from psycopg import sql
 
 from capture.errors import server_errors
 from capture.preflight import CheckResult, Role, TableFacts, server_message
+from capture.published import filter_columns, published
 
 PUBLISH_ACTIONS = ("insert", "update", "delete", "truncate")
 
@@ -159,6 +160,106 @@ def check_publication(
         )
     )
     return results
+
+
+def check_published(
+    conn: psycopg.Connection, publication: str, tables: Sequence[TableFacts]
+) -> list[CheckResult]:
+    """What the publication publishes of each table: its column list and row filter (what
+    capture lands too), and a warning where the replica identity does not cover them.
+
+    PostgreSQL rejects the application's UPDATE and DELETE on a table whose row filter uses a
+    column outside the replica identity, or whose column list leaves out a replica identity
+    column: nothing breaks for capture, everything for the application.
+    """
+    facts = _identity_facts(conn, tables)
+    shapes = published(conn, publication, [f[0] for f in facts.values()])
+    said, uncovered = [], []
+    for key in sorted(facts):
+        oid, identity, columns, identity_columns = facts[key]
+        shape = shapes.get(oid)
+        if shape is None or (shape.columns is None and shape.row_filter is None):
+            continue
+        name = ".".join(key)
+        parts = []
+        if shape.columns is not None:
+            withheld = [c for c in columns if c not in shape.columns]
+            parts.append(
+                f"columns {', '.join(shape.columns)}"
+                + (f" (withheld: {', '.join(withheld)})" if withheld else "")
+            )
+            missing = [c for c in identity_columns if c not in shape.columns]
+            if missing:
+                uncovered.append(
+                    f"{name}: the column list leaves out replica identity column(s) "
+                    f"{', '.join(missing)}"
+                )
+        if shape.row_filter is not None:
+            parts.append(f"rows where {shape.row_filter}")
+            outside = [
+                c for c in filter_columns(shape.row_filter, columns) if c not in identity_columns
+            ]
+            if outside and identity != "f":
+                uncovered.append(
+                    f"{name}: the row filter uses {', '.join(outside)}, outside the replica "
+                    f"identity ({', '.join(identity_columns) or 'none'})"
+                )
+        said.append(f"{name}: {'; '.join(parts)}")
+    results = [
+        CheckResult(
+            "published columns and rows",
+            True,
+            "; ".join(said)
+            if said
+            else "every column and row of every table (no column lists or row filters)",
+        )
+    ]
+    if uncovered:
+        results.append(
+            CheckResult(
+                "published columns and rows",
+                True,
+                "PostgreSQL rejects UPDATE and DELETE on these tables until their replica "
+                "identity covers the publication's column list and row filter: "
+                + "; ".join(uncovered),
+                "-- filter only on replica identity columns and list every one of them, or\n"
+                "-- give the table an identity that covers them (see the replica identity "
+                "check's advice)",
+                warning=True,
+            )
+        )
+    return results
+
+
+def _identity_facts(
+    conn: psycopg.Connection, tables: Sequence[TableFacts]
+) -> dict[tuple[str, str], tuple[int, str, list[str], list[str]]]:
+    """(schema, name) -> (oid, replica identity, published-kind columns, identity columns)."""
+    if not tables:
+        return {}
+    keys = sql.SQL(", ").join(
+        sql.SQL("({}, {})").format(sql.Literal(t.schema), sql.Literal(t.name)) for t in tables
+    )
+    with server_errors():
+        rows = conn.execute(
+            sql.SQL(
+                "SELECT n.nspname, c.relname, c.oid::int8, c.relreplident::text,"
+                " ARRAY(SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = c.oid"
+                "  AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum),"
+                " ARRAY(SELECT a.attname::text FROM pg_index i JOIN pg_attribute a"
+                "  ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)"
+                "  WHERE i.indrelid = c.oid AND CASE c.relreplident WHEN 'd' THEN i.indisprimary"
+                "  WHEN 'i' THEN i.indisreplident ELSE false END ORDER BY a.attnum)"
+                " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE (n.nspname, c.relname) IN ({})"
+            ).format(keys)
+        ).fetchall()
+    out = {}
+    for schema, name, oid, identity, columns, identity_columns in rows:
+        if identity == "f":
+            identity_columns = columns
+        out[(schema, name)] = (oid, identity, list(columns), list(identity_columns))
+    return out
 
 
 def check_select_privilege(

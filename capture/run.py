@@ -119,6 +119,8 @@ from capture.options import (
     bronze_of,
 )
 from capture.pgoutput import format_lsn
+from capture.published import Published, Shape
+from capture.published import published as published_shapes
 from capture.slot import (
     current_wal_lsn,
     ensure_slot,
@@ -185,10 +187,31 @@ class _Run:
         return self.options.stop
 
 
-def _repartitioned(bronze: Bronze, leaves: dict[int, tuple[int, ...]]) -> list[int]:
-    """The partitioned tables whose leaf partitions are not those of their newest snapshot."""
-    snapshot = bronze.snapshot_partitions(sorted(leaves))
-    return sorted(oid for oid, now in leaves.items() if oid in snapshot and snapshot[oid] != now)
+def _changed_since_snapshot(
+    bronze: Bronze, target: CaptureTarget, survey: _Survey, captured: dict[int, tuple[str, str]]
+) -> dict[int, str]:
+    """The captured tables that must be snapshotted again, and why: their leaf partitions
+    (attached or detached without a change message) or their shape (``capture.published``: the
+    publication's column list or row filter, a column policy, the hash key) are not those
+    their newest snapshot recorded."""
+    wanted = sorted(oid for oid in captured if oid in survey.shapes or oid in survey.leaves)
+    moved = {}
+    for oid, record in bronze.snapshot_schemas(wanted).items():
+        if oid in survey.leaves and tuple(record.get("partitions", ())) != survey.leaves[oid]:
+            moved[oid] = "partitions attached or detached"
+        elif oid in survey.shapes:
+            now = shape_now(target, captured[oid], survey.shapes[oid])
+            changes = now.changes(Shape.from_record(record.get("shape")))
+            if changes:
+                moved[oid] = " and ".join(changes) + " changed"
+    return moved
+
+
+def shape_now(target: CaptureTarget, table: tuple[str, str], publication: Published) -> Shape:
+    """The shape ``table`` (schema, name) lands in now, by its publication entry and
+    ``target``'s column policies."""
+    policies = target.pii.get(".".join(table), {})
+    return Shape.of(publication, policies, target.hash_key)
 
 
 def _dropped_tables(conn: psycopg.Connection, oids: Sequence[int]) -> list[int]:
@@ -301,10 +324,12 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
     _provide_slot(target, state.frontier, bool(captured))
     survey = _survey(target, captured, run.expected)
     resync = state.resync
-    moved = _repartitioned(bronze, survey.leaves)
+    moved = _changed_since_snapshot(bronze, target, survey, captured)
     if moved:
-        # attached or detached partitions changed these tables' rows without a change message:
-        # snapshot them again (a durable request, so a crash before the snapshot still does it)
+        # these tables' rows changed without change messages: snapshot them again (a durable
+        # request, so a crash before the snapshot still does it)
+        for oid, why in sorted(moved.items()):
+            log.info("%s: %s: snapshotting it again", ".".join(captured[oid]), why)
         bronze.request_resync([(oid, *captured[oid]) for oid in moved], state.frontier or 0)
         resync = resync | set(moved)
     for table in survey.gone:
@@ -343,7 +368,29 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
     )
     again = stream.new_tables
     stream.new_tables = False
+    if not again and not stop.is_set() and _reshaped_meanwhile(bronze, target, published):
+        again = True  # the next attempt snapshots them before silver reads this stream
     return again
+
+
+def _reshaped_meanwhile(
+    bronze: Bronze, target: CaptureTarget, tables: list[PublishedTable]
+) -> bool:
+    """Whether a captured table's shape changed while the stream ran (an ``ALTER
+    PUBLICATION`` then sits in what was just landed)."""
+    conn = connect(target.conninfo)
+    try:
+        shapes = published_shapes(conn, target.publication, [t.oid for t in tables])
+    finally:
+        conn.close()
+    recorded = bronze.snapshot_schemas(sorted(shapes))
+    return any(
+        shape_now(target, (t.schema, t.name), shapes[t.oid]).changes(
+            Shape.from_record(recorded[t.oid].get("shape"))
+        )
+        for t in tables
+        if t.oid in shapes and t.oid in recorded
+    )
 
 
 def _provide_slot(target: CaptureTarget, frontier: int | None, snapshotted: bool) -> None:
@@ -376,6 +423,8 @@ class _Survey:
     """The WAL position where ``gone`` was noticed (0: nothing gone)."""
     leaves: dict[int, tuple[int, ...]]
     """Leaf partitions of the captured partitioned tables."""
+    shapes: dict[int, Published]
+    """How the publication publishes the captured tables (column list, row filter)."""
 
 
 def _survey(
@@ -391,9 +440,10 @@ def _survey(
         gone = _dropped_tables(conn, sorted(known))
         noticed_at = current_wal_lsn(conn) if gone else 0
         leaves = leaf_partitions(conn, [t.oid for t in published if t.oid in captured])
+        shapes = published_shapes(conn, target.publication, [t.oid for t in published])
     finally:
         conn.close()
-    return _Survey(published, [known[oid] for oid in gone], noticed_at, leaves)
+    return _Survey(published, [known[oid] for oid in gone], noticed_at, leaves, shapes)
 
 
 def _snapshot(

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
@@ -55,6 +55,7 @@ from capture.connection import connect, connect_replication
 from capture.copy_stream import asyncpg_params, copy_chunks
 from capture.errors import PublicationDropped, TableDropped, TransientError, server_errors
 from capture.pgoutput import parse_lsn
+from capture.published import EXCLUDE, HASH, TEXT_OID, Shape
 
 TID_RANGE_SCAN_MIN_VERSION = 140000
 
@@ -107,6 +108,9 @@ class TableSchema:
     """A partitioned table (published through its root): its leaf partitions' OIDs. Attaching
     or detaching one changes the table's rows without a change message, so capture snapshots
     the table again when this set changes (:func:`leaf_partitions`)."""
+    shape: Shape | None = None
+    """What of the table lands (``capture.published``): column list, row filter, policies. The
+    columns above are then the landed ones; None: the catalog's, unshaped."""
 
 
 @dataclass(frozen=True)
@@ -254,6 +258,45 @@ def table_schema_at_snapshot(
     )
 
 
+def shaped(schema: TableSchema, shape: Shape) -> TableSchema:
+    """``schema`` as it lands: only listed columns, excluded ones gone, hashed ones text.
+
+    A stored generated column named in a column list is published (PostgreSQL 18), so it is
+    captured. A primary key that lost a column is no key of what lands.
+    """
+    listed = None if shape.column_list is None else set(shape.column_list)
+    columns = []
+    for column in schema.columns:
+        if listed is not None:
+            if column.name not in listed:
+                continue
+            column = replace(column, generated=False)
+        rule = shape.rule(column.name)
+        if rule == EXCLUDE:
+            continue
+        if rule == HASH:
+            column = replace(
+                column,
+                type_oid=TEXT_OID,
+                typmod=-1,
+                type_name="text",
+                base_type_oid=0,
+                element_type_oid=0,
+                category="S",
+            )
+        columns.append(column)
+    kept = {column.name for column in columns}
+    key = schema.primary_key if all(k in kept for k in schema.primary_key) else ()
+    return replace(schema, columns=tuple(columns), primary_key=key, shape=shape)
+
+
+def copy_columns(schema: TableSchema) -> tuple[list[str], list[int]]:
+    """The columns a snapshot of ``schema`` (shaped) copies, and the positions of hashed ones."""
+    columns = [c.name for c in schema.columns if not c.generated]
+    shape = schema.shape or Shape()
+    return columns, [i for i, name in enumerate(columns) if shape.rule(name) == HASH]
+
+
 def leaf_partitions(conn: psycopg.Connection, oids: Sequence[int]) -> dict[int, tuple[int, ...]]:
     """The leaf partitions of those of ``oids`` that are partitioned tables."""
     if not oids:
@@ -305,6 +348,7 @@ def copy_range(
     table: tuple[str, str],
     columns: Sequence[str],
     ctid_range: CtidRange,
+    row_filter: str | None = None,
 ) -> Iterator[bytes]:
     """Each row of ``table`` (schema, name) in ``ctid_range``, as of the snapshot.
 
@@ -312,7 +356,7 @@ def copy_range(
     ``\\N`` for NULL, backslash escapes inside values. The generator owns its own session; it
     drains the COPY before leaving, and closes the session if the caller stops early.
     """
-    for line in _copy_lines(conninfo, snapshot_name, table, columns, ctid_range):
+    for line in _copy_lines(conninfo, snapshot_name, table, columns, ctid_range, row_filter):
         yield bytes(line[:-1])
 
 
@@ -323,6 +367,7 @@ def copy_range_chunks(
     columns: Sequence[str],
     ctid_range: CtidRange,
     chunk_bytes: int = 4 << 20,
+    row_filter: str | None = None,
 ) -> Iterator[tuple[int, bytes]]:
     """The rows of :func:`copy_range` as ``(row_count, chunk)``: consecutive COPY TEXT lines,
     each ending in its newline, exactly as the server sent them, about ``chunk_bytes`` each.
@@ -343,14 +388,14 @@ def copy_range_chunks(
                 .as_string(None),
                 _lock_nowait(table).as_string(None),
             ],
-            select_query(table, columns, ctid_range).as_string(None),
+            select_query(table, columns, ctid_range, row_filter).as_string(None),
             chunk_bytes,
             conninfo,
         )
         return
     lines: list[memoryview] = []
     size = 0
-    for line in _copy_lines(conninfo, snapshot_name, table, columns, ctid_range):
+    for line in _copy_lines(conninfo, snapshot_name, table, columns, ctid_range, row_filter):
         lines.append(line)
         size += len(line)
         if size >= chunk_bytes:
@@ -372,9 +417,10 @@ def _copy_lines(
     table: tuple[str, str],
     columns: Sequence[str],
     ctid_range: CtidRange,
+    row_filter: str | None,
 ) -> Iterator[memoryview]:
     """The COPY's messages (one row each, newline included), in a session of its own."""
-    query = copy_query(table, columns, ctid_range)
+    query = copy_query(table, columns, ctid_range, row_filter)
     conn = connect(conninfo)
     try:
         use_snapshot(conn, snapshot_name)
@@ -389,11 +435,21 @@ def _copy_lines(
 
 
 def select_query(
-    table: tuple[str, str], columns: Sequence[str], ctid_range: CtidRange
+    table: tuple[str, str],
+    columns: Sequence[str],
+    ctid_range: CtidRange,
+    row_filter: str | None = None,
 ) -> sql.Composed:
-    """``SELECT columns FROM table WHERE <ctid range>``."""
+    """``SELECT columns FROM table WHERE (row filter) AND <ctid range>``.
+
+    ``row_filter`` is a publication's filter as PostgreSQL itself prints it from its catalog
+    (``capture.published``), so it is taken as SQL; a row passes where it is true, as in the
+    stream (NULL is false in a WHERE as there).
+    """
     start, end = ctid_range
     conditions = []
+    if row_filter is not None:
+        conditions.append(sql.SQL("({})").format(sql.SQL(row_filter)))
     if ctid_range != WHOLE_TABLE:
         conditions.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({start},0)")))
     if end is not None:
@@ -406,9 +462,16 @@ def select_query(
     )
 
 
-def copy_query(table: tuple[str, str], columns: Sequence[str], ctid_range: CtidRange) -> sql.SQL:
-    """``COPY (SELECT columns FROM table WHERE <ctid range>) TO STDOUT``."""
-    return sql.SQL("COPY ({}) TO STDOUT").format(select_query(table, columns, ctid_range))
+def copy_query(
+    table: tuple[str, str],
+    columns: Sequence[str],
+    ctid_range: CtidRange,
+    row_filter: str | None = None,
+) -> sql.Composed:
+    """``COPY (SELECT columns FROM table WHERE ...) TO STDOUT`` (see :func:`select_query`)."""
+    return sql.SQL("COPY ({}) TO STDOUT").format(
+        select_query(table, columns, ctid_range, row_filter)
+    )
 
 
 def lock_for_snapshot(conn: psycopg.Connection, oid: int, table: tuple[str, str]) -> None:

@@ -39,6 +39,11 @@
     valid_to = { infinity = "null" }                   # a column's own infinity policy
     amount = { type = "double", infinity = "error" }   # (both keys are optional)
 
+    [tables."public.customers".columns]
+    ssn = { pii = "exclude" }      # never reaches bronze (snapshot and stream alike)
+    email = { pii = "hash" }       # a keyed hash (HMAC-SHA256, hex text): joins work, values
+                                   # cannot be read back; the key is a secret (below)
+
 Precedence, lowest first: built-in defaults, the file, ``PGMEDALLION_*`` variables
 (``PGMEDALLION_SOURCE_SLOT=...``, ``PGMEDALLION_LAKEHOUSE_GOLD_SCHEMA=...``). Connection keys left
 unset are filled by libpq from ``PGHOST``, ``PGPORT``, ``PGUSER``, ``PGDATABASE``, ``PGPASSWORD``...
@@ -51,7 +56,13 @@ snapshot on: changing one takes effect with ``pgmedallion resync``.
 The password, first found wins: the ``password`` field (set only by code), then the Databricks
 secret ``password_secret_scope``/``password_secret_key`` (read when a connection is made, so the
 value never sits in the config; off Databricks that is a ``ConfigError``), then the variable
-named by ``password_env``, then whatever libpq finds (``~/.pgpass``...).
+named by ``password_env``, then whatever libpq finds (``~/.pgpass``...). The key of ``pii =
+"hash"`` columns comes the same way: ``[source] hash_key_secret_scope``/``hash_key_secret_key``
+on Databricks, else the variable named by ``hash_key_env`` (``PGMEDALLION_HASH_KEY``); at least
+16 bytes, never in the file, never printed. The snapshot and the stream are filtered by what the
+publication publishes and by these policies before bronze is written (``capture.published``);
+changing a policy, the key, or the publication's column list or row filter snapshots the table
+again.
 """
 
 from __future__ import annotations
@@ -77,6 +88,8 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 ON_ERROR = ("fail", "quarantine", "warn")
 TRUNCATE = ("error", "delete")
 INFINITY = ("clamp", "null", "error")
+PII = ("exclude", "hash")
+HASH_KEY_MIN_BYTES = 16
 TYPE_OVERRIDES = ("string", "double", "float", "bigint", "long", "int", "integer", "smallint")
 _DECIMAL = re.compile(r"decimal\((\d{1,2})\s*,\s*(\d{1,2})\)")
 
@@ -103,6 +116,8 @@ class ColumnPolicy:
     """A type override (see ``silver.pgtypes.override_type``); "" keeps the mapping's type."""
     infinity: str = ""
     """What ``±infinity`` becomes in a date or timestamp column; "" is the table's policy."""
+    pii: str = ""
+    """Personal data: ``exclude`` (never captured) or ``hash`` (a keyed hash); "" captures it."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +126,10 @@ class TablePolicy:
     truncate: str = "error"
     infinity: str = "clamp"
     columns: Mapping[str, ColumnPolicy] = field(default_factory=dict)
+
+    def pii(self) -> dict[str, str]:
+        """Column -> ``exclude`` or ``hash``, for the columns that have one."""
+        return {name: c.pii for name, c in self.columns.items() if c.pii}
 
     def column(self, name: str) -> ColumnPolicy:
         """The column's policy, its infinity policy falling back to the table's."""
@@ -133,6 +152,9 @@ class SourceConfig:
     slot: str = "pgmedallion"
     tables: tuple[str, ...] = ()
     create_publication: bool = True
+    hash_key_env: str = "PGMEDALLION_HASH_KEY"
+    hash_key_secret_scope: str = ""
+    hash_key_secret_key: str = ""
     # Set only by code (the demo, tests, Databricks secrets); never read from the file.
     password: str = field(default="", repr=False)
 
@@ -157,8 +179,26 @@ class SourceConfig:
             info["password"] = password
         return info
 
+    def hash_key(self) -> bytes:
+        """The key of ``pii = "hash"`` columns: the Databricks secret, else the variable."""
+        where = f"the variable {self.hash_key_env}"
+        if self.hash_key_secret_scope and self.hash_key_secret_key:
+            where = "the hash key's secret"
+            value = read_databricks_secret(
+                self.hash_key_secret_scope, self.hash_key_secret_key, "hash_key"
+            )
+        else:
+            value = os.environ.get(self.hash_key_env, "")
+        if len(value.encode()) < HASH_KEY_MIN_BYTES:
+            raise ConfigError(
+                f'a column has pii = "hash", which needs a key of at least {HASH_KEY_MIN_BYTES} '
+                f"bytes in {where} ([source] hash_key_env, or hash_key_secret_scope and "
+                "hash_key_secret_key on Databricks)"
+            )
+        return value.encode()
 
-def read_databricks_secret(scope: str, key: str) -> str:
+
+def read_databricks_secret(scope: str, key: str, what: str = "password") -> str:
     """The value of secret ``key`` in ``scope``, through Databricks' ``dbutils``.
 
     ``pyspark.dbutils`` exists only in the Databricks runtime (PyPI's pyspark has no such module);
@@ -169,19 +209,19 @@ def read_databricks_secret(scope: str, key: str) -> str:
     dbutils = _databricks_dbutils()
     if dbutils is None:
         raise ConfigError(
-            f"[source] password_secret_scope/password_secret_key ({where}): secret scopes are "
+            f"[source] {what}_secret_scope/{what}_secret_key ({where}): secret scopes are "
             "only available on Databricks; off Databricks leave them empty and set the variable "
-            "named by password_env instead"
+            f"named by {what}_env instead"
         )
     try:
         value = dbutils.secrets.get(scope=scope, key=key)
     except Exception as e:  # the runtime raises its own (Py4J/IllegalArgument) errors
         raise ConfigError(
-            f"could not read the PostgreSQL password from Databricks {where}: "
+            f"could not read the {what} from Databricks {where}: "
             f"{type(e).__name__}: {e} (does the scope exist, and may this job's identity read it?)"
         ) from None
     if not value:
-        raise ConfigError(f"Databricks {where} holds an empty password")
+        raise ConfigError(f"Databricks {where} holds an empty {what}")
     return value
 
 
@@ -342,7 +382,7 @@ def _column_policies(table: str, raw: Any) -> dict[str, ColumnPolicy]:
             value = {"type": value}
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key} must be a type name or {{type = ..., infinity = ...}}")
-        unknown = set(value) - {"type", "infinity"}
+        unknown = set(value) - {"type", "infinity", "pii"}
         if unknown:
             raise ConfigError(f"{key}: unknown key(s) {', '.join(sorted(unknown))}")
         policy = ColumnPolicy(**{k: str(v) for k, v in value.items()})
@@ -353,5 +393,12 @@ def _column_policies(table: str, raw: Any) -> dict[str, ColumnPolicy]:
             )
         if policy.infinity and policy.infinity not in INFINITY:
             raise ConfigError(f"{key}: infinity must be one of {INFINITY}")
+        if policy.pii and policy.pii not in PII:
+            raise ConfigError(f"{key}: pii must be one of {PII}")
+        if policy.pii and (policy.type or policy.infinity):
+            raise ConfigError(
+                f"{key}: a pii column takes no type or infinity (a hashed one is text, an "
+                "excluded one is not captured)"
+            )
         out[name] = policy
     return out

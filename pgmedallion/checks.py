@@ -10,7 +10,7 @@ from capture.connection import connect
 from capture.errors import PipelineError
 from capture.preflight import CheckResult
 from capture.snapshot import table_schema_at_snapshot
-from core.config import Config
+from core.config import Config, ConfigError
 from silver.policies import column_policy_problems
 
 
@@ -24,6 +24,11 @@ def check_column_policies(cfg: Config) -> CheckResult:
     except PipelineError as exc:
         return CheckResult("column policies", False, f"check could not run: {exc}")
     problems = []
+    if any(c.pii == "hash" for p in wanted.values() for c in p.columns.values()):
+        try:
+            cfg.source.hash_key()
+        except ConfigError as exc:
+            problems.append(str(exc))
     with conn:
         for table, policy in sorted(wanted.items()):
             schema, _, name = table.partition(".")

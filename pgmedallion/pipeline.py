@@ -39,6 +39,8 @@ class RunResult:
 def capture_target(cfg: Config):
     from capture.run import CaptureTarget
 
+    pii = {table: policy.pii() for table, policy in cfg.tables.items() if policy.pii()}
+    hashed = any("hash" in columns.values() for columns in pii.values())
     return CaptureTarget(
         cfg.source.conninfo(),
         source=cfg.source.name,
@@ -46,6 +48,8 @@ def capture_target(cfg: Config):
         slot=cfg.source.slot,
         bronze=cfg.qualified("bronze", "bronze"),
         bronze_path=cfg.local_table_path("bronze", "bronze"),
+        pii=pii,
+        hash_key=cfg.source.hash_key() if hashed else None,
     )
 
 

@@ -30,7 +30,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from capture.connection import connect
+from capture.copy_text import decode_copy_row
 from capture.pgoutput import format_lsn
+from capture.published import EVERYTHING, HASH, Shape, hash_copy_lines, published
 from capture.snapshot import (
     copy_range,
     estimate_table_block_counts,
@@ -44,7 +46,6 @@ from core.spark import one_task_per_partition
 from pgmedallion.pipeline import run_stages, silver_state
 from silver.cast_columns import cast_values
 from silver.catalog import load_tables
-from silver.copy_text import decode_copy_row
 from silver.pgtypes import pg_type_of
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class VerifyResult:
 
 
 def _copy_tasks(
-    ids: Iterator[pa.RecordBatch], tasks: list[dict], conninfo, snapshot
+    ids: Iterator[pa.RecordBatch], tasks: list[dict], conninfo, snapshot, hash_key
 ) -> Iterator[pa.RecordBatch]:
     for batch in ids:
         for task in (tasks[i] for i in batch.column("id").to_pylist()):
@@ -103,8 +104,11 @@ def _copy_tasks(
                 (task["schema"], task["name"]),
                 task["columns"],
                 (task["start"], task["end"]),
+                task["row_filter"],
             )
             for raw in rows:
+                if task["hashed"]:
+                    raw = hash_copy_lines(raw + b"\n", task["hashed"], hash_key)[:-1]
                 oids.append(task["oid"])
                 values.append(decode_copy_row(raw, len(task["columns"])))
                 if len(oids) >= 50_000:
@@ -115,13 +119,20 @@ def _copy_tasks(
 
 
 def source_rows_at_snapshot(
-    spark: SparkSession, conninfo: dict, tables: dict[int, list[str]], *, workers: int = 2
+    spark: SparkSession,
+    cfg: Config,
+    tables: dict[int, list[str]],
+    *,
+    workers: int = 2,
 ) -> tuple[int, DataFrame]:
-    """(L, rows) of ``tables`` (oid -> column names) read at one new exported snapshot.
+    """(L, rows) of ``tables`` (oid -> column names) read at one new exported snapshot, as
+    capture lands them: the publication's row filter applied, hashed columns hashed
+    (``capture.published``).
 
     The rows (``table_oid``, ``values`` as text) are staged with a local checkpoint before the
     snapshot is released.
     """
+    conninfo = cfg.source.conninfo()
     with exported_snapshot(conninfo, f"pgm_verify_{uuid.uuid4().hex[:12]}") as point:
         conn = connect(conninfo)
         try:
@@ -135,24 +146,40 @@ def source_rows_at_snapshot(
                 ).fetchall()
             )
             blocks = estimate_table_block_counts(conn, list(tables))
+            shapes = published(conn, cfg.source.publication, list(tables))
             version = conn.info.server_version
             conn.execute("COMMIT")
         finally:
             conn.close()
         tasks = []
+        hash_key = None
         for oid, columns in tables.items():
             if oid not in names:
                 continue  # dropped: verify reports it as missing
             schema, name = names[oid].split("\x1f", 1)
+            pii = cfg.policy(f"{schema}.{name}").pii()
+            if HASH in pii.values() and hash_key is None:
+                hash_key = cfg.source.hash_key()
+            shape = Shape.of(shapes.get(oid, EVERYTHING), pii, hash_key)
+            hashed = [i for i, column in enumerate(columns) if shape.rule(column) == HASH]
             for start, end in worker_ctid_ranges(blocks[oid], workers, version):
                 tasks.append(
-                    dict(oid=oid, schema=schema, name=name, columns=columns, start=start, end=end)
+                    dict(
+                        oid=oid,
+                        schema=schema,
+                        name=name,
+                        columns=columns,
+                        row_filter=shape.row_filter,
+                        hashed=hashed,
+                        start=start,
+                        end=end,
+                    )
                 )
         info, snap = dict(conninfo), point.snapshot_name
         rows = (
             one_task_per_partition(spark, len(tasks))
             .mapInArrow(
-                lambda it: _copy_tasks(it, tasks, info, snap),
+                lambda it: _copy_tasks(it, tasks, info, snap, hash_key),
                 T.StructType(
                     [
                         T.StructField("table_oid", T.LongType()),
@@ -198,7 +225,7 @@ def verify(
     }
     lsn, rows = source_rows_at_snapshot(
         spark,
-        cfg.source.conninfo(),
+        cfg,
         {oid: [c["name"] for c in info.columns] for oid, info in tables.items()},
     )
     if catch_up:

@@ -51,7 +51,7 @@ Modules (each one job)
     ``contract``   the DDL of silver's tables and the schemas between its stages
     ``decode``     bronze records -> diff rows (changes by Python workers, COPY in Spark SQL)
     ``changes``    one pgoutput change -> diff rows, and Relation layouts
-    ``copy_sql``   COPY TEXT decoding as Spark SQL; ``copy_text``: the Python decoder
+    ``copy_sql``   COPY TEXT decoding as Spark SQL; ``capture.copy_text``: the Python decoder
     ``identity``   previous images of changes by key (REPLICA IDENTITY DEFAULT / USING INDEX)
     ``pgtypes``    PostgreSQL types (``PgType``) and the Spark type each one becomes
     ``casts``      PostgreSQL text -> Spark values: a registry with one entry per type

@@ -62,6 +62,10 @@ class TableColumn:
     typmod: int
 
 
+DISCARDED = -1
+"""The position of a Relation column the table does not have (see :func:`plan_columns`)."""
+
+
 @dataclass(frozen=True)
 class Layout:
     """How one Relation message's columns map onto the table's columns."""
@@ -112,9 +116,10 @@ def plan_columns(
 
     A Relation whose columns are a superset of the known ones (same names and types, new ones
     anywhere) adds its new columns at the end; one missing a known column, or giving a known
-    column another type, is incompatible. ``base`` is the catalog at the snapshot, so a
-    Relation from before the snapshot may lack columns added since: those are NULL there (and
-    rewinds retract its changes anyway).
+    column another type, is incompatible. ``base`` is the table as its snapshot landed, so a
+    Relation from before the snapshot may lack columns added since (NULL there), or have
+    columns the snapshot has not (dropped, or no longer published, by then): those are left
+    out (position ``DISCARDED``). Rewinds retract such a Relation's changes anyway.
     """
     columns = list(base)
     index = {c.name: i for i, c in enumerate(columns)}
@@ -137,13 +142,13 @@ def plan_columns(
             layouts.append(Layout(None, "; ".join(parts)))
             continue
         for c in rel.columns:
-            if c.name not in index:
+            if c.name not in index and not before_snapshot:
                 index[c.name] = len(columns)
                 columns.append(TableColumn(c.name, c.type_oid, c.type_modifier))
         layouts.append(
             Layout(
-                tuple(index[c.name] for c in rel.columns),
-                keys=tuple(index[c.name] for c in rel.columns if c.is_key),
+                tuple(index.get(c.name, DISCARDED) for c in rel.columns),
+                keys=tuple(index[c.name] for c in rel.columns if c.is_key and c.name in index),
             )
         )
     return columns, layouts
@@ -180,6 +185,8 @@ def _row(values, layout: Layout, width: int, old: list | None) -> tuple[list, tu
         )
     unfilled = []
     for value, pos in zip(values, layout.positions, strict=True):
+        if pos == DISCARDED:
+            continue
         if value is UNCHANGED_TOAST:
             if old is None or old[pos] is UNCHANGED_TOAST:
                 unfilled.append(pos)
@@ -197,7 +204,8 @@ def _old_row(values, layout: Layout, width: int) -> list:
             f"old tuple has {len(values)} columns, its Relation {len(layout.positions)}",
         )
     for value, pos in zip(values, layout.positions, strict=True):
-        row[pos] = value if value is UNCHANGED_TOAST else _text(value)
+        if pos != DISCARDED:
+            row[pos] = value if value is UNCHANGED_TOAST else _text(value)
     return row
 
 

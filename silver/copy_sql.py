@@ -1,6 +1,6 @@
 r"""Decode COPY TEXT rows with Spark SQL expressions (code-generated), Python only where needed.
 
-The same decoding as :func:`silver.copy_text.decode_copy_row`, split in two by what a line
+The same decoding as :func:`capture.copy_text.decode_copy_row`, split in two by what a line
 holds:
 
 Spark SQL (nearly every line)
@@ -13,7 +13,7 @@ Spark SQL (nearly every line)
     the same error record (``MissingColumn`` / ``ColumnCountMismatch``, message and raw line)
     as the Python decoder makes.
 
-Python (:func:`silver.copy_text.decode_copy_row`, in Arrow workers)
+Python (:func:`capture.copy_text.decode_copy_row`, in Arrow workers)
     A payload that is not valid UTF-8 (all of it, so that errors keep their exact messages),
     and a line with an escape SQL does not resolve: octal ``\NNN`` or hex ``\xNN`` (bytes that
     may combine into one multibyte character), ``\.`` (an error), a backslash before a raw tab

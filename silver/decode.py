@@ -3,7 +3,7 @@
 Changes (pgoutput Insert/Update/Delete) are decoded by Python workers over Arrow batches
 (:func:`decode_changes`, with :mod:`silver.changes`); COPY records by Spark SQL expressions
 (:mod:`silver.copy_sql`), the rare rows those leave to Python marked and decoded on demand
-(:func:`decode_copy`, with :mod:`silver.copy_text`). :func:`wal_window` picks the window's
+(:func:`decode_copy`, with :mod:`capture.copy_text`). :func:`wal_window` picks the window's
 complete transactions.
 """
 
@@ -18,6 +18,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from bronze.table import copy_lines
+from capture.copy_text import CopyDecodeError, decode_copy_row
+from capture.copy_text import InvalidCopyInput as CopyInputError
 from capture.pgoutput import (
     MSG_COMMIT,
     MSG_DELETE,
@@ -25,11 +27,9 @@ from capture.pgoutput import (
     MSG_UPDATE,
     decode,
 )
-from silver import copy_text
 from silver.changes import LayoutIndex, change_diffs
 from silver.contract import CHANGE_ARROW, CHANGE_SCHEMA, DIFF_ARROW, DIFF_SCHEMA
 from silver.copy_sql import copy_diffs, python_diffs
-from silver.copy_text import CopyDecodeError, decode_copy_row
 from silver.errors import InvalidCopyInput, SilverError
 
 
@@ -119,7 +119,7 @@ def decode_copy(
                 try:
                     values = decode_copy_row(line, copy_width)
                 except CopyDecodeError as e:
-                    invalid = isinstance(e, copy_text.InvalidCopyInput)
+                    invalid = isinstance(e, CopyInputError)
                     values_out.append(None)
                     diff_out.append(0)
                     code_out.append(InvalidCopyInput.__name__ if invalid else type(e).__name__)

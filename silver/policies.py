@@ -10,6 +10,7 @@ through a table's history.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from core.config import ConfigError, TablePolicy
@@ -37,8 +38,12 @@ def column_policy_problems(
 
 def with_policies(table: str, policy: TablePolicy, columns: list[dict]) -> list[dict]:
     """``_tables`` column entries with the table's column policies set; a policy that does not
-    fit is a :class:`ConfigError` naming its key."""
-    problems = column_policy_problems(table, policy, {c["name"]: c for c in columns})
+    fit is a :class:`ConfigError` naming its key. (``pii`` policies were applied by capture: an
+    excluded column is not among ``columns``, a hashed one is text.)"""
+    typed = {name: c for name, c in policy.columns.items() if not c.pii}
+    problems = column_policy_problems(
+        table, replace(policy, columns=typed), {c["name"]: c for c in columns}
+    )
     if problems:
         raise ConfigError("; ".join(problems))
     out = []

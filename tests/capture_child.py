@@ -24,8 +24,8 @@ from typing import Any
 
 from benchmarks.common import peak_rss_kib
 from bronze.table import copy_lines
+from capture.copy_text import decode_copy_row
 from capture.pgoutput import UNCHANGED_TOAST, Commit, Delete, Insert, Relation, Update, decode
-from silver.copy_text import decode_copy_row
 
 
 def main(spec_path: str) -> int:

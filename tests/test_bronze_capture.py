@@ -12,10 +12,10 @@ from pyspark.sql import functions as F
 from bronze.spark_table import copy_row_counts
 from bronze.table import copy_lines
 from capture.connection import connect_replication
+from capture.copy_text import decode_copy_row
 from capture.pgoutput import Delete, Insert, Update, decode
 from capture.run import CaptureOptions, CaptureTarget, bronze_of, capture_once
 from capture.slot import ensure_slot, slot_state
-from silver.copy_text import decode_copy_row
 from tests.capture_child import complete_transactions, replay
 
 HOSTILE_SCHEMA = 'Sales "EU"'

@@ -227,7 +227,7 @@ def test_both_engines_answer_capture_alike(spark, bronze):
                 store.recorded_errors(),
                 store.landed_counts(0),
                 store.landed_counts(4),
-                store.snapshot_partitions([21, 22, 23]),
+                store.snapshot_schemas([21, 22, 23]),
             )
         )
     assert answers[0] == answers[1]
@@ -239,7 +239,7 @@ def test_both_engines_answer_capture_alike(spark, bronze):
     assert snapshots == {21: 300, 22: 100}
     assert errors == {("TableDropped", 22, 250)}
     assert counts == {"s.a": 8, "s.b": 4} and none == {}
-    assert partitions == {21: (210,), 22: (220, 221)}
+    assert partitions == {21: {"partitions": [210]}, 22: {"partitions": [220, 221]}}
     # A resync request newer than the table's snapshot is pending.
     assert delta_rs.request_resync([(22, "s", "b")], 250) == 5
     assert delta_rs.state().resync == frozenset({22})

@@ -35,11 +35,11 @@ from pyspark.sql.types import (
 )
 
 from capture.connection import connect
+from capture.copy_text import decode_copy_row
 from capture.snapshot import Column, table_schema_at_snapshot
 from silver.cast_columns import UNSETTLED_COLUMN as SUSPECT_COLUMN
 from silver.cast_columns import cast_values, plain_cast
 from silver.casts import CAST_ERRORS_COLUMN, adjustments
-from silver.copy_text import decode_copy_row
 from silver.pgtypes import (
     ARRAY_ELEMENT,
     INTERVAL_TYPE,

@@ -96,6 +96,16 @@ def test_added_column_widens_the_table_and_earlier_rows_get_null():
     assert change_diffs(Insert(1, (b"1", b"a", b"7")), layouts[1], 3) == [Diff(1, ["1", "a", "7"])]
 
 
+def test_a_column_the_snapshot_has_not_is_left_out_of_changes_before_it():
+    """Dropped or no longer published by the snapshot: not added back (as a column of NULLs)."""
+    before = rel(("id", 23), ("gone", 25), ("body", 25))
+    columns, layouts = plan_columns(BASE, [(10, before)], snapshot_lsn=20)
+    assert [c.name for c in columns] == ["id", "body"]
+    assert change_diffs(Insert(1, (b"1", b"x", b"a")), layouts[0], 2) == [Diff(1, ["1", "a"])]
+    old = Update(1, (b"1", b"x", b"a"), "O", (b"1", b"y", b"b"))
+    assert change_diffs(old, layouts[0], 2) == [Diff(-1, ["1", "a"]), Diff(1, ["1", "b"])]
+
+
 @pytest.mark.parametrize(
     "relation, problem",
     [

@@ -86,6 +86,20 @@ def decode_copy_row(raw: bytes, expected_columns: int | None = None) -> list[str
     return fields
 
 
+def copy_fields(line: bytes) -> list[bytes]:
+    """A row (without its newline) split into its fields as they are on the wire: still escaped,
+    ``\\N`` for NULL. Joining them with tabs gives the row back."""
+    return _split_escaped(line) if _BACKSLASH in line else line.split(_RAW_DELIMITER)
+
+
+def field_bytes(field: bytes) -> bytes | None:
+    """One field's value as the type's output function wrote it (escapes resolved), or None for
+    NULL: the bytes pgoutput sends for the same value."""
+    if field == _RAW_NULL:
+        return None
+    return _ESCAPE.sub(_unescape, field) if _BACKSLASH in field else field
+
+
 def _split_escaped(raw: bytes) -> list[bytes]:
     """Split on the tabs that are not escaped by an odd run of backslashes."""
     fields: list[bytes] = []
@@ -104,12 +118,11 @@ def _split_escaped(raw: bytes) -> list[bytes]:
 
 
 def _decode_field(field: bytes) -> str | None:
-    if field == _RAW_NULL:
+    value = field_bytes(field)
+    if value is None:
         return None
-    if _BACKSLASH in field:
-        field = _ESCAPE.sub(_unescape, field)
     try:
-        return field.decode()
+        return value.decode()
     except UnicodeDecodeError as exc:
         raise InvalidCopyInput(f"COPY field is not valid UTF-8: {exc}") from None
 
