@@ -200,18 +200,20 @@ def _changed_since_snapshot(
         if oid in survey.leaves and tuple(record.get("partitions", ())) != survey.leaves[oid]:
             moved[oid] = "partitions attached or detached"
         elif oid in survey.shapes:
-            now = shape_now(target, captured[oid], survey.shapes[oid])
-            changes = now.changes(Shape.from_record(record.get("shape")))
-            if changes:
-                moved[oid] = " and ".join(changes) + " changed"
+            why = _reshaped(target, captured[oid], survey.shapes[oid], record)
+            if why:
+                moved[oid] = why
     return moved
 
 
-def shape_now(target: CaptureTarget, table: tuple[str, str], publication: Published) -> Shape:
-    """The shape ``table`` (schema, name) lands in now, by its publication entry and
-    ``target``'s column policies."""
-    policies = target.pii.get(".".join(table), {})
-    return Shape.of(publication, policies, target.hash_key)
+def _reshaped(
+    target: CaptureTarget, table: tuple[str, str], publication: Published, record: dict
+) -> str:
+    """What of ``table``'s (schema, name) shape changed since its snapshot's ``record``, by its
+    publication entry and ``target``'s column policies now ("": nothing)."""
+    now = Shape.of(publication, target.pii.get(".".join(table), {}), target.hash_key)
+    changes = now.changes(Shape.from_record(record.get("shape")))
+    return " and ".join(changes) + " changed" if changes else ""
 
 
 def _dropped_tables(conn: psycopg.Connection, oids: Sequence[int]) -> list[int]:
@@ -385,9 +387,7 @@ def _reshaped_meanwhile(
         conn.close()
     recorded = bronze.snapshot_schemas(sorted(shapes))
     return any(
-        shape_now(target, (t.schema, t.name), shapes[t.oid]).changes(
-            Shape.from_record(recorded[t.oid].get("shape"))
-        )
+        _reshaped(target, (t.schema, t.name), shapes[t.oid], recorded[t.oid])
         for t in tables
         if t.oid in shapes and t.oid in recorded
     )

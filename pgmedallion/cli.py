@@ -325,7 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.set_defaults(func=cmd_doctor)
 
     capture = sub.add_parser(
-        "capture", help="snapshot new tables and stream the slot into bronze until caught up"
+        "capture",
+        help="snapshot new tables and stream the slot into bronze until caught up",
+        parents=[common],
     )
     capture.add_argument("--workers", type=int, default=2, help="parallel COPY ranges per table")
     capture.add_argument(

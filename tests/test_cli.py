@@ -23,6 +23,19 @@ def test_help_lists_the_commands():
         assert command in out.stdout
 
 
+def test_every_command_takes_config_and_verbose_after_its_name():
+    from pgmedallion.cli import build_parser
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    required = {"resync": ["t"], "sql": ["SELECT 1"], "postgres": ["status"]}
+    extra = {"sdp": ["--definitions", "d"]}
+    for command in commands:
+        argv = [command, *extra.get(command, []), "-c", "x.toml", "-v", *required.get(command, [])]
+        args = parser.parse_args(argv)
+        assert (args.config, args.verbose) == ("x.toml", True), command
+
+
 def test_malformed_config_exits_2_with_the_key(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[source]\nport = 'x'\n")
