@@ -14,10 +14,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bronze.store import Bronze, open_bronze
+from bronze.store import Bronze, delta_rs_unusable, open_bronze, writer_choice
 from capture.progress import (
     ProgressCallback,
 )
+from core.config import Config, on_databricks
 
 if TYPE_CHECKING:  # a capture without Spark never imports it
     from pyspark.sql import SparkSession
@@ -55,6 +56,30 @@ class CaptureTarget:
     """``schema.table`` -> column -> ``exclude`` | ``hash`` (``capture.published``)."""
     hash_key: bytes | None = field(default=None, repr=False)
     """The key of hashed columns (a secret: never in a message or ``repr``)."""
+
+
+def capture_target(cfg: Config) -> CaptureTarget:
+    """The configured source's capture target (its column policies and hash key included)."""
+    pii = {table: policy.pii() for table, policy in cfg.tables.items() if policy.pii()}
+    hashed = any("hash" in columns.values() for columns in pii.values())
+    return CaptureTarget(
+        cfg.source.conninfo(),
+        source=cfg.source.name,
+        publication=cfg.source.publication,
+        slot=cfg.source.slot,
+        bronze=cfg.qualified("bronze", "bronze"),
+        bronze_path=cfg.local_table_path("bronze", "bronze"),
+        pii=pii,
+        hash_key=cfg.source.hash_key() if hashed else None,
+    )
+
+
+def capture_needs_spark(cfg: Config) -> bool:
+    """Whether capture commits bronze through Spark here (see ``bronze.store``); locally,
+    with the ``local`` extra, it runs without a JVM (and without PySpark installed)."""
+    if on_databricks() or writer_choice() == "spark":
+        return True
+    return delta_rs_unusable(cfg.local_table_path("bronze", "bronze")) is not None
 
 
 def bronze_of(spark: SparkSession | Bronze | None, target: CaptureTarget) -> Bronze:

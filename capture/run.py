@@ -117,6 +117,8 @@ from capture.options import (
     StreamLimits,
     StreamResult,
     bronze_of,
+    capture_needs_spark,
+    capture_target,
 )
 from capture.pgoutput import format_lsn
 from capture.published import Published, Shape
@@ -141,7 +143,9 @@ __all__ = [
     "RetryPolicy",
     "StreamLimits",
     "bronze_of",
+    "capture_needs_spark",
     "capture_once",
+    "capture_target",
     "land_snapshot",
     "land_stream",
 ]

@@ -38,6 +38,10 @@ class DefiniteError(PipelineError):
     """A fact about the source that no retry changes; recorded as data for its tables."""
 
 
+class JavaMissing(RuntimeError):
+    """No Java that Spark 4 can run on: a setup problem, said with what to install."""
+
+
 def error_type(code: str) -> type[PipelineError] | None:
     """The error class whose code this is, among those defined so far (None: not ours)."""
     pending: list[type[PipelineError]] = [PipelineError]

@@ -25,15 +25,12 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
 from core.config import on_databricks  # noqa: F401 (where callers import it from)
+from core.errors import JavaMissing
 
 log = logging.getLogger(__name__)
 
 MIN_JAVA = 17
 POSTGRES_JDBC = "org.postgresql:postgresql:42.7.4"
-
-
-class JavaMissing(RuntimeError):
-    pass
 
 
 def check_java() -> int:

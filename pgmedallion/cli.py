@@ -102,8 +102,9 @@ def _preflight(config: Config, command: str) -> bool:
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
     from capture.errors import PipelineError
     from capture.pgoutput import format_lsn
+    from capture.run import capture_needs_spark
     from core.spark import get_spark
-    from pgmedallion.pipeline import STAGES, SparkStarter, capture_needs_spark, run_stages
+    from pgmedallion.pipeline import STAGES, SparkStarter, run_stages
 
     stages = STAGES if args.stage == "all" else (args.stage,)
     resync = [t.strip() for t in (args.resync or "").split(",") if t.strip()]
@@ -194,8 +195,8 @@ def _request_resync(spark, config: Config, tables: list[str]) -> bool:
 
 def cmd_resync(config: Config, args: argparse.Namespace) -> int:
     if args.request_only:
+        from capture.run import capture_needs_spark
         from core.spark import get_spark
-        from pgmedallion.pipeline import capture_needs_spark
 
         spark = get_spark(config.state_dir) if capture_needs_spark(config) else None
         return 0 if _request_resync(spark, config, args.tables) else 2
@@ -220,7 +221,22 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _has_pyspark() -> bool:
+    try:
+        import pyspark  # noqa: F401
+    except ModuleNotFoundError:
+        return False
+    return True
+
+
 def cmd_status(config: Config, args: argparse.Namespace) -> int:
+    if not _has_pyspark():
+        from pgmedallion.slot_status import slot_lines
+
+        lines, ok = slot_lines(config)
+        print("\n".join(lines))
+        print("lakehouse: PySpark is not installed here, so only the source is shown")
+        return 0 if ok else 1
     from pgmedallion.pipeline import open_lakehouse
     from pgmedallion.status import status_report
 
@@ -248,14 +264,22 @@ def cmd_capture(config: Config, args: argparse.Namespace) -> int:
     from capture.errors import PipelineError
     from capture.pgoutput import format_lsn
     from capture.progress import RichSnapshotProgress
-    from capture.run import CaptureOptions, RetryPolicy, bronze_of, capture_once
-    from core.spark import get_spark
-    from pgmedallion.pipeline import capture_needs_spark, capture_target, ensure_schemas
+    from capture.run import (
+        CaptureOptions,
+        RetryPolicy,
+        bronze_of,
+        capture_needs_spark,
+        capture_once,
+        capture_target,
+    )
 
     if not _preflight(config, "capture"):
         return 1
-    spark = None  # locally bronze is written by delta-rs: no JVM
+    spark = None  # locally bronze is written by delta-rs: no JVM, no PySpark needed
     if capture_needs_spark(config):
+        from core.spark import get_spark
+        from pgmedallion.pipeline import ensure_schemas
+
         spark = get_spark(config.state_dir)
         ensure_schemas(spark, config)
     target = capture_target(config)
@@ -425,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    from core.spark import JavaMissing
+    from core.errors import JavaMissing
 
     started = None
     if args.func in _ON_DEMO_STATE and _no_own_source(args):

@@ -36,33 +36,6 @@ class RunResult:
     stages: list[str] = field(default_factory=list)
 
 
-def capture_target(cfg: Config):
-    from capture.run import CaptureTarget
-
-    pii = {table: policy.pii() for table, policy in cfg.tables.items() if policy.pii()}
-    hashed = any("hash" in columns.values() for columns in pii.values())
-    return CaptureTarget(
-        cfg.source.conninfo(),
-        source=cfg.source.name,
-        publication=cfg.source.publication,
-        slot=cfg.source.slot,
-        bronze=cfg.qualified("bronze", "bronze"),
-        bronze_path=cfg.local_table_path("bronze", "bronze"),
-        pii=pii,
-        hash_key=cfg.source.hash_key() if hashed else None,
-    )
-
-
-def capture_needs_spark(cfg: Config) -> bool:
-    """Whether capture commits bronze through Spark here (see ``bronze.store``); locally,
-    with the ``local`` extra, it runs without a JVM."""
-    from bronze.store import delta_rs_unusable, writer_choice
-
-    if on_databricks() or writer_choice() == "spark":
-        return True
-    return delta_rs_unusable(cfg.local_table_path("bronze", "bronze")) is not None
-
-
 def ensure_schemas(spark: SparkSession, cfg: Config) -> None:
     """The layers' schemas, and bronze in the catalog (a capture without Spark creates it
     where the catalog would, and this registers it)."""
@@ -92,7 +65,7 @@ def open_lakehouse(cfg: Config) -> SparkSession:
 def run_capture(spark: SparkSession | None, cfg: Config, *, continuous: bool = False, **kwargs):
     """Capture into bronze; ``spark`` None: without Spark (see :func:`capture_needs_spark`).
     ``kwargs``: the other fields of :class:`capture.options.CaptureOptions`."""
-    from capture.run import CaptureOptions, bronze_of, capture_once
+    from capture.run import CaptureOptions, bronze_of, capture_once, capture_target
 
     target = capture_target(cfg)
     options = CaptureOptions(
@@ -160,6 +133,8 @@ def run_stages(
             continue
         with show(stage) if show is not None else nullcontext():
             if stage == "capture":
+                from capture.run import capture_needs_spark
+
                 needs = session is not None or capture_needs_spark(cfg)
                 capture_spark = lakehouse() if needs else None
                 result.capture = run_capture(capture_spark, cfg, **capture_kwargs)
@@ -225,7 +200,7 @@ def request_resync(spark: SparkSession | None, cfg: Config, names: list[str]) ->
     snapshot on, and no other table is touched. Returns the qualified names. Raises
     :class:`NotCaptured`, having written nothing, when a name is not a captured table.
     ``spark`` None: bronze is read and written without Spark (as capture does)."""
-    from capture.run import bronze_of
+    from capture.run import bronze_of, capture_target
 
     if spark is not None:
         ensure_schemas(spark, cfg)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import psycopg
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from capture.connection import connect
 from capture.pgoutput import format_lsn
 from core.config import Config
+from pgmedallion.slot_status import slot_lines
 
 
 def _table(spark: SparkSession, name: str) -> DataFrame | None:
@@ -20,36 +19,10 @@ def _table(spark: SparkSession, name: str) -> DataFrame | None:
         return None
 
 
-def _slot_lines(cfg: Config) -> tuple[list[str], bool]:
-    try:
-        conn = connect(cfg.source.conninfo())
-    except Exception as e:  # the message is already redacted by capture.connection
-        return [f"source: cannot connect: {e}"], False
-    try:
-        row = conn.execute(
-            "SELECT plugin, active, confirmed_flush_lsn::text,"
-            " pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8,"
-            " pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8"
-            " FROM pg_replication_slots WHERE slot_name = %s",
-            (cfg.source.slot,),
-        ).fetchone()
-    except psycopg.Error as e:
-        return [f"source: {type(e).__name__}"], False
-    finally:
-        conn.close()
-    if row is None:
-        return [f"slot {cfg.source.slot}: missing (run `pgmedallion run` to create it)"], False
-    plugin, active, confirmed, lag, retained = row
-    return [
-        f"slot {cfg.source.slot} ({plugin}, {'active' if active else 'idle'}): "
-        f"confirmed {confirmed}, lag {lag or 0} bytes, WAL retained {retained or 0} bytes"
-    ], True
-
-
 def status_report(spark: SparkSession, cfg: Config) -> tuple[str, bool]:
     """The report text, and whether everything is healthy (slot present, no errors)."""
     source = cfg.source.name
-    lines, ok = _slot_lines(cfg)
+    lines, ok = slot_lines(cfg)
     bronze = _table(spark, cfg.qualified("bronze", "bronze"))
     if bronze is not None:
         f = bronze.where((F.col("source") == source) & (F.col("kind") == "progress"))

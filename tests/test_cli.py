@@ -142,3 +142,51 @@ def test_run_exits_1_naming_the_table_when_gold_quality_fails(db, tmp_path):
     assert "gold quality failed" in second.stderr and "public.truncated" in second.stderr
     assert "no_definite_errors" in second.stderr
     assert "Traceback" not in second.stderr
+
+
+def test_doctor_capture_and_status_run_without_pyspark(db, tmp_path):
+    """The commands that need PostgreSQL only give their real answers with PySpark absent
+    (a capture host, or a wheel installed without the ``local`` extra)."""
+    import os
+    import sys
+    from pathlib import Path
+
+    import psycopg
+
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE nospark (id int PRIMARY KEY, v text, secret text)")
+        conn.execute("INSERT INTO nospark SELECT g, 'v' || g, 's' FROM generate_series(1, 50) g")
+        conn.execute("CREATE PUBLICATION nospark_pub FOR TABLE nospark")
+    config = tmp_path / "pgmedallion.toml"
+    config.write_text(
+        "[source]\n"
+        f"name = 'nospark'\nhost = '{db['host']}'\nport = {db['port']}\n"
+        f"dbname = '{db['dbname']}'\nuser = '{db['user']}'\npassword_env = 'NOSPARK_PW'\n"
+        "publication = 'nospark_pub'\nslot = 'nospark_slot'\n"
+        f"[lakehouse]\nstate_dir = '{tmp_path / 'state'}'\n"
+        "[tables.'public.nospark'.columns]\nsecret = { pii = 'exclude' }\n"
+    )
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, NOSPARK_PW=db["password"], PYTHONPATH=str(repo))
+
+    def run(*argv):
+        return subprocess.run(
+            [sys.executable, str(repo / "tests" / "nospark_child.py"), *argv, "-c", str(config)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=300,
+        )
+
+    doctor = run("doctor")
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "✓ column policies" in doctor.stdout and "all checks passed" in doctor.stdout
+    capture = run("capture")
+    assert capture.returncode == 0, capture.stderr
+    assert "snapshot public.nospark: 50 rows" in capture.stdout
+    status = run("status")
+    assert status.returncode == 0, status.stderr
+    assert "slot nospark_slot (pgoutput, idle): confirmed" in status.stdout
+    assert "PySpark is not installed here" in status.stdout
+    assert "Traceback" not in doctor.stderr + capture.stderr + status.stderr

@@ -21,6 +21,8 @@ LAZY_IMPORTS = {
     "pgmedallion/cli.py": "a command imports only what it runs (no pyspark for `capture`)",
     "pgmedallion/pipeline.py": "a stage's modules load only when it runs (silver: ~0.2 s more)",
     "pgmedallion/demo.py": "the demo starts PostgreSQL before importing the Spark side",
+    "pgmedallion/checks.py": "type overrides are judged with silver's Spark types, and doctor "
+    "runs where PySpark is not installed",
 }
 
 
