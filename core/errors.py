@@ -19,7 +19,11 @@ from __future__ import annotations
 
 
 class PipelineError(Exception):
-    """Any failure pgmedallion names; ``sqlstate`` is the server's, when one caused it."""
+    """Any failure pgmedallion names; ``sqlstate`` is the server's, when one caused it.
+    ``stage``: the pipeline stage it ended (``capture``, ``silver``, ``gold``, ``marts``), set
+    by the pipeline as the error leaves that stage."""
+
+    stage: str | None = None
 
     def __init__(self, message: str, sqlstate: str | None = None) -> None:
         super().__init__(message)

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from core.errors import PipelineError
 from core.expectations import Expectation
 from core.naming import quote
 
@@ -69,7 +70,7 @@ class QualityRecord:
     sample: str = "[]"
 
 
-class GoldQualityError(RuntimeError):
+class GoldQualityError(PipelineError):
     """Tables under the ``fail`` policy broke rules; every other table was still processed."""
 
     def __init__(self, failures: dict[str, list[QualityRecord]], result=None) -> None:

@@ -27,6 +27,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from core.config import Config, on_databricks
+from core.errors import PipelineError
 from core.spark import check_java, spark_settings, write_log4j2, write_spark_defaults
 from marts import GOLD_SCHEMA_KEY
 
@@ -47,7 +48,7 @@ class PipelineRun:
         return "\n".join(lines) or self.output[-4000:]
 
 
-class MartsError(RuntimeError):
+class MartsError(PipelineError):
     """The marts could not run, or their update failed (an ``expect_or_fail`` rule broke...)."""
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from core.config import Config, ConfigError, load_config
+from core.errors import PipelineError
 
 log = logging.getLogger("pgmedallion")
 
@@ -100,7 +101,6 @@ def _preflight(config: Config, command: str) -> bool:
 
 
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
-    from capture.errors import PipelineError
     from capture.pgoutput import format_lsn
     from capture.run import capture_needs_spark
     from core.spark import get_spark
@@ -138,20 +138,8 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
         session = spark if spark is not None else (lambda: get_spark(config.state_dir))
         result = run_stages(session, config, stages, show=stage_spinner(), **extra)
     except PipelineError as e:
-        print(f"capture failed: {e}", file=sys.stderr)
+        print(failure(e), file=sys.stderr)
         return 1
-    except Exception as e:
-        # Imported only now: both import pyspark, which a capture-only run never loads.
-        from gold.quality import GoldQualityError
-        from marts.runner import MartsError
-
-        if isinstance(e, GoldQualityError):
-            print(f"gold quality failed: {e}", file=sys.stderr)
-            return 1
-        if isinstance(e, MartsError):
-            print(f"marts failed: {e}", file=sys.stderr)
-            return 1
-        raise
     finally:
         if bars is not None:
             bars.close()
@@ -209,7 +197,11 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
     from pgmedallion.verify import verify
 
     spark = open_lakehouse(config)
-    result = verify(spark, config, catch_up=not args.no_catch_up)
+    try:
+        result = verify(spark, config, catch_up=not args.no_catch_up)
+    except PipelineError as e:
+        print(failure(e), file=sys.stderr)
+        return 1
     print(result.report())
     if args.great_expectations:
         from gold.ge_suite import validate_gold
@@ -219,6 +211,11 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
         if not ok:
             return 1
     return 0 if result.ok else 1
+
+
+def failure(error: PipelineError) -> str:
+    """The one line a failed stage prints: ``<stage> failed: <code>: <message>``."""
+    return f"{error.stage or 'run'} failed: {error.code}: {error}"
 
 
 def _has_pyspark() -> bool:
@@ -261,7 +258,6 @@ def cmd_sql(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_capture(config: Config, args: argparse.Namespace) -> int:
-    from capture.errors import PipelineError
     from capture.pgoutput import format_lsn
     from capture.progress import RichSnapshotProgress
     from capture.run import (
@@ -294,7 +290,8 @@ def cmd_capture(config: Config, args: argparse.Namespace) -> int:
         )
         result = capture_once(bronze_of(spark, target), target, options)
     except PipelineError as e:
-        print(f"capture failed: {e.code}: {e}", file=sys.stderr)
+        e.stage = e.stage or "capture"
+        print(failure(e), file=sys.stderr)
         return 1
     finally:
         bars.close()

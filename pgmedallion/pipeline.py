@@ -9,8 +9,8 @@ stops the ones after it; what it committed stays committed and the next run goes
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from core.config import Config, on_databricks
+from core.errors import PipelineError
 from core.naming import qualified, quote
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ def run_stages(
             if cfg.lakehouse.marts:
                 log.info("on Databricks the marts run as the bundle's pipeline, not here")
             continue
-        with show(stage) if show is not None else nullcontext():
+        with show(stage) if show is not None else nullcontext(), _naming(stage):
             if stage == "capture":
                 from capture.run import capture_needs_spark
 
@@ -156,6 +157,17 @@ def run_stages(
                 result.marts = run_marts(cfg)
         result.stages.append(stage)
     return result
+
+
+@contextmanager
+def _naming(stage: str) -> Iterator[None]:
+    """A :class:`PipelineError` leaving ``stage`` names it (the first stage to see it)."""
+    try:
+        yield
+    except PipelineError as exc:
+        if exc.stage is None:
+            exc.stage = stage
+        raise
 
 
 def stage_spinner(console=None) -> Callable[[str], AbstractContextManager]:

@@ -41,17 +41,25 @@ from capture.snapshot import (
     worker_ctid_ranges,
 )
 from core.config import Config
+from core.errors import PipelineError
 from core.naming import quote
 from core.spark import one_task_per_partition
 from pgmedallion.pipeline import run_stages, silver_state
 from silver.cast_columns import cast_values
-from silver.catalog import load_tables
+from silver.catalog import load_tables, table_exists
+from silver.contract import Names
 from silver.pgtypes import pg_type_of
 
 log = logging.getLogger(__name__)
 
 _ROWS = pa.schema([("table_oid", pa.int64()), ("values", pa.list_(pa.string()))])
 SAMPLE = 5
+
+
+class NothingToVerify(PipelineError):
+    """Silver has nothing to compare at the verify LSN (no tables yet, or it did not catch up)."""
+
+    stage = "verify"
 
 
 @dataclass
@@ -220,6 +228,10 @@ def verify(
     spark: SparkSession, cfg: Config, *, catch_up: bool = True, check_gold: bool = True
 ) -> VerifyResult:
     """Compare silver (and gold) with the source at a fresh snapshot LSN."""
+    if not table_exists(spark, Names(cfg).tables):
+        raise NothingToVerify(
+            f"silver holds no table of source {cfg.source.name!r} yet: run `pgmedallion run` first"
+        )
     tables = {
         oid: info for oid, info in load_tables(spark, cfg).items() if info.snapshot_lsn is not None
     }
@@ -238,7 +250,7 @@ def verify(
             )
     frontier = _silver_frontier(spark, cfg)
     if frontier <= lsn:
-        raise RuntimeError(
+        raise NothingToVerify(
             f"silver's frontier {format_lsn(frontier)} did not pass "
             f"the verify LSN {format_lsn(lsn)}"
         )

@@ -139,7 +139,8 @@ def test_run_exits_1_naming_the_table_when_gold_quality_fails(db, tmp_path):
         conn.execute("TRUNCATE truncated")
     second = run()
     assert second.returncode == 1, second.stdout + second.stderr
-    assert "gold quality failed" in second.stderr and "public.truncated" in second.stderr
+    assert "gold failed: GoldQualityError: gold quality expectations failed" in second.stderr
+    assert "public.truncated" in second.stderr and "capture failed" not in second.stderr
     assert "no_definite_errors" in second.stderr
     assert "Traceback" not in second.stderr
 

@@ -39,3 +39,20 @@ def test_verify_passes_then_detects_a_row_removed_from_gold(spark, db):
     assert check.exact and check.gold_exact is False  # silver is still right, gold is not
     assert any("only in silver" in s and "'id': 7" in s for s in check.samples), check.samples
     assert "MISMATCH" in second.report() and "verify: FAILED" in second.report()
+
+
+def test_verify_before_any_run_says_so_in_a_sentence(spark, db):
+    from pgmedallion.cli import failure
+    from pgmedallion.verify import NothingToVerify
+
+    cfg = make_config(db, "never_ran")
+    drop_schemas(spark, cfg)
+    try:
+        verify(spark, cfg)
+    except NothingToVerify as e:
+        assert failure(e) == (
+            "verify failed: NothingToVerify: silver holds no table of source 'never_ran' yet: "
+            "run `pgmedallion run` first"
+        )
+    else:
+        raise AssertionError("verify of a source never run did not fail")
