@@ -3,8 +3,10 @@
 Capture needs little of bronze: a few aggregates over its control records (the frontier, the
 next batch id, which tables have a snapshot, which errors were recorded), idempotent appends
 (stream batches, snapshots, error and resync records) and a way to land a snapshot's ctid
-ranges in parallel. :class:`Bronze` asks its questions in SQL that Spark and DataFusion (inside
-delta-rs) both run, so the answers are the same whichever engine reads.
+ranges in parallel. The Spark implementation answers those questions in SQL; the delta-rs one
+in Python over the control records of the table's Parquet files (row groups of only ``wal``
+messages skipped by their statistics). Two answers to each question: ``tests/
+test_bronze_writer.py`` holds them equal on one table written by both engines.
 
 ``DeltaRsBronze`` (the ``deltalake`` package)
     Where bronze is a directory of the local file system (local runs, the tests, the demo).

@@ -12,9 +12,11 @@
     by row count and an order-independent checksum (the sum of a 64-bit hash of every row,
     multiplicities included); on a mismatch, sample rows from both sides of the difference.
 
-Both comparisons go through the same decoder and casts as silver, so verify proves capture,
-rewinds, consolidation and gold, not the cast mapping (which has its own tests). A source row
-that fails to cast shows up as a mismatch with the cast error beside it.
+Both comparisons go through the same casts as silver (the source's COPY rows are decoded by
+``capture.copy_text``, the reference decoder that silver's Spark SQL decoding is tested
+against), so verify proves capture, rewinds, consolidation and gold, not the cast mapping
+(which has its own tests). A source row that fails to cast shows up as a mismatch with the
+cast error beside it.
 """
 
 from __future__ import annotations
