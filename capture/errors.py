@@ -60,6 +60,12 @@ class TimelineChanged(DefiniteError):
     """The server is not the one (system id, timeline) whose LSNs we recorded."""
 
 
+class PolicyNotApplicable(DefiniteError):
+    """A table's column policies (``pii``) cannot be applied to what the stream sends: a column
+    they protect is gone from it under that name (renamed or dropped), or is a replica identity
+    key column to exclude. Capture stops before anything of the table lands unprotected."""
+
+
 class TableDropped(DefiniteError):
     """A table we capture no longer exists."""
 

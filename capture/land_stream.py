@@ -34,7 +34,7 @@ from capture.options import (
     StreamResult,
 )
 from capture.pgoutput import format_lsn
-from capture.published import StreamPolicies
+from capture.published import StreamPolicies, published
 from capture.replication import Keepalive, ReplicationStream, start_replication
 from capture.slot import (
     SystemIdentity,
@@ -91,7 +91,7 @@ def land_stream(
             check_resume_point(slot, resume)
             # PostgreSQL 18 skips a dropped publication silently: check it by name first.
             tables = publication_tables(conn, target.publication)
-            policies = stream_policies(target, tables)
+            policies = stream_policies(conn, target, tables, state)
             stop_at = None if continuous else current_wal_lsn(conn)
             log.info(
                 "streaming slot %s from %s %s",
@@ -119,16 +119,29 @@ def land_stream(
         conn.close()
 
 
-def stream_policies(target: CaptureTarget, tables: list[PublishedTable]) -> StreamPolicies | None:
-    """The rewriter of ``target``'s column policies (None: no table has one)."""
+def stream_policies(
+    conn: psycopg.Connection,
+    target: CaptureTarget,
+    tables: list[PublishedTable],
+    state: BronzeState,
+) -> StreamPolicies | None:
+    """The rewriter of ``target``'s column policies (None: no table has one). A table is
+    known by OID under the name its snapshot recorded as well as its name now, so renaming a
+    table does not take its policies off."""
     if not target.pii:
         return None
-    by_oid = {
-        t.oid: target.pii[f"{t.schema}.{t.name}"]
-        for t in tables
-        if f"{t.schema}.{t.name}" in target.pii
+    names = {t.oid: f"{t.schema}.{t.name}" for t in tables}
+    recorded = {oid: f"{schema}.{name}" for oid, (_, schema, name) in state.snapshots.items()}
+    by_oid = {}
+    for oid in set(names) | set(recorded):
+        for name in (recorded.get(oid), names.get(oid)):
+            if name in target.pii:
+                by_oid[oid] = target.pii[name]
+                break
+    lists = {
+        oid: shape.columns for oid, shape in published(conn, target.publication, by_oid).items()
     }
-    return StreamPolicies(target.pii, by_oid, target.hash_key)
+    return StreamPolicies(target.pii, by_oid, target.hash_key, lists)
 
 
 @dataclass(frozen=True)
@@ -191,7 +204,9 @@ def _stream_loop(
             next_check = now + limits.publication_check_interval_s
             published = publication_tables(conn, target.publication)
             if new_tables is not None and new_tables(published):
-                log.info("new tables in publication %s: snapshotting them", target.publication)
+                log.info(
+                    "publication %s: new or reshaped tables: snapshotting them", target.publication
+                )
                 writer.result.new_tables = stopping = True
         idle_due = now - writer.last_commit >= limits.idle_commit_interval_s
         if len(buffer) or (stream.position > writer.sealed and (stopping or idle_due)):

@@ -39,7 +39,7 @@ import psycopg
 from psycopg import sql
 
 from capture.copy_text import copy_fields, field_bytes
-from capture.errors import server_errors
+from capture.errors import PolicyNotApplicable, server_errors
 from capture.pgoutput import (
     MSG_DELETE,
     MSG_INSERT,
@@ -241,10 +241,12 @@ class StreamPolicies:
         by_name: Mapping[str, Mapping[str, str]],
         by_oid: Mapping[int, Mapping[str, str]],
         key: bytes | None,
+        column_lists: Mapping[int, tuple[str, ...] | None] | None = None,
     ) -> None:
         self._by_name = by_name
         self._by_oid = by_oid
         self._key = key
+        self._column_lists = column_lists or {}
         self._relations: dict[int, _Rewrite] = {}
 
     def __call__(self, payload: bytes) -> bytes:
@@ -265,6 +267,7 @@ class StreamPolicies:
         if not rules:
             self._relations.pop(relation.relid, None)
             return payload
+        _check_applicable(name, relation, rules, self._column_lists.get(relation.relid))
         keep, hashed, columns = [], set(), []
         for i, column in enumerate(relation.columns):
             rule = rules.get(column.name, "")
@@ -295,6 +298,29 @@ class StreamPolicies:
                 value = keyed_hash(self._key, value)
             out.append(value)
         return tuple(out)
+
+
+def _check_applicable(
+    name: str, relation: Relation, rules: Mapping[str, str], listed: tuple[str, ...] | None
+) -> None:
+    """Fail closed: a protected column missing from the Relation under its name (and not
+    withheld by the publication's column list) was renamed or dropped, and a renamed one would
+    land unprotected; an excluded key column would leave changes without their key."""
+    sent = {c.name for c in relation.columns}
+    missing = [c for c in rules if c not in sent and (listed is None or c in listed)]
+    if missing:
+        raise PolicyNotApplicable(
+            f"{name}: the stream no longer sends column(s) {', '.join(missing)} that a pii "
+            "policy protects (renamed or dropped): capture stops so that no personal data lands "
+            'under another name; name the column as it is now in [tables."...".columns] (or '
+            "remove the policy) and run again"
+        )
+    keys = [c.name for c in relation.columns if c.is_key and rules.get(c.name) == EXCLUDE]
+    if keys:
+        raise PolicyNotApplicable(
+            f'{name}: pii = "exclude" on replica identity key column(s) {", ".join(keys)}: '
+            'its updates and deletes could not be applied without them; use pii = "hash"'
+        )
 
 
 _FILTER_TOKEN = re.compile(

@@ -360,7 +360,10 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
     watched = {t.oid for t in published}
 
     def new_tables(current: list[PublishedTable]) -> bool:
-        return any(t.oid not in watched and is_wanted(t) for t in current)
+        """Continuous mode, now and then: tables to snapshot first (new, or reshaped)."""
+        if any(t.oid not in watched and is_wanted(t) for t in current):
+            return True
+        return _reshaped_meanwhile(bronze, target, _captured(bronze))
 
     remaining = None if run.end_at is None else max(0.0, run.end_at - time.monotonic())
     stream = land_stream(
@@ -374,26 +377,32 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
     )
     again = stream.new_tables
     stream.new_tables = False
-    if not again and not stop.is_set() and _reshaped_meanwhile(bronze, target, published):
+    if not again and not stop.is_set() and _reshaped_meanwhile(bronze, target, _captured(bronze)):
         again = True  # the next attempt snapshots them before silver reads this stream
     return again
 
 
+def _captured(bronze: Bronze) -> dict[int, tuple[str, str]]:
+    """OID -> (schema, name) as each captured table's newest snapshot recorded them."""
+    return {oid: (schema, name) for oid, (_, schema, name) in bronze.state().snapshots.items()}
+
+
 def _reshaped_meanwhile(
-    bronze: Bronze, target: CaptureTarget, tables: list[PublishedTable]
+    bronze: Bronze, target: CaptureTarget, captured: dict[int, tuple[str, str]]
 ) -> bool:
     """Whether a captured table's shape changed while the stream ran (an ``ALTER
-    PUBLICATION`` then sits in what was just landed)."""
+    PUBLICATION`` then sits in what was just landed). Tables are named as their snapshot
+    recorded them, as :func:`_changed_since_snapshot` names them."""
     conn = connect(target.conninfo)
     try:
-        shapes = published_shapes(conn, target.publication, [t.oid for t in tables])
+        shapes = published_shapes(conn, target.publication, list(captured))
     finally:
         conn.close()
     recorded = bronze.snapshot_schemas(sorted(shapes))
     return any(
-        _reshaped(target, (t.schema, t.name), shapes[t.oid], recorded[t.oid])
-        for t in tables
-        if t.oid in shapes and t.oid in recorded
+        _reshaped(target, captured[oid], shapes[oid], recorded[oid])
+        for oid in shapes
+        if oid in recorded
     )
 
 

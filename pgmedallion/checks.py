@@ -43,11 +43,44 @@ def check_column_policies(cfg: Config) -> CheckResult:
             if row is None:
                 problems.append(f'[tables."{table}"]: no such table')
                 continue
-            columns = {c.name: c for c in table_schema_at_snapshot(conn, row[0]).columns}
+            schema = table_schema_at_snapshot(conn, row[0])
+            columns = {c.name: c for c in schema.columns}
             problems += _policy_problems(table, policy, columns)
+            problems += _pii_problems(conn, cfg.source.publication, table, policy, schema)
     if problems:
         return CheckResult("column policies", False, "; ".join(problems))
     return CheckResult("column policies", True, "every column override fits its column")
+
+
+def _pii_problems(conn, publication: str, table: str, policy, schema) -> list[str]:
+    """A pii policy that capture could not apply: ``exclude`` on a primary key column (under
+    REPLICA IDENTITY DEFAULT its changes would lose their key), or a table the publication does
+    not publish under this name (a partitioned table published through its leaves: the
+    stream and the snapshot would name the leaves, which no policy names)."""
+    pii = policy.pii()
+    if not pii:
+        return []
+    key = f'[tables."{table}".columns]'
+    problems = [
+        f'{key} {name}: pii = "exclude" on a primary key column under REPLICA IDENTITY '
+        'DEFAULT; use pii = "hash"'
+        for name, rule in pii.items()
+        if rule == "exclude" and schema.replica_identity == "d" and name in schema.primary_key
+    ]
+    exists = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %s),"
+        " EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = %s"
+        "  AND schemaname = %s AND tablename = %s)",
+        (publication, publication, schema.schema, schema.name),
+    ).fetchone()
+    if exists[0] and not exists[1]:
+        problems.append(
+            f"{key}: publication {publication!r} does not publish {table} itself (a partitioned "
+            "table published through its partitions?): its pii policies would apply to "
+            "nothing; publish it with publish_via_partition_root = true, or name the "
+            "published tables"
+        )
+    return problems
 
 
 def _policy_problems(table: str, policy, columns: dict) -> list[str]:

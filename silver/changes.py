@@ -118,8 +118,9 @@ def plan_columns(
     anywhere) adds its new columns at the end; one missing a known column, or giving a known
     column another type, is incompatible. ``base`` is the table as its snapshot landed, so a
     Relation from before the snapshot may lack columns added since (NULL there), or have
-    columns the snapshot has not (dropped, or no longer published, by then): those are left
-    out (position ``DISCARDED``). Rewinds retract such a Relation's changes anyway.
+    columns the snapshot has not, or has with another type (dropped, retyped, hashed or no
+    longer published by then): those are left out (position ``DISCARDED``). Rewinds retract
+    such a Relation's changes anyway.
     """
     columns = list(base)
     index = {c.name: i for i, c in enumerate(columns)}
@@ -133,6 +134,19 @@ def plan_columns(
             for c in rel.columns
             if c.name in index and _retyped(columns[index[c.name]], c, target_type)
         ]
+        if before_snapshot and retyped:
+            # the snapshot holds such a column with its type of then; these changes are
+            # rewound anyway, so their old-typed values are left out like a dropped column's
+            layouts.append(
+                Layout(
+                    tuple(
+                        DISCARDED if c.name in retyped else index.get(c.name, DISCARDED)
+                        for c in rel.columns
+                    ),
+                    keys=tuple(index[c.name] for c in rel.columns if c.is_key and c.name in index),
+                )
+            )
+            continue
         if missing or retyped:
             parts = []
             if missing:

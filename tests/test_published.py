@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from chispa import assert_df_equality
 
+from capture.errors import PolicyNotApplicable
 from capture.pgoutput import Insert, Relation, RelationColumn, Update, decode, encode
 from capture.provision import run_checks
 from capture.published import (
@@ -28,6 +29,7 @@ from capture.published import (
     keyed_hash,
 )
 from core.config import ColumnPolicy, TablePolicy
+from pgmedallion.checks import check_column_policies
 from pgmedallion.pipeline import run_stages
 from pgmedallion.verify import verify
 from tests.workload import assert_exact, drop_schemas, make_config
@@ -315,3 +317,71 @@ def test_hash_without_a_key_is_a_clear_error(monkeypatch):
     with pytest.raises(ConfigError, match="at least 16 bytes") as caught:
         SourceConfig().hash_key()
     assert "short" not in str(caught.value)
+
+
+def test_policies_fail_closed_where_they_cannot_apply():
+    """A protected column missing from the stream under its name (renamed or dropped) stops
+    capture rather than letting it land under the new name; a column the publication's list
+    withholds is not missing; an excluded key column is refused."""
+    key = KEY.encode()
+    policies = StreamPolicies({}, {7: {"email": "hash", "ssn": "exclude"}}, key, {7: None})
+
+    def relation(*columns):
+        return encode(Relation(7, "public", "t", "d", tuple(columns)))
+
+    renamed = relation(RelationColumn(1, "id", 23, -1), RelationColumn(0, "mail", 25, -1))
+    with pytest.raises(PolicyNotApplicable, match="email, ssn"):
+        policies(renamed)
+    listed = StreamPolicies({}, {7: {"ssn": "exclude"}}, key, {7: ("id", "email")})
+    assert listed(relation(RelationColumn(1, "id", 23, -1), RelationColumn(0, "email", 25, -1)))
+    keyed = StreamPolicies({}, {7: {"id": "exclude"}}, key, {7: None})
+    with pytest.raises(PolicyNotApplicable, match="key column"):
+        keyed(relation(RelationColumn(1, "id", 23, -1)))
+
+
+def test_a_protected_column_renamed_while_captured_never_lands(spark, shop, monkeypatch):
+    db, cfg = shop
+    monkeypatch.setenv("PGMEDALLION_HASH_KEY", KEY)
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("ALTER PUBLICATION pub SET TABLE customers")
+    policy = TablePolicy(columns={"ssn": ColumnPolicy(pii="exclude")})
+    cfg = replace(cfg, tables={"public.customers": policy})
+    run_stages(spark, cfg)
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("ALTER TABLE customers RENAME COLUMN ssn TO tax_id")
+        conn.execute(f"UPDATE customers SET tax_id = '{SECRET}-renamed' WHERE id = 1")
+    with pytest.raises(PolicyNotApplicable, match="ssn") as caught:
+        run_stages(spark, cfg, ("capture", "silver", "gold"))
+    assert caught.value.stage == "capture"
+    assert SECRET.encode() not in _landed_values(spark, cfg)
+    # Named as it is now, the policy applies again and the pipeline goes on.
+    cfg = replace(
+        cfg,
+        tables={"public.customers": TablePolicy(columns={"tax_id": ColumnPolicy(pii="exclude")})},
+    )
+    run_stages(spark, cfg)
+    assert SECRET.encode() not in _landed_values(spark, cfg)
+    gold = spark.table(cfg.qualified("gold", "public_customers"))
+    assert "tax_id" not in gold.columns and "ssn" not in gold.columns
+    assert_exact(verify(spark, cfg))
+
+
+def test_doctor_refuses_pii_policies_it_could_not_apply(any_db, monkeypatch):
+    monkeypatch.setenv("PGMEDALLION_HASH_KEY", KEY)
+    with psycopg.connect(**any_db, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+        conn.execute("CREATE TABLE parted (id int, v text) PARTITION BY RANGE (id)")
+        conn.execute("CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM (0) TO (100)")
+        conn.execute("CREATE PUBLICATION pub FOR TABLE customers, parted")
+    cfg = make_config(any_db, "piidoctor")
+    cfg = replace(
+        cfg,
+        tables={
+            "public.customers": TablePolicy(columns={"id": ColumnPolicy(pii="exclude")}),
+            "public.parted": TablePolicy(columns={"v": ColumnPolicy(pii="hash")}),
+        },
+    )
+    result = check_column_policies(cfg)
+    assert not result.ok
+    assert 'id: pii = "exclude" on a primary key column' in result.message
+    assert "does not publish public.parted itself" in result.message
