@@ -7,6 +7,18 @@ import subprocess
 import pytest
 
 
+def source_config(db: dict, name: str, state) -> str:
+    """A config file's text for a test database: source ``name`` (its publication
+    ``<name>_pub``, slot ``<name>_slot``, password in ``<NAME>_PW``), state under ``state``."""
+    return (
+        "[source]\n"
+        f"name = '{name}'\nhost = '{db['host']}'\nport = {db['port']}\n"
+        f"dbname = '{db['dbname']}'\nuser = '{db['user']}'\npassword_env = '{name.upper()}_PW'\n"
+        f"publication = '{name}_pub'\nslot = '{name}_slot'\n"
+        f"[lakehouse]\nstate_dir = '{state}'\n"
+    )
+
+
 def test_help_lists_the_commands():
     out = subprocess.run(["pgmedallion", "--help"], capture_output=True, text=True, check=True)
     for command in (
@@ -61,13 +73,7 @@ def test_a_local_capture_needs_no_java(db, spark, tmp_path):
         conn.execute("CREATE PUBLICATION nojvm_pub FOR TABLE nojvm")
     state = tmp_path / "state"
     config = tmp_path / "pgmedallion.toml"
-    config.write_text(
-        "[source]\n"
-        f"name = 'nojvm'\nhost = '{db['host']}'\nport = {db['port']}\n"
-        f"dbname = '{db['dbname']}'\nuser = '{db['user']}'\npassword_env = 'NOJVM_PW'\n"
-        "publication = 'nojvm_pub'\nslot = 'nojvm_slot'\n"
-        f"[lakehouse]\nstate_dir = '{state}'\n"
-    )
+    config.write_text(source_config(db, "nojvm", state))
     repo = Path(__file__).resolve().parent.parent
     env = dict(
         os.environ,
@@ -113,13 +119,7 @@ def test_run_exits_1_naming_the_table_when_gold_quality_fails(db, tmp_path):
         conn.execute("INSERT INTO truncated SELECT g, 'v' || g FROM generate_series(1, 50) g")
         conn.execute("CREATE PUBLICATION truncated_pub FOR TABLE truncated")
     config = tmp_path / "pgmedallion.toml"
-    config.write_text(
-        "[source]\n"
-        f"name = 'truncated'\nhost = '{db['host']}'\nport = {db['port']}\n"
-        f"dbname = '{db['dbname']}'\nuser = '{db['user']}'\npassword_env = 'TRUNCATED_PW'\n"
-        "publication = 'truncated_pub'\nslot = 'truncated_slot'\n"
-        f"[lakehouse]\nstate_dir = '{tmp_path / 'state'}'\n"
-    )
+    config.write_text(source_config(db, "truncated", tmp_path / "state"))
     repo = Path(__file__).resolve().parent.parent
     env = dict(os.environ, TRUNCATED_PW=db["password"], PYTHONPATH=str(repo))
 
@@ -160,12 +160,8 @@ def test_doctor_capture_and_status_run_without_pyspark(db, tmp_path):
         conn.execute("CREATE PUBLICATION nospark_pub FOR TABLE nospark")
     config = tmp_path / "pgmedallion.toml"
     config.write_text(
-        "[source]\n"
-        f"name = 'nospark'\nhost = '{db['host']}'\nport = {db['port']}\n"
-        f"dbname = '{db['dbname']}'\nuser = '{db['user']}'\npassword_env = 'NOSPARK_PW'\n"
-        "publication = 'nospark_pub'\nslot = 'nospark_slot'\n"
-        f"[lakehouse]\nstate_dir = '{tmp_path / 'state'}'\n"
-        "[tables.'public.nospark'.columns]\nsecret = { pii = 'exclude' }\n"
+        source_config(db, "nospark", tmp_path / "state")
+        + "[tables.'public.nospark'.columns]\nsecret = { pii = 'exclude' }\n"
     )
     repo = Path(__file__).resolve().parent.parent
     env = dict(os.environ, NOSPARK_PW=db["password"], PYTHONPATH=str(repo))
