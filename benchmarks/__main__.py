@@ -17,7 +17,7 @@ from benchmarks.common import add_common_arguments, cli_env, execute, module_par
 def spark_packages(args_list: list[argparse.Namespace]) -> tuple[str, ...]:
     """Extra Maven packages the Spark session needs for these runs (the JDBC driver)."""
     if any(getattr(args, "peer", None) == "jdbc" for args in args_list):
-        from core.spark import POSTGRES_JDBC
+        from pgmedallion.core.spark import POSTGRES_JDBC
 
         return (POSTGRES_JDBC,)
     return ()

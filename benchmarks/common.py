@@ -214,7 +214,7 @@ class BenchEnv:
     @property
     def spark(self):
         if self._spark is None:
-            from core.spark import get_spark
+            from pgmedallion.core.spark import get_spark
 
             self._spark = get_spark(self.state_dir / "spark", packages=self.spark_packages)
         return self._spark
@@ -382,7 +382,7 @@ def jdbc_url(conninfo: Mapping[str, str]) -> str:
 def recvlogical_command(env: BenchEnv, slot: str, end_lsn: int, publication: str) -> list[str]:
     """``pg_recvlogical`` reading ``slot``'s pgoutput (protocol 1) up to ``end_lsn`` into
     /dev/null: the peer of the stream and rss benchmarks."""
-    from capture.pgoutput import format_lsn
+    from pgmedallion.capture.pgoutput import format_lsn
 
     return [
         str(env.client("pg_recvlogical")),

@@ -7,7 +7,7 @@ Setup (untimed), once per size
     silver writes it (Delta, column mapping by name, one run).
 
 What is compared
-    The wall time of :func:`silver.identity.resolve_previous_images` for one run of
+    The wall time of :func:`pgmedallion.silver.identity.resolve_previous_images` for one run of
     ``--changes`` (default 10k) changes as silver's decoder gives them under REPLICA IDENTITY
     DEFAULT: half updates (a key-only RETRACT and a FILL whose ``name`` arrived as unchanged
     TOAST), a quarter key-only deletes, a quarter inserts, on keys drawn from the whole table
@@ -24,8 +24,8 @@ import argparse
 from pyspark.sql import functions as F
 
 from benchmarks.common import Result, Stopwatch, say, small_vs_large
-from silver.changes import FILL, PLAIN, RETRACT
-from silver.identity import COLUMNS, KIND, ORDINAL, resolve_previous_images
+from pgmedallion.silver.changes import FILL, PLAIN, RETRACT
+from pgmedallion.silver.identity import COLUMNS, KIND, ORDINAL, resolve_previous_images
 
 NAME = "identity"
 DESCRIPTION = "silver resolving 10k key-only changes against a 1M-row vs. a 10M-row table"

@@ -18,7 +18,7 @@ What is compared
     with ``name`` as unchanged TOAST, so the update keeps the old name, and its key alone as
     the old row; a delete's key alone),
     and the timed part starts earlier: silver's resolution of the previous images against the
-    silver table (:func:`silver.identity.resolve_previous_images`), then the gold run.
+    silver table (:func:`pgmedallion.silver.identity.resolve_previous_images`), then the gold run.
     Gold's goal is a cost that follows the changes, not the table: the large run should take
     at most 1.5x the small one. In the framework's terms "pgmedallion" is the run on the large
     table and the peer ("same on N rows") the run on the small one, so the ratio printed last
@@ -34,10 +34,10 @@ from pyspark.sql import Column, Window
 from pyspark.sql import functions as F
 
 from benchmarks.common import Result, Stopwatch, say, small_vs_large
-from core.config import Config, LakehouseConfig, SourceConfig
-from gold.build import run_gold
-from silver.changes import FILL, PLAIN, RETRACT
-from silver.identity import COLUMNS, KIND, ORDINAL, resolve_previous_images
+from pgmedallion.core.config import Config, LakehouseConfig, SourceConfig
+from pgmedallion.gold.build import run_gold
+from pgmedallion.silver.changes import FILL, PLAIN, RETRACT
+from pgmedallion.silver.identity import COLUMNS, KIND, ORDINAL, resolve_previous_images
 from tests.craft import CraftedTable, SilverCrafter
 
 NAME = "incremental"

@@ -68,7 +68,7 @@ from benchmarks.common import (
     recvlogical_command,
     say,
 )
-from capture.pgoutput import format_lsn, parse_lsn
+from pgmedallion.capture.pgoutput import format_lsn, parse_lsn
 
 NAME = "rss"
 DESCRIPTION = "capture peak RSS through one large transaction vs. pg_recvlogical to /dev/null"
@@ -323,7 +323,13 @@ def child_main(spec_path: str) -> int:
     import pyarrow.compute as pc
     from deltalake import DeltaTable
 
-    from capture.run import CaptureOptions, CaptureTarget, RetryPolicy, bronze_of, capture_once
+    from pgmedallion.capture.run import (
+        CaptureOptions,
+        CaptureTarget,
+        RetryPolicy,
+        bronze_of,
+        capture_once,
+    )
 
     spec = json.loads(Path(spec_path).read_text())
     schema, table = spec["bronze"].split(".")

@@ -38,7 +38,7 @@ from psycopg import sql
 from pyspark.sql import functions as F
 
 from benchmarks.common import BenchEnv, Result, Stopwatch, Timing, say
-from core.config import Config, LakehouseConfig, SourceConfig
+from pgmedallion.core.config import Config, LakehouseConfig, SourceConfig
 
 NAME = "silver"
 DESCRIPTION = "silver decode + cast of bronze COPY rows vs. Spark's CSV reader"
@@ -135,7 +135,7 @@ def write_csv(env: BenchEnv, path) -> int:
 
 def run(args: argparse.Namespace) -> Result:
     from pgmedallion.pipeline import ensure_schemas, run_capture
-    from silver.build import run_silver
+    from pgmedallion.silver.build import run_silver
 
     env: BenchEnv = args.env
     spark = env.spark
@@ -239,11 +239,11 @@ def decode_and_cast(spark, cfg: Config) -> tuple[int, int, float]:
     Returns (typed rows written, decode and cast errors, seconds). Runs after a silver run,
     which recorded the table's columns in ``_tables``.
     """
-    from silver.cast_rows import cast_diffs, cast_in_one_pass, data_columns
-    from silver.catalog import load_tables
-    from silver.contract import DIFF_SCHEMA
-    from silver.decode import table_diffs
-    from silver.write import create_diff_table as _create_diff_table
+    from pgmedallion.silver.cast_rows import cast_diffs, cast_in_one_pass, data_columns
+    from pgmedallion.silver.catalog import load_tables
+    from pgmedallion.silver.contract import DIFF_SCHEMA
+    from pgmedallion.silver.decode import table_diffs
+    from pgmedallion.silver.write import create_diff_table as _create_diff_table
 
     [info] = [t for t in load_tables(spark, cfg).values() if t.name == TABLE]
     width = len(info.columns)

@@ -46,9 +46,9 @@ from typing import Any
 from psycopg import sql
 
 from benchmarks.common import MB, BenchEnv, Result, Stopwatch, Timing, jdbc_url, say
-from bronze.spark_table import copy_row_counts
-from capture.run import CaptureTarget, bronze_of, land_snapshot
-from capture.snapshot import copy_query, estimate_table_block_counts, worker_ctid_ranges
+from pgmedallion.bronze.spark_table import copy_row_counts
+from pgmedallion.capture.run import CaptureTarget, bronze_of, land_snapshot
+from pgmedallion.capture.snapshot import copy_query, estimate_table_block_counts, worker_ctid_ranges
 
 NAME = "snapshot"
 DESCRIPTION = "parallel snapshot into bronze vs. parallel psql COPY to /dev/null (or JDBC)"
@@ -329,7 +329,7 @@ def jdbc_in_child(env: BenchEnv, job: dict[str, Any]) -> float:
 
 def _jdbc_child_main() -> int:
     """The child process of :func:`jdbc_in_child`: its own Spark with the driver."""
-    from core.spark import POSTGRES_JDBC, get_spark
+    from pgmedallion.core.spark import POSTGRES_JDBC, get_spark
 
     job = json.loads(os.environ[JDBC_PEER_ENV])
     spark = get_spark(job["state_dir"], packages=(POSTGRES_JDBC,))

@@ -34,9 +34,9 @@ from psycopg import sql
 from pyspark.sql import functions as F
 
 from benchmarks.common import MB, BenchEnv, Result, Stopwatch, Timing, recvlogical_command, say
-from bronze.spark_table import ensure_bronze_table
-from capture.pgoutput import format_lsn, parse_lsn
-from capture.run import CaptureTarget, bronze_of, land_stream
+from pgmedallion.bronze.spark_table import ensure_bronze_table
+from pgmedallion.capture.pgoutput import format_lsn, parse_lsn
+from pgmedallion.capture.run import CaptureTarget, bronze_of, land_stream
 
 NAME = "stream"
 DESCRIPTION = "pgoutput backlog into bronze vs. pg_recvlogical to /dev/null"

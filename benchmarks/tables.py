@@ -25,7 +25,7 @@ import argparse
 import time
 
 from benchmarks.common import Result, Stopwatch, Timing, say
-from core.config import Config, LakehouseConfig, SourceConfig
+from pgmedallion.core.config import Config, LakehouseConfig, SourceConfig
 
 NAME = "tables"
 DESCRIPTION = "triggered runs over 100 tables of 1,000 rows: first, nothing new, one, all"
@@ -85,9 +85,9 @@ def prepare(env, cfg: Config, tables: int, rows: int) -> None:
 
 
 def timed_run(env, cfg: Config, label: str) -> tuple[float, dict[str, float], object]:
-    from gold.build import run_gold
+    from pgmedallion.gold.build import run_gold
     from pgmedallion.pipeline import ensure_schemas, run_capture
-    from silver.build import run_silver
+    from pgmedallion.silver.build import run_silver
 
     spark = env.spark
     stages: dict[str, float] = {}

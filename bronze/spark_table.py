@@ -17,10 +17,10 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from bronze.store import Bronze, CopyTask
-from bronze.table import ARROW_SCHEMA, BRONZE_DDL, STATS_COLUMNS, SealedBatch, app_id
-from core.errors import PipelineError, error_type
-from core.spark import create_table, one_task_per_partition
+from pgmedallion.bronze.store import Bronze, CopyTask
+from pgmedallion.bronze.table import ARROW_SCHEMA, BRONZE_DDL, STATS_COLUMNS, SealedBatch, app_id
+from pgmedallion.core.errors import PipelineError, error_type
+from pgmedallion.core.spark import create_table, one_task_per_partition
 
 
 def ensure_bronze_table(spark: SparkSession, table: str, path: str | None = None) -> None:
@@ -146,7 +146,7 @@ class SparkBronze(Bronze):
             raise error from exc
 
 
-_ERROR_IN_TRACE = re.compile(r"(?:core|capture|silver)\.errors\.(\w+): ([^\n]*)")
+_ERROR_IN_TRACE = re.compile(r"pgmedallion\.(?:core|capture|silver)\.errors\.(\w+): ([^\n]*)")
 
 
 def capture_error_from_spark(exc: BaseException) -> PipelineError | None:

@@ -15,7 +15,7 @@ test_bronze_writer.py`` holds them equal on one table written by both engines.
     appends with ``txnAppId``/``txnVersion`` checked first, and lands a snapshot with one
     thread per ctid range, each writing its Parquet file into the table's directory, then one
     commit of all of them.
-``SparkBronze`` (:mod:`bronze.spark_table`)
+``SparkBronze`` (:mod:`pgmedallion.bronze.spark_table`)
     On Databricks (a Unity Catalog managed table is written through the catalog), wherever
     bronze is not a local directory, when the table needs a protocol delta-rs does not write,
     and when ``PGMEDALLION_BRONZE_WRITER=spark`` asks for it. The snapshot is one Spark job of
@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bronze.table import (
+from pgmedallion.bronze.table import (
     ARROW_SCHEMA,
     STATS_COLUMNS,
     BronzeState,
@@ -49,9 +49,15 @@ from bronze.table import (
     app_id,
     json_payload,
 )
-from bronze.writer import WRITER_ENV, BatchWriter, DataFile, DeltaRsWriter, write_data_file
-from core.config import on_databricks
-from core.failpoints import failpoint
+from pgmedallion.bronze.writer import (
+    WRITER_ENV,
+    BatchWriter,
+    DataFile,
+    DeltaRsWriter,
+    write_data_file,
+)
+from pgmedallion.core.config import on_databricks
+from pgmedallion.core.failpoints import failpoint
 
 if TYPE_CHECKING:  # only the Spark implementation needs pyspark
     from pyspark.sql import SparkSession
@@ -60,7 +66,7 @@ log = logging.getLogger(__name__)
 
 CopyTask = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 """A snapshot task body: given record batches of task ids (column ``id``), the bronze
-``copy`` records of those tasks' ctid ranges, in :data:`~bronze.table.ARROW_SCHEMA`."""
+``copy`` records of those tasks' ctid ranges, in :data:`~pgmedallion.bronze.table.ARROW_SCHEMA`."""
 
 _MAX_WRITER_VERSION = 2
 """The protocol Spark gives bronze (writer version 2: NOT NULL invariants, no table features);
@@ -453,7 +459,7 @@ def open_bronze(
     if choice == "spark" or (choice == "auto" and on_databricks()):
         return _spark_bronze(spark, table, source, path)
     if spark is not None:
-        from bronze.spark_table import ensure_bronze_table, local_table_path
+        from pgmedallion.bronze.spark_table import ensure_bronze_table, local_table_path
 
         ensure_bronze_table(spark, table, path)
         path = local_table_path(spark, table)
@@ -473,7 +479,7 @@ def open_bronze(
 def _spark_bronze(spark: SparkSession | None, table: str, source: str, path: str | None) -> Bronze:
     if spark is None:
         raise ValueError(f"bronze table {table} is committed through Spark here: start a session")
-    from bronze.spark_table import SparkBronze, ensure_bronze_table
+    from pgmedallion.bronze.spark_table import SparkBronze, ensure_bronze_table
 
     ensure_bronze_table(spark, table, path)
     return SparkBronze(spark, table, source)

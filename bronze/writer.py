@@ -12,9 +12,9 @@ accept a repeated version. A commit that loses a race is checked the same way. A
 tens of milliseconds (a 340,000-message batch 0.1 s) against 2-5 s through Spark. delta-rs
 writes a local directory with the same atomic put-if-absent of the log entry as Spark.
 
-Spark's writer (``bronze.spark_table.SparkWriter``, the same contract through
+Spark's writer (``pgmedallion.bronze.spark_table.SparkWriter``, the same contract through
 ``DataFrameWriter``'s ``txnAppId``/``txnVersion``) commits where delta-rs cannot:
-:mod:`bronze.store` says where each runs. The table stays an ordinary Delta table: Spark
+:mod:`pgmedallion.bronze.store` says where each runs. The table stays an ordinary Delta table: Spark
 reads what either writer committed (the tests read every table delta-rs wrote).
 
 A snapshot's ranges are written as Parquet files into the table's directory
@@ -44,7 +44,7 @@ try:  # in the `local` extra: a Databricks cluster commits bronze through Spark
 except ImportError:
     DeltaTable = None
 
-from bronze.table import ARROW_SCHEMA, STATS_COLUMNS, SealedBatch
+from pgmedallion.bronze.table import ARROW_SCHEMA, STATS_COLUMNS, SealedBatch
 
 log = logging.getLogger(__name__)
 

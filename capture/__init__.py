@@ -28,7 +28,7 @@ acknowledged by the caller, after the sink has committed.
     errors.py       TransientError (retry) | DefiniteError (record for the table)
     pgoutput.py     the pgoutput protocol: message types by name, decode, LSN formatting
 
-The capture run, which lands all of this in bronze (``bronze.store`` opens the writer)::
+The capture run, which lands all of this in bronze (``pgmedallion.bronze.store`` opens the writer)::
 
     run.py            capture_once: attempts, retries with backoff, signals, dropped tables
       ├─ land_snapshot.py   every wanted table at one exported snapshot, one bronze commit

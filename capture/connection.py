@@ -29,7 +29,7 @@ from typing import Any
 
 import psycopg
 
-from capture.errors import TransientError
+from pgmedallion.capture.errors import TransientError
 
 SESSION_SETTINGS = {
     "client_encoding": "UTF8",

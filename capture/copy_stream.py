@@ -18,7 +18,7 @@ The session is the same as :func:`capture.connection.connect`'s: the settings th
 values print travel in the startup packet (``server_settings``), before any query. asyncpg does
 not read a libpq conninfo, so :func:`asyncpg_params` translates the keys it can express; a
 conninfo with any other key (client certificates, ``passfile``, ``service``, several hosts)
-is read through psycopg instead (:func:`capture.snapshot.copy_range_chunks` decides).
+is read through psycopg instead (:func:`pgmedallion.capture.snapshot.copy_range_chunks` decides).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from capture.connection import DEFAULT_CONNECT_TIMEOUT_S, SESSION_SETTINGS, redact
-from capture.errors import PipelineError, TransientError, classify
+from pgmedallion.capture.connection import DEFAULT_CONNECT_TIMEOUT_S, SESSION_SETTINGS, redact
+from pgmedallion.capture.errors import PipelineError, TransientError, classify
 
 try:  # asyncpg is a dependency of the wheel; without it every read goes through psycopg.
     import asyncpg
@@ -136,7 +136,7 @@ def copy_chunks(
     read-only REPEATABLE READ transaction; yield ``(rows, chunk)``, each chunk whole COPY TEXT
     lines of about ``chunk_bytes``.
 
-    Server errors become capture errors (:func:`capture.errors.classify`); a failure to
+    Server errors become capture errors (:func:`pgmedallion.capture.errors.classify`); a failure to
     connect is transient and names the server without its password.
     """
     handoff: queue.Queue[Any] = queue.Queue(maxsize=_QUEUE_CHUNKS)

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import logging
 
-from bronze.store import Bronze
-from bronze.table import (
+from pgmedallion.bronze.store import Bronze
+from pgmedallion.bronze.table import (
     RecordBuffer,
     error_payload,
 )
-from capture.errors import (
+from pgmedallion.capture.errors import (
     PipelineError,
 )
-from capture.pgoutput import format_lsn
-from capture.snapshot import (
+from pgmedallion.capture.pgoutput import format_lsn
+from pgmedallion.capture.snapshot import (
     PublishedTable,
 )
 

@@ -29,7 +29,11 @@ from dataclasses import dataclass
 
 import psycopg
 
-from core.errors import DefiniteError, PipelineError, TransientError  # the shared taxonomy
+from pgmedallion.core.errors import (  # the shared taxonomy
+    DefiniteError,
+    PipelineError,
+    TransientError,
+)
 
 
 class SlotInUse(TransientError):

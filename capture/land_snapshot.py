@@ -18,24 +18,24 @@ from typing import Any
 
 import pyarrow as pa
 
-from bronze.store import Bronze
-from bronze.table import (
+from pgmedallion.bronze.store import Bronze
+from pgmedallion.bronze.table import (
     RecordBuffer,
     json_payload,
 )
-from capture.connection import connect
-from capture.error_records import record_error, table_name
-from capture.errors import (
+from pgmedallion.capture.connection import connect
+from pgmedallion.capture.error_records import record_error, table_name
+from pgmedallion.capture.errors import (
     TableDropped,
     server_errors,
 )
-from capture.options import (
+from pgmedallion.capture.options import (
     ARROW_BATCH_BYTES,
     COPY_CHUNK_BYTES,
     CaptureTarget,
     SnapshotLanded,
 )
-from capture.progress import (
+from pgmedallion.capture.progress import (
     CopyProgressMonitor,
     ProgressCallback,
     TableProgress,
@@ -43,8 +43,8 @@ from capture.progress import (
     estimate_rows,
     table_sizes,
 )
-from capture.published import EVERYTHING, Shape, hash_copy_lines, published
-from capture.snapshot import (
+from pgmedallion.capture.published import EVERYTHING, Shape, hash_copy_lines, published
+from pgmedallion.capture.snapshot import (
     PublishedTable,
     TableSchema,
     copy_columns,
@@ -58,7 +58,7 @@ from capture.snapshot import (
     use_snapshot,
     worker_ctid_ranges,
 )
-from core.failpoints import failpoint
+from pgmedallion.core.failpoints import failpoint
 
 log = logging.getLogger(__name__)
 

@@ -12,18 +12,18 @@ from dataclasses import dataclass
 
 import psycopg
 
-from bronze.store import Bronze
-from bronze.table import (
+from pgmedallion.bronze.store import Bronze
+from pgmedallion.bronze.table import (
     BronzeState,
     SealedBatch,
     WalBuffer,
     json_payload,
 )
-from capture.connection import connect, connect_replication
-from capture.errors import (
+from pgmedallion.capture.connection import connect, connect_replication
+from pgmedallion.capture.errors import (
     PipelineError,
 )
-from capture.options import (
+from pgmedallion.capture.options import (
     DELTA_RS_BATCH_BYTES,
     DELTA_RS_BATCH_MESSAGES,
     STREAM_BATCH_BYTES,
@@ -33,10 +33,10 @@ from capture.options import (
     StreamLimits,
     StreamResult,
 )
-from capture.pgoutput import format_lsn
-from capture.published import StreamPolicies, published
-from capture.replication import Keepalive, ReplicationStream, start_replication
-from capture.slot import (
+from pgmedallion.capture.pgoutput import format_lsn
+from pgmedallion.capture.published import StreamPolicies, published
+from pgmedallion.capture.replication import Keepalive, ReplicationStream, start_replication
+from pgmedallion.capture.slot import (
     SystemIdentity,
     check_resume_point,
     check_system,
@@ -44,11 +44,11 @@ from capture.slot import (
     identify_system,
     release_slot,
 )
-from capture.snapshot import (
+from pgmedallion.capture.snapshot import (
     PublishedTable,
     publication_tables,
 )
-from core.failpoints import failpoint
+from pgmedallion.core.failpoints import failpoint
 
 log = logging.getLogger(__name__)
 

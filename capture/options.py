@@ -14,11 +14,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bronze.store import Bronze, delta_rs_unusable, open_bronze, writer_choice
-from capture.progress import (
+from pgmedallion.bronze.store import Bronze, delta_rs_unusable, open_bronze, writer_choice
+from pgmedallion.capture.progress import (
     ProgressCallback,
 )
-from core.config import Config, on_databricks
+from pgmedallion.core.config import Config, on_databricks
 
 if TYPE_CHECKING:  # a capture without Spark never imports it
     from pyspark.sql import SparkSession
@@ -53,7 +53,7 @@ class CaptureTarget:
     bronze_path: str | None = None
     """Its local directory, when known without Spark (see :func:`bronze.store.open_bronze`)."""
     pii: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    """``schema.table`` -> column -> ``exclude`` | ``hash`` (``capture.published``)."""
+    """``schema.table`` -> column -> ``exclude`` | ``hash`` (``pgmedallion.capture.published``)."""
     hash_key: bytes | None = field(default=None, repr=False)
     """The key of hashed columns (a secret: never in a message or ``repr``)."""
 

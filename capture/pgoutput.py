@@ -242,7 +242,7 @@ def decode(buf: bytes | bytearray | memoryview) -> PgoutputMessage:
 
 def encode(message: Relation | Insert | Update | Delete) -> bytes:
     """The bytes of a Relation or change message: the inverse of :func:`decode` for the kinds
-    capture rewrites before bronze (column policies, ``capture.redact``)."""
+    capture rewrites before bronze (column policies, ``pgmedallion.capture.redact``)."""
     if isinstance(message, Relation):
         out = [MSG_RELATION, _U32.pack(message.relid), _cstr(message.namespace)]
         out += [_cstr(message.name), message.replica_identity.encode()]

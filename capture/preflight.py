@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from capture.errors import PipelineError, server_errors
+from pgmedallion.capture.errors import PipelineError, server_errors
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from capture.connection import connect
-from capture.errors import PipelineError, server_errors
+from pgmedallion.capture.connection import connect
+from pgmedallion.capture.errors import PipelineError, server_errors
 
 log = logging.getLogger(__name__)
 

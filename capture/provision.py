@@ -28,9 +28,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from capture.connection import connect, connect_replication
-from capture.errors import PipelineError, SlotMissing, server_errors
-from capture.preflight import (
+from pgmedallion.capture.connection import connect, connect_replication
+from pgmedallion.capture.errors import PipelineError, SlotMissing, server_errors
+from pgmedallion.capture.preflight import (
     CheckResult,
     Role,
     TableFacts,
@@ -38,21 +38,21 @@ from capture.preflight import (
     guarded,
     setting,
 )
-from capture.publication import (
+from pgmedallion.capture.publication import (
     check_publication,
     check_published,
     check_select_privilege,
     published_tables,
     resolve_tables,
 )
-from capture.replica_identity import (
+from pgmedallion.capture.replica_identity import (
     IdentityAdvice,
     check_replica_identity,
     check_row_security,
     identity_advice_for,
 )
-from capture.slot import PLUGIN, identify_system, slot_state
-from capture.snapshot import TID_RANGE_SCAN_MIN_VERSION
+from pgmedallion.capture.slot import PLUGIN, identify_system, slot_state
+from pgmedallion.capture.snapshot import TID_RANGE_SCAN_MIN_VERSION
 
 RESTART_NOTE = "-- then restart PostgreSQL: this setting only changes at server start"
 

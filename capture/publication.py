@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
-from capture.errors import server_errors
-from capture.preflight import CheckResult, Role, TableFacts, server_message
-from capture.published import filter_columns, published
+from pgmedallion.capture.errors import server_errors
+from pgmedallion.capture.preflight import CheckResult, Role, TableFacts, server_message
+from pgmedallion.capture.published import filter_columns, published
 
 PUBLISH_ACTIONS = ("insert", "update", "delete", "truncate")
 

@@ -38,9 +38,9 @@ from dataclasses import dataclass, replace
 import psycopg
 from psycopg import sql
 
-from capture.copy_text import copy_fields, field_bytes
-from capture.errors import PolicyNotApplicable, server_errors
-from capture.pgoutput import (
+from pgmedallion.capture.copy_text import copy_fields, field_bytes
+from pgmedallion.capture.errors import PolicyNotApplicable, server_errors
+from pgmedallion.capture.pgoutput import (
     MSG_DELETE,
     MSG_INSERT,
     MSG_RELATION,

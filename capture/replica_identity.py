@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from capture.preflight import CheckResult, Role, TableFacts
-from capture.snapshot import publishes_stored_generated
+from pgmedallion.capture.preflight import CheckResult, Role, TableFacts
+from pgmedallion.capture.snapshot import publishes_stored_generated
 
 
 @dataclass(frozen=True)

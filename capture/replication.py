@@ -75,8 +75,8 @@ import psycopg
 from psycopg import pq, sql
 from psycopg.pq.abc import PGconn, PGresult
 
-from capture.errors import PipelineError, TransientError, classify
-from capture.pgoutput import MSG_BEGIN, MSG_COMMIT, format_lsn
+from pgmedallion.capture.errors import PipelineError, TransientError, classify
+from pgmedallion.capture.pgoutput import MSG_BEGIN, MSG_COMMIT, format_lsn
 
 PROTO_VERSION = "1"
 
@@ -148,7 +148,7 @@ class WalMessage(NamedTuple):
     message_lsn: int
     """The XLogData ``dataStart`` (0 where the server does not set it)."""
     payload: bytes
-    """One raw pgoutput message (``capture.pgoutput.decode`` reads it)."""
+    """One raw pgoutput message (``pgmedallion.capture.pgoutput.decode`` reads it)."""
 
 
 def parse_copy_data(buf: bytes | memoryview) -> XLogData | Keepalive:

@@ -22,7 +22,7 @@ the next run snapshots again at a new LSN (rewinds make any snapshot LSN correct
 holds ``ACCESS SHARE`` on every table until the commit, as ``pg_dump`` does, so a table
 present at the snapshot is copied whole; one already dropped is skipped with an ``error``
 record, and the other tables go on. While the tasks run, a thread of the leader polls
-``pg_stat_progress_copy`` for rows copied so far (``capture.progress``).
+``pg_stat_progress_copy`` for rows copied so far (``pgmedallion.capture.progress``).
 
 Stream. The main slot exists before any snapshot is taken, so the stream always starts at or
 before every snapshot LSN, which is what rewinds need. A batch is committed when it holds
@@ -39,7 +39,7 @@ thread, SIGINT/SIGTERM end a run cleanly: the batch in hand is committed and ack
 first (a second signal aborts). Transient errors (connection refused or lost, walsender
 terminated, server restart, slot in use) are retried with exponential backoff and one log line
 each; every attempt resumes from bronze's frontier with a new ``run_id``. Definite errors are
-written as ``error`` records (see ``bronze.table``) and raised.
+written as ``error`` records (see ``pgmedallion.bronze.table``) and raised.
 
 Why a capture job and not a Python streaming source
 ----------------------------------------------------
@@ -90,13 +90,13 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from bronze.store import Bronze
-from bronze.table import (
+from pgmedallion.bronze.store import Bronze
+from pgmedallion.bronze.table import (
     BronzeState,
 )
-from capture.connection import connect, connect_replication
-from capture.error_records import error_lsn, record_error, table_name
-from capture.errors import (
+from pgmedallion.capture.connection import connect, connect_replication
+from pgmedallion.capture.error_records import error_lsn, record_error, table_name
+from pgmedallion.capture.errors import (
     DefiniteError,
     PublicationDropped,
     SlotCompacted,
@@ -107,9 +107,9 @@ from capture.errors import (
     TransientError,
     server_errors,
 )
-from capture.land_snapshot import land_snapshot
-from capture.land_stream import land_stream
-from capture.options import (
+from pgmedallion.capture.land_snapshot import land_snapshot
+from pgmedallion.capture.land_stream import land_stream
+from pgmedallion.capture.options import (
     CaptureOptions,
     CaptureResult,
     CaptureTarget,
@@ -120,15 +120,15 @@ from capture.options import (
     capture_needs_spark,
     capture_target,
 )
-from capture.pgoutput import format_lsn
-from capture.published import Published, Shape
-from capture.published import published as published_shapes
-from capture.slot import (
+from pgmedallion.capture.pgoutput import format_lsn
+from pgmedallion.capture.published import Published, Shape
+from pgmedallion.capture.published import published as published_shapes
+from pgmedallion.capture.slot import (
     current_wal_lsn,
     ensure_slot,
     slot_state,
 )
-from capture.snapshot import (
+from pgmedallion.capture.snapshot import (
     PublishedTable,
     leaf_partitions,
     publication_tables,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from capture.errors import (
+from pgmedallion.capture.errors import (
     SlotCompacted,
     SlotInUse,
     SlotInvalidated,
@@ -37,7 +37,7 @@ from capture.errors import (
     TimelineChanged,
     server_errors,
 )
-from capture.pgoutput import format_lsn, parse_lsn
+from pgmedallion.capture.pgoutput import format_lsn, parse_lsn
 
 PLUGIN = "pgoutput"
 

@@ -51,11 +51,16 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from capture.connection import connect, connect_replication
-from capture.copy_stream import asyncpg_params, copy_chunks
-from capture.errors import PublicationDropped, TableDropped, TransientError, server_errors
-from capture.pgoutput import parse_lsn
-from capture.published import EXCLUDE, HASH, TEXT_OID, Shape
+from pgmedallion.capture.connection import connect, connect_replication
+from pgmedallion.capture.copy_stream import asyncpg_params, copy_chunks
+from pgmedallion.capture.errors import (
+    PublicationDropped,
+    TableDropped,
+    TransientError,
+    server_errors,
+)
+from pgmedallion.capture.pgoutput import parse_lsn
+from pgmedallion.capture.published import EXCLUDE, HASH, TEXT_OID, Shape
 
 TID_RANGE_SCAN_MIN_VERSION = 140000
 
@@ -374,7 +379,7 @@ def copy_range_chunks(
 
     A COPY TEXT value never holds a raw newline (it is written ``\\n``), so the newlines are
     the row boundaries. This is the snapshot's hot loop: where the conninfo allows it
-    (:func:`capture.copy_stream.asyncpg_params`), the server's messages are read in
+    (:func:`pgmedallion.capture.copy_stream.asyncpg_params`), the server's messages are read in
     socket-buffer pieces by asyncpg and no Python code runs per row; otherwise psycopg reads
     them a row at a time and they are joined here.
     """

@@ -75,7 +75,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from core.naming import qualified
+from pgmedallion.core.naming import qualified
 
 
 def on_databricks() -> bool:
@@ -274,7 +274,7 @@ class Config:
         return qualified(parts)
 
     def local_table_path(self, layer: str, name: str) -> str | None:
-        """Where the local Spark session (``core.spark.get_spark(state_dir)``, a Hive
+        """Where the local Spark session (``pgmedallion.core.spark.get_spark(state_dir)``, a Hive
         catalog with its warehouse under the state directory) keeps managed table ``name`` of
         ``layer``: what a process without Spark writes. None on Databricks or with a catalog."""
         if on_databricks() or self.lakehouse.catalog:

@@ -26,7 +26,7 @@ try:  # the `local` extra; a Databricks cluster commits through Spark
 except ImportError:  # pragma: no cover - exercised only without the extra
     DeltaTable = None
 
-from core.config import on_databricks
+from pgmedallion.core.config import on_databricks
 
 log = logging.getLogger(__name__)
 

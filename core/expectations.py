@@ -2,7 +2,7 @@
 
 Dataset files are written once and run unmodified on Databricks Lakeflow and locally::
 
-    from core.expectations import expect_or_drop, materialized_view
+    from pgmedallion.core.expectations import expect_or_drop, materialized_view
 
     @materialized_view(name="orders_gold")
     @expect_or_drop("id_not_null", "id IS NOT NULL")
@@ -40,7 +40,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from core.spark import on_databricks
+from pgmedallion.core.spark import on_databricks
 
 WARN, DROP, FAIL = "warn", "drop", "fail"
 _RULES_ATTR = "__pgmedallion_expectations__"

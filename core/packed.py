@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from core.naming import quote
+from pgmedallion.core.naming import quote
 
 PART = "_pgm_part"
 PARTS_PER_JOB = 10

@@ -24,8 +24,8 @@ from urllib.parse import urlparse
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
-from core.config import on_databricks  # noqa: F401 (where callers import it from)
-from core.errors import JavaMissing
+from pgmedallion.core.config import on_databricks  # noqa: F401 (where callers import it from)
+from pgmedallion.core.errors import JavaMissing
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Gold: each source table's current state at a known frontier, with quality expectations.
 
-Entry point: ``gold.build.run_gold(spark, cfg) -> GoldResult``. It reads only silver's
+Entry point: ``pgmedallion.gold.build.run_gold(spark, cfg) -> GoldResult``. It reads only silver's
 contract (``silver/__init__.py``) and writes, in the configured gold schema (all Delta):
 
 ``<silver_table>``   the table's state at its frontier F: the multiset sum of its silver diffs

@@ -4,11 +4,11 @@ A run that touches many small tables spent about 0.9 s per table in gold, almost
 Spark jobs of a few rows each (the touched keys' old rows, the checked state, the rule counts,
 the MERGE source). A small table's increment touches a handful of rows, so here it is computed
 in the driver, and Spark does only what must be Spark's, the rule conditions (Spark SQL), in
-one job per :data:`core.packed.PARTS_PER_JOB` tables:
+one job per :data:`pgmedallion.core.packed.PARTS_PER_JOB` tables:
 
     read      delta-rs: the gold commit's record (history), silver's new diffs, gold's rows
     state     the touched keys' old rows (+1 each) and the new diffs, summed per row
-              (``gold.state.consolidate``), with ``_key_rows`` (``with_key_rows``)
+              (``pgmedallion.gold.state.consolidate``), with ``_key_rows`` (``with_key_rows``)
     rules     one packed Spark job: each row's failed rules (``failed_rules``) and, for a
               failing row, its JSON sample, as ``count_rules`` writes it
     merge     the MERGE operations (``merge_operations``: upsert, delete, insert per key) and
@@ -38,17 +38,17 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from core import delta_rs, packed
-from core.failpoints import failpoint
-from core.naming import quote
-from core.parallel import concurrently
-from gold.history import SAMPLE_ROWS, TAG, Applied, applied_state
-from gold.plan import Table, TableOutcome
-from gold.quality import NO_DEFINITE_ERRORS, QualityRecord
-from gold.reports import summary_record
-from gold.state import DELETE, DIFF, INSERT, LSN, MULT, OP, RULES, UPSERT, failed_rules
-from gold.table import build_mode, ensure_gold, outcome
-from gold.table_io import gold_schema, merge_arrow
+from pgmedallion.core import delta_rs, packed
+from pgmedallion.core.failpoints import failpoint
+from pgmedallion.core.naming import quote
+from pgmedallion.core.parallel import concurrently
+from pgmedallion.gold.history import SAMPLE_ROWS, TAG, Applied, applied_state
+from pgmedallion.gold.plan import Table, TableOutcome
+from pgmedallion.gold.quality import NO_DEFINITE_ERRORS, QualityRecord
+from pgmedallion.gold.reports import summary_record
+from pgmedallion.gold.state import DELETE, DIFF, INSERT, LSN, MULT, OP, RULES, UPSERT, failed_rules
+from pgmedallion.gold.table import build_mode, ensure_gold, outcome
+from pgmedallion.gold.table_io import gold_schema, merge_arrow
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ def _key_rows(item: _Item) -> list[int]:
 
 def _rules(spark: SparkSession, items: list[_Item]) -> list[list[tuple[list[str], str | None]]]:
     """Per item, per state row: the rules it fails and (failing) its JSON sample; one Spark job
-    per :data:`core.packed.PARTS_PER_JOB` items."""
+    per :data:`pgmedallion.core.packed.PARTS_PER_JOB` items."""
     out: list[list[tuple[list[str], str | None]]] = []
     for group in packed.chunks(items):
         tables, schemas = [], []
@@ -231,7 +231,7 @@ def _rules(spark: SparkSession, items: list[_Item]) -> list[list[tuple[list[str]
 
 
 def _operations(item: _Item, to_gold: list[tuple[list, int, int]]) -> pa.Table:
-    """``gold.state.merge_operations`` on the driver: the MERGE source rows."""
+    """``pgmedallion.gold.state.merge_operations`` on the driver: the MERGE source rows."""
     t = item.t
     positions = [t.names.index(k) for k in t.key]
     new: dict[tuple, int] = {}

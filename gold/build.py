@@ -58,12 +58,12 @@ from queue import Queue
 
 from pyspark.sql import SparkSession
 
-from core import delta_rs
-from core.config import Config
-from core.failpoints import failpoint
-from core.parallel import concurrently
-from gold.batch import build_batched
-from gold.history import (
+from pgmedallion.core import delta_rs
+from pgmedallion.core.config import Config
+from pgmedallion.core.failpoints import failpoint
+from pgmedallion.core.parallel import concurrently
+from pgmedallion.gold.batch import build_batched
+from pgmedallion.gold.history import (
     ErrorSummary,
     Reported,
     SourceTable,
@@ -75,15 +75,15 @@ from gold.history import (
     read_tables,
     touched_by_silver_runs,
 )
-from gold.plan import Table, TableOutcome
-from gold.pruning import untouched
-from gold.quality import GoldQualityError
-from gold.reports import ensure_report_tables, write_reports
-from gold.table import build_table, untouched_outcome
-from gold.table_io import gold_table_names, layer_schema, plain_name
+from pgmedallion.gold.plan import Table, TableOutcome
+from pgmedallion.gold.pruning import untouched
+from pgmedallion.gold.quality import GoldQualityError
+from pgmedallion.gold.reports import ensure_report_tables, write_reports
+from pgmedallion.gold.table import build_table, untouched_outcome
+from pgmedallion.gold.table_io import gold_table_names, layer_schema, plain_name
 
 GOLD_WORKERS = 4
-"""How many tables a gold run builds at once (see ``silver.build.TABLE_WORKERS``)."""
+"""How many tables a gold run builds at once (see ``pgmedallion.silver.build.TABLE_WORKERS``)."""
 
 
 @dataclass

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from core.config import Config
+from pgmedallion.core.config import Config
 
 
 @dataclass(frozen=True)

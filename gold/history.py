@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from core import delta_rs
-from core.config import Config
+from pgmedallion.core import delta_rs
+from pgmedallion.core.config import Config
 
 TAG = "pgmedallion_gold"  # the key of gold's JSON in its commits' ``userMetadata``
 SAMPLE_ROWS = 5

@@ -10,11 +10,11 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from core import delta_rs
-from core.config import Config
-from gold.history import Applied, ErrorSummary, SourceTable
-from gold.quality import VALUES_ADJUSTED, QualityRecord, row_rules
-from gold.state import DIFF, LSN, METADATA, SILVER_RUN, c
+from pgmedallion.core import delta_rs
+from pgmedallion.core.config import Config
+from pgmedallion.gold.history import Applied, ErrorSummary, SourceTable
+from pgmedallion.gold.quality import VALUES_ADJUSTED, QualityRecord, row_rules
+from pgmedallion.gold.state import DIFF, LSN, METADATA, SILVER_RUN, c
 
 
 @dataclass

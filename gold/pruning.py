@@ -17,10 +17,10 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from core.naming import quote
-from gold.history import Reported, SourceTable
-from gold.plan import Table
-from gold.state import c
+from pgmedallion.core.naming import quote
+from pgmedallion.gold.history import Reported, SourceTable
+from pgmedallion.gold.plan import Table
+from pgmedallion.gold.state import c
 
 ROWS_PER_FILE = 1_000_000  # a full build's file size, in rows
 BROADCAST_KEYS = 1_000_000  # up to this many touched keys, joins with gold broadcast them

@@ -12,7 +12,7 @@ Rules per gold table (names as they appear in ``<gold schema>._quality``):
 ``multiplicity_not_negative``  no row has a negative multiplicity (a retraction of a row that
                                was never there: a broken invariant, never silently dropped)
 
-The row rules are the same kind of DLT-style expectation as ``core.expectations`` (a row
+The row rules are the same kind of DLT-style expectation as ``pgmedallion.core.expectations`` (a row
 fails when its condition is false or NULL); the policy is the table's ``on_error``:
 
 ``fail`` (default)  the table is not written this run (it stays at its last good state); the
@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from core.errors import PipelineError
-from core.expectations import Expectation
-from core.naming import quote
+from pgmedallion.core.errors import PipelineError
+from pgmedallion.core.expectations import Expectation
+from pgmedallion.core.naming import quote
 
 NO_DEFINITE_ERRORS = "no_definite_errors"
 VALUES_ADJUSTED = "values_adjusted"
@@ -44,7 +44,7 @@ def row_rules(key: Sequence[str], not_null: Sequence[str], policy: str) -> list[
     """The row rules of a table, evaluated on its consolidated state.
 
     The state carries ``_multiplicity`` and ``_key_rows`` (copies of the row's key with a
-    positive multiplicity, see ``gold.state.with_key_rows``).
+    positive multiplicity, see ``pgmedallion.gold.state.with_key_rows``).
     """
     rules: list[Rule] = []
     if key:

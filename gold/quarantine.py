@@ -10,12 +10,12 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from core.naming import quote
-from gold.history import Applied
-from gold.plan import Table
-from gold.pruning import small
-from gold.state import LSN, MULT, OP, RULES, SILVER_RUN, TO_GOLD, c
-from gold.table_io import (
+from pgmedallion.core.naming import quote
+from pgmedallion.gold.history import Applied
+from pgmedallion.gold.plan import Table
+from pgmedallion.gold.pruning import small
+from pgmedallion.gold.state import LSN, MULT, OP, RULES, SILVER_RUN, TO_GOLD, c
+from pgmedallion.gold.table_io import (
     create_table,
     key_match,
     latest_version,

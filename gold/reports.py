@@ -14,13 +14,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from core.config import Config
-from core.expectations import QUALITY_SCHEMA, quality_frame
-from core.spark import create_table
-from gold.history import SAMPLE_ROWS, ErrorSummary
-from gold.plan import TableOutcome
-from gold.quality import QualityRecord, Rule
-from gold.state import MULT, RULES, TO_GOLD, c
+from pgmedallion.core.config import Config
+from pgmedallion.core.expectations import QUALITY_SCHEMA, quality_frame
+from pgmedallion.core.spark import create_table
+from pgmedallion.gold.history import SAMPLE_ROWS, ErrorSummary
+from pgmedallion.gold.plan import TableOutcome
+from pgmedallion.gold.quality import QualityRecord, Rule
+from pgmedallion.gold.state import MULT, RULES, TO_GOLD, c
 
 FRONTIER_SCHEMA = T.StructType(
     [

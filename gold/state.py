@@ -28,8 +28,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from core.naming import quote
-from gold.quality import Rule
+from pgmedallion.core.naming import quote
+from pgmedallion.gold.quality import Rule
 
 LSN, DIFF, SILVER_RUN = "_lsn", "_diff", "_run"
 MULT, RULES, TO_GOLD, OP = "_multiplicity", "_rules", "_to_gold", "_op"

@@ -13,16 +13,16 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from core import delta_rs
-from core.config import Config
-from core.failpoints import failpoint
-from gold.history import Applied, ErrorSummary, Reported, SourceTable, applied_state
-from gold.plan import Table, TableOutcome, plan
-from gold.pruning import clustered, comparable, key_ranges, small
-from gold.quality import NO_DEFINITE_ERRORS, VALUES_ADJUSTED, QualityRecord, row_rules
-from gold.quarantine import write_quarantine
-from gold.reports import count_rules, summary_record
-from gold.state import (
+from pgmedallion.core import delta_rs
+from pgmedallion.core.config import Config
+from pgmedallion.core.failpoints import failpoint
+from pgmedallion.gold.history import Applied, ErrorSummary, Reported, SourceTable, applied_state
+from pgmedallion.gold.plan import Table, TableOutcome, plan
+from pgmedallion.gold.pruning import clustered, comparable, key_ranges, small
+from pgmedallion.gold.quality import NO_DEFINITE_ERRORS, VALUES_ADJUSTED, QualityRecord, row_rules
+from pgmedallion.gold.quarantine import write_quarantine
+from pgmedallion.gold.reports import count_rules, summary_record
+from pgmedallion.gold.state import (
     DIFF,
     LSN,
     MULT,
@@ -35,7 +35,7 @@ from gold.state import (
     merge_operations,
     null_safe_join,
 )
-from gold.table_io import (
+from pgmedallion.gold.table_io import (
     create_table,
     gold_schema,
     merge_gold,

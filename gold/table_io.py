@@ -17,14 +17,14 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from core import delta_rs
-from core.config import Config
-from core.naming import COLUMN_MAPPING, qualified, quote
-from core.spark import create_table as create_managed
-from gold.history import TAG
-from gold.plan import Table
-from gold.pruning import small
-from gold.state import DELETE, INSERT, LSN, MULT, OP, RULES, SILVER_RUN, UPSERT, c
+from pgmedallion.core import delta_rs
+from pgmedallion.core.config import Config
+from pgmedallion.core.naming import COLUMN_MAPPING, qualified, quote
+from pgmedallion.core.spark import create_table as create_managed
+from pgmedallion.gold.history import TAG
+from pgmedallion.gold.plan import Table
+from pgmedallion.gold.pruning import small
+from pgmedallion.gold.state import DELETE, INSERT, LSN, MULT, OP, RULES, SILVER_RUN, UPSERT, c
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def ranges_target(t: Table) -> Column:
 
 
 def merge_gold(t: Table, ops: DataFrame) -> None:
-    """One keyed MERGE of ``gold.state.merge_operations``'s rows into the gold table."""
+    """One keyed MERGE of ``pgmedallion.gold.state.merge_operations``'s rows into the gold table."""
     from delta.tables import DeltaTable
 
     # Every clause takes its values from the source alone: with deletion vectors, Delta's

@@ -33,9 +33,9 @@ from typing import Any, cast
 from pyspark.sql import SparkSession
 from pyspark.sql.connect.client.core import PlanObservedMetrics
 
-from core.expectations import QUALITY_SCHEMA, quality_rows
-from core.naming import quote
-from marts.runner import QUALITY_PREFIX
+from pgmedallion.core.expectations import QUALITY_SCHEMA, quality_rows
+from pgmedallion.core.naming import quote
+from pgmedallion.marts.runner import QUALITY_PREFIX
 
 COUNT_COLUMNS = ["dataset", "rule", "action", "passed", "failed"]
 _FLOW_DONE = re.compile(r"^Flow '?(?P<name>[^' ]+)'? has COMPLETED")

@@ -16,6 +16,7 @@ schema: the ``marts`` stage of ``pgmedallion run``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -26,10 +27,10 @@ from pathlib import Path
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-from core.config import Config, on_databricks
-from core.errors import PipelineError
-from core.spark import check_java, spark_settings, write_log4j2, write_spark_defaults
-from marts import GOLD_SCHEMA_KEY
+from pgmedallion.core.config import Config, on_databricks
+from pgmedallion.core.errors import PipelineError
+from pgmedallion.core.spark import check_java, spark_settings, write_log4j2, write_spark_defaults
+from pgmedallion.marts import GOLD_SCHEMA_KEY
 
 QUALITY_PREFIX = "pgmedallion-quality "
 """Marks the driver's output lines that carry one recorded quality row as JSON."""
@@ -145,9 +146,10 @@ def run_pipeline(
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     }
     env.pop("SPARK_REMOTE", None)
-    # The driver and the definitions import this project (core.expectations, marts...): the same
-    # copy of it as this process.
-    root = str(Path(__file__).resolve().parents[1])
+    # The driver and the definitions import this project (pgmedallion.core.expectations,
+    # pgmedallion.marts...): the same copy of it as this process.
+    (package_dir,) = importlib.util.find_spec("pgmedallion").submodule_search_locations
+    root = str(Path(package_dir).resolve().parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     entry = Path(__file__).with_name("entry.py")
     cmd = [str(_spark_class()), "org.apache.spark.deploy.SparkPipelines", str(entry)]

@@ -10,11 +10,11 @@ checks them again before it writes anything.
 
 from __future__ import annotations
 
-from capture.connection import connect
-from capture.errors import PipelineError
-from capture.preflight import CheckResult
-from capture.snapshot import table_schema_at_snapshot
-from core.config import Config, ConfigError
+from pgmedallion.capture.connection import connect
+from pgmedallion.capture.errors import PipelineError
+from pgmedallion.capture.preflight import CheckResult
+from pgmedallion.capture.snapshot import table_schema_at_snapshot
+from pgmedallion.core.config import Config, ConfigError
 
 
 def check_column_policies(cfg: Config) -> CheckResult:
@@ -85,7 +85,7 @@ def _pii_problems(conn, publication: str, table: str, policy, schema) -> list[st
 
 def _policy_problems(table: str, policy, columns: dict) -> list[str]:
     try:
-        from silver.policies import column_policy_problems
+        from pgmedallion.silver.policies import column_policy_problems
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] != "pyspark":
             raise

@@ -7,8 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
-from core.config import Config, ConfigError, load_config
-from core.errors import PipelineError
+from pgmedallion.core.config import Config, ConfigError, load_config
+from pgmedallion.core.errors import PipelineError
 
 log = logging.getLogger("pgmedallion")
 
@@ -45,8 +45,8 @@ def cmd_postgres(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_sdp(config: Config, args: argparse.Namespace) -> int:
-    from marts import GOLD_SCHEMA_KEY
-    from marts.runner import format_quality, run_pipeline
+    from pgmedallion.marts import GOLD_SCHEMA_KEY
+    from pgmedallion.marts.runner import format_quality, run_pipeline
 
     definitions = [Path(d) for d in args.definitions]
     missing = [str(d) for d in definitions if not d.is_dir()]
@@ -74,7 +74,7 @@ def cmd_sdp(config: Config, args: argparse.Namespace) -> int:
 
 def _checks(config: Config):
     """The ``doctor`` checks for the configured source (``run`` and ``capture`` run them first)."""
-    from capture.provision import run_checks
+    from pgmedallion.capture.provision import run_checks
     from pgmedallion.checks import check_column_policies
 
     return [
@@ -90,7 +90,7 @@ def _checks(config: Config):
 
 
 def _preflight(config: Config, command: str) -> bool:
-    from capture.provision import all_ok, format_report
+    from pgmedallion.capture.provision import all_ok, format_report
 
     results = _checks(config)
     if not all_ok(results):
@@ -101,9 +101,9 @@ def _preflight(config: Config, command: str) -> bool:
 
 
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
-    from capture.pgoutput import format_lsn
-    from capture.run import capture_needs_spark
-    from core.spark import get_spark
+    from pgmedallion.capture.pgoutput import format_lsn
+    from pgmedallion.capture.run import capture_needs_spark
+    from pgmedallion.core.spark import get_spark
     from pgmedallion.pipeline import STAGES, SparkStarter, run_stages
 
     stages = STAGES if args.stage == "all" else (args.stage,)
@@ -127,7 +127,7 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
         spark = get_spark(config.state_dir)
         if resync and not _request_resync(spark, config, resync):
             return 2
-    from capture.progress import RichSnapshotProgress
+    from pgmedallion.capture.progress import RichSnapshotProgress
     from pgmedallion.pipeline import stage_spinner
 
     extra = {"continuous": True} if args.continuous else {}
@@ -162,7 +162,7 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
             name = f"{t.table.table_schema}.{t.table.table_name}"
             print(f"gold: {name}: {t.rows} rows at {format_lsn(t.frontier)} ({t.mode})")
     if result.marts is not None:
-        from marts.runner import format_quality
+        from pgmedallion.marts.runner import format_quality
 
         print(f"marts: updated {config.lakehouse.marts_schema}; expectations:")
         print(format_quality(result.marts.quality))
@@ -183,8 +183,8 @@ def _request_resync(spark, config: Config, tables: list[str]) -> bool:
 
 def cmd_resync(config: Config, args: argparse.Namespace) -> int:
     if args.request_only:
-        from capture.run import capture_needs_spark
-        from core.spark import get_spark
+        from pgmedallion.capture.run import capture_needs_spark
+        from pgmedallion.core.spark import get_spark
 
         spark = get_spark(config.state_dir) if capture_needs_spark(config) else None
         return 0 if _request_resync(spark, config, args.tables) else 2
@@ -204,7 +204,7 @@ def cmd_verify(config: Config, args: argparse.Namespace) -> int:
         return 1
     print(result.report())
     if args.great_expectations:
-        from gold.ge_suite import validate_gold
+        from pgmedallion.gold.ge_suite import validate_gold
 
         ok, report = validate_gold(spark, config)
         print(report)
@@ -258,9 +258,9 @@ def cmd_sql(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_capture(config: Config, args: argparse.Namespace) -> int:
-    from capture.pgoutput import format_lsn
-    from capture.progress import RichSnapshotProgress
-    from capture.run import (
+    from pgmedallion.capture.pgoutput import format_lsn
+    from pgmedallion.capture.progress import RichSnapshotProgress
+    from pgmedallion.capture.run import (
         CaptureOptions,
         RetryPolicy,
         bronze_of,
@@ -273,7 +273,7 @@ def cmd_capture(config: Config, args: argparse.Namespace) -> int:
         return 1
     spark = None  # locally bronze is written by delta-rs: no JVM, no PySpark needed
     if capture_needs_spark(config):
-        from core.spark import get_spark
+        from pgmedallion.core.spark import get_spark
         from pgmedallion.pipeline import ensure_schemas
 
         spark = get_spark(config.state_dir)
@@ -307,7 +307,7 @@ def cmd_capture(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(config: Config, args: argparse.Namespace) -> int:
-    from capture.provision import all_ok, format_report
+    from pgmedallion.capture.provision import all_ok, format_report
 
     results = _checks(config)
     print(format_report(results))
@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    from core.errors import JavaMissing
+    from pgmedallion.core.errors import JavaMissing
 
     started = None
     if args.func in _ON_DEMO_STATE and _no_own_source(args):
@@ -468,7 +468,7 @@ def _no_own_source(args: argparse.Namespace) -> bool:
     """No config file and no source in the environment: the user has not set one up."""
     import os
 
-    from core.config import DEFAULT_FILE
+    from pgmedallion.core.config import DEFAULT_FILE
 
     if getattr(args, "config", None) or Path(DEFAULT_FILE).exists():
         return False

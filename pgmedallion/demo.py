@@ -14,8 +14,8 @@ from pathlib import Path
 
 import psycopg
 
-import marts
-from core.config import Config
+from pgmedallion import marts
+from pgmedallion.core.config import Config
 
 DEMO_DB = "shop"
 DEMO_MARTS = Path(marts.__file__).parent / "demo"
@@ -223,8 +223,8 @@ def demo_marker(config: Config):
 
 
 def _demo(config: Config, pg) -> int:
-    from core.spark import get_spark
-    from marts.runner import MartsError, format_quality, stop_local_spark
+    from pgmedallion.core.spark import get_spark
+    from pgmedallion.marts.runner import MartsError, format_quality, stop_local_spark
     from pgmedallion.pipeline import run_stages, stage_spinner
     from pgmedallion.status import format_rows, status_report
     from pgmedallion.verify import verify

@@ -18,9 +18,9 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from core.config import Config, on_databricks
-from core.errors import PipelineError
-from core.naming import qualified, quote
+from pgmedallion.core.config import Config, on_databricks
+from pgmedallion.core.errors import PipelineError
+from pgmedallion.core.naming import qualified, quote
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class RunResult:
 def ensure_schemas(spark: SparkSession, cfg: Config) -> None:
     """The layers' schemas, and bronze in the catalog (a capture without Spark creates it
     where the catalog would, and this registers it)."""
-    from bronze.spark_table import ensure_bronze_table
+    from pgmedallion.bronze.spark_table import ensure_bronze_table
 
     for layer in ("bronze", "silver", "gold"):
         schema = getattr(cfg.lakehouse, f"{layer}_schema")
@@ -54,7 +54,7 @@ def ensure_schemas(spark: SparkSession, cfg: Config) -> None:
 def open_lakehouse(cfg: Config) -> SparkSession:
     """The session for commands that read the lakehouse (status, sql, verify): a bronze table
     that a capture without Spark created is put in the catalog first."""
-    from core.spark import get_spark
+    from pgmedallion.core.spark import get_spark
 
     spark = get_spark(cfg.state_dir)
     path = cfg.local_table_path("bronze", "bronze")
@@ -65,8 +65,8 @@ def open_lakehouse(cfg: Config) -> SparkSession:
 
 def run_capture(spark: SparkSession | None, cfg: Config, *, continuous: bool = False, **kwargs):
     """Capture into bronze; ``spark`` None: without Spark (see :func:`capture_needs_spark`).
-    ``kwargs``: the other fields of :class:`capture.options.CaptureOptions`."""
-    from capture.run import CaptureOptions, bronze_of, capture_once, capture_target
+    ``kwargs``: the other fields of :class:`pgmedallion.capture.options.CaptureOptions`."""
+    from pgmedallion.capture.run import CaptureOptions, bronze_of, capture_once, capture_target
 
     target = capture_target(cfg)
     options = CaptureOptions(
@@ -83,7 +83,7 @@ class SparkStarter:
     def __init__(self, state_dir) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from core.spark import get_spark
+        from pgmedallion.core.spark import get_spark
 
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="spark-start")
         self._session = self._pool.submit(get_spark, state_dir)
@@ -109,7 +109,7 @@ def run_stages(
     imported or started), and not on Databricks, where the bundle's pipeline runs them. Locally
     it first ends this process's Spark JVM (Derby admits one JVM per metastore, and the
     pipeline runs in a JVM of its own): a session passed in is unusable after it, and
-    ``core.spark.get_spark`` starts a new one."""
+    ``pgmedallion.core.spark.get_spark`` starts a new one."""
     result = RunResult()
     session: SparkSession | None = None if callable(spark) else spark
     ready = False
@@ -134,21 +134,21 @@ def run_stages(
             continue
         with show(stage) if show is not None else nullcontext(), _naming(stage):
             if stage == "capture":
-                from capture.run import capture_needs_spark
+                from pgmedallion.capture.run import capture_needs_spark
 
                 needs = session is not None or capture_needs_spark(cfg)
                 capture_spark = lakehouse() if needs else None
                 result.capture = run_capture(capture_spark, cfg, **capture_kwargs)
             elif stage == "silver":
-                from silver.build import run_silver
+                from pgmedallion.silver.build import run_silver
 
                 result.silver = run_silver(lakehouse(), cfg)
             elif stage == "gold":
-                from gold.build import run_gold
+                from pgmedallion.gold.build import run_gold
 
                 result.gold = run_gold(lakehouse(), cfg)
             else:
-                from marts.runner import run_marts, stop_local_spark
+                from pgmedallion.marts.runner import run_marts, stop_local_spark
 
                 if session is None and isinstance(spark, SparkStarter):
                     session = spark()  # started in the background: end it too
@@ -212,7 +212,7 @@ def request_resync(spark: SparkSession | None, cfg: Config, names: list[str]) ->
     snapshot on, and no other table is touched. Returns the qualified names. Raises
     :class:`NotCaptured`, having written nothing, when a name is not a captured table.
     ``spark`` None: bronze is read and written without Spark (as capture does)."""
-    from capture.run import bronze_of, capture_target
+    from pgmedallion.capture.run import bronze_of, capture_target
 
     if spark is not None:
         ensure_schemas(spark, cfg)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import psycopg
 
-from capture.connection import connect
-from core.config import Config
+from pgmedallion.capture.connection import connect
+from pgmedallion.core.config import Config
 
 
 def slot_lines(cfg: Config) -> tuple[list[str], bool]:

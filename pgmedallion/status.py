@@ -5,8 +5,8 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from capture.pgoutput import format_lsn
-from core.config import Config
+from pgmedallion.capture.pgoutput import format_lsn
+from pgmedallion.core.config import Config
 from pgmedallion.slot_status import slot_lines
 
 

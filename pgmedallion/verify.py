@@ -13,7 +13,7 @@
     multiplicities included); on a mismatch, sample rows from both sides of the difference.
 
 Both comparisons go through the same casts as silver (the source's COPY rows are decoded by
-``capture.copy_text``, the reference decoder that silver's Spark SQL decoding is tested
+``pgmedallion.capture.copy_text``, the reference decoder that silver's Spark SQL decoding is tested
 against), so verify proves capture, rewinds, consolidation and gold, not the cast mapping
 (which has its own tests). A source row that fails to cast shows up as a mismatch with the
 cast error beside it.
@@ -31,26 +31,26 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from capture.connection import connect
-from capture.copy_text import decode_copy_row
-from capture.pgoutput import format_lsn
-from capture.published import EVERYTHING, HASH, Shape, hash_copy_lines, published
-from capture.snapshot import (
+from pgmedallion.capture.connection import connect
+from pgmedallion.capture.copy_text import decode_copy_row
+from pgmedallion.capture.pgoutput import format_lsn
+from pgmedallion.capture.published import EVERYTHING, HASH, Shape, hash_copy_lines, published
+from pgmedallion.capture.snapshot import (
     copy_range,
     estimate_table_block_counts,
     exported_snapshot,
     use_snapshot,
     worker_ctid_ranges,
 )
-from core.config import Config
-from core.errors import PipelineError
-from core.naming import quote
-from core.spark import one_task_per_partition
+from pgmedallion.core.config import Config
+from pgmedallion.core.errors import PipelineError
+from pgmedallion.core.naming import quote
+from pgmedallion.core.spark import one_task_per_partition
 from pgmedallion.pipeline import run_stages, silver_state
-from silver.cast_columns import cast_values
-from silver.catalog import load_tables, table_exists
-from silver.contract import Names
-from silver.pgtypes import pg_type_of
+from pgmedallion.silver.cast_columns import cast_values
+from pgmedallion.silver.catalog import load_tables, table_exists
+from pgmedallion.silver.contract import Names
+from pgmedallion.silver.pgtypes import pg_type_of
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def source_rows_at_snapshot(
 ) -> tuple[int, DataFrame]:
     """(L, rows) of ``tables`` (oid -> column names) read at one new exported snapshot, as
     capture lands them: the publication's row filter applied, hashed columns hashed
-    (``capture.published``).
+    (``pgmedallion.capture.published``).
 
     The rows (``table_oid``, ``values`` as text) are staged with a local checkpoint before the
     snapshot is released.

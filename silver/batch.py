@@ -7,8 +7,8 @@ go through two jobs per :data:`core.packed.PARTS_PER_JOB` tables, and the rest o
 work is in the driver on a few rows:
 
     1. cast        one job: every table's changes cast by the plain expressions, packed
-                   (``core.packed``), collected as Arrow
-    2. resolve     in the driver: previous images (``silver.identity.resolve``, the same
+                   (``pgmedallion.core.packed``), collected as Arrow
+    2. resolve     in the driver: previous images (``pgmedallion.silver.identity.resolve``, the same
                    function the Spark path runs in a Python task) against the table's rows of
                    earlier runs, read and summed by delta-rs; then the rewinds
     3. consolidate one job: the rows sent back packed, summed per (table, row, LSN) by
@@ -18,7 +18,7 @@ work is in the driver on a few rows:
 
 What qualifies: a table with changes in the window and nothing else (no snapshot rows, no
 truncate), whose silver table exists in a local directory with at most
-``core.delta_rs.SMALL_TABLE_ROWS`` rows, whose window holds at most :data:`TABLE_ROWS`
+``pgmedallion.core.delta_rs.SMALL_TABLE_ROWS`` rows, whose window holds at most :data:`TABLE_ROWS`
 changes, and whose types all have plain casts. A table whose cast leaves a row unsettled (a
 value that does not cast, or needs the full cast) goes back to the per-table path, which
 writes what this path would and also records the errors; so does one whose silver columns are
@@ -36,16 +36,16 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from core import delta_rs, packed
-from core.failpoints import failpoint
-from core.naming import quote
-from core.parallel import concurrently
-from silver.cast_columns import UNSETTLED_COLUMN, plain_cast
-from silver.cast_rows import ROW_DIFF, ROW_LSN, cast_base, typed_columns
-from silver.changes import PLAIN, RETRACT
-from silver.contract import TableInfo
-from silver.errors import ErrorRecord
-from silver.identity import COLUMNS, KIND, ORDINAL, Change, hashable, resolve
+from pgmedallion.core import delta_rs, packed
+from pgmedallion.core.failpoints import failpoint
+from pgmedallion.core.naming import quote
+from pgmedallion.core.parallel import concurrently
+from pgmedallion.silver.cast_columns import UNSETTLED_COLUMN, plain_cast
+from pgmedallion.silver.cast_rows import ROW_DIFF, ROW_LSN, cast_base, typed_columns
+from pgmedallion.silver.changes import PLAIN, RETRACT
+from pgmedallion.silver.contract import TableInfo
+from pgmedallion.silver.errors import ErrorRecord
+from pgmedallion.silver.identity import COLUMNS, KIND, ORDINAL, Change, hashable, resolve
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ def _resolved(cand: Candidate, rows: pa.Table, run: int) -> tuple[pa.Table, list
 
 
 def _resolve(cand: Candidate, rows: pa.Table, names: list[str], run: int):
-    """:func:`silver.identity.resolve_previous_images` on the driver: whole rows for the
+    """:func:`pgmedallion.silver.identity.resolve_previous_images` on the driver: whole rows for the
     ``RETRACT`` and ``FILL`` changes above the snapshot LSN, the state before the run read from
     the table's rows of earlier runs."""
     keys = cand.keys

@@ -32,8 +32,8 @@ appended in a second commit of the run (``txnAppId = pgmedallion-silver-<source>
 their rewinds: the two commits hold different (row, LSN) pairs (see :func:`table_run`).
 
 The steps live in their own modules: :mod:`silver.plan` (windows), :mod:`silver.catalog`
-(tables, Relations, layouts), :mod:`silver.decode`, :mod:`silver.cast_rows`,
-:mod:`silver.rewind` and :mod:`silver.write`; this module runs them.
+(tables, Relations, layouts), :mod:`pgmedallion.silver.decode`, :mod:`pgmedallion.silver.cast_rows`,
+:mod:`pgmedallion.silver.rewind` and :mod:`pgmedallion.silver.write`; this module runs them.
 """
 
 from __future__ import annotations
@@ -46,21 +46,27 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from capture.pgoutput import decode, format_lsn
-from core import delta_rs
-from core.config import Config
-from core.parallel import concurrently
-from silver import batch, catalog
-from silver.cast_rows import ROW_DIFF, ROW_LSN, cast_diffs, cast_in_one_pass, data_columns
-from silver.catalog import load_tables
-from silver.changes import RETRACT
-from silver.contract import Names, SilverResult, TableInfo, ensure_silver_tables
-from silver.decode import TableDiffs, decoded_changes, table_diffs, wal_window
-from silver.errors import ErrorRecord, TableTruncated
-from silver.identity import resolve_previous_images
-from silver.plan import Plan, control_errors, control_records, last_frontier, plan_run
-from silver.rewind import consolidated, truncated, with_rewinds
-from silver.write import (
+from pgmedallion.capture.pgoutput import decode, format_lsn
+from pgmedallion.core import delta_rs
+from pgmedallion.core.config import Config
+from pgmedallion.core.parallel import concurrently
+from pgmedallion.silver import batch, catalog
+from pgmedallion.silver.cast_rows import (
+    ROW_DIFF,
+    ROW_LSN,
+    cast_diffs,
+    cast_in_one_pass,
+    data_columns,
+)
+from pgmedallion.silver.catalog import load_tables
+from pgmedallion.silver.changes import RETRACT
+from pgmedallion.silver.contract import Names, SilverResult, TableInfo, ensure_silver_tables
+from pgmedallion.silver.decode import TableDiffs, decoded_changes, table_diffs, wal_window
+from pgmedallion.silver.errors import ErrorRecord, TableTruncated
+from pgmedallion.silver.identity import resolve_previous_images
+from pgmedallion.silver.plan import Plan, control_errors, control_records, last_frontier, plan_run
+from pgmedallion.silver.rewind import consolidated, truncated, with_rewinds
+from pgmedallion.silver.write import (
     append_diffs,
     create_diff_table,
     diffs_app,

@@ -17,8 +17,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.utils import is_remote
 
-from core.naming import quote
-from silver.casts import (
+from pgmedallion.core.naming import quote
+from pgmedallion.silver.casts import (
     CAST_ERROR_TYPE,
     CAST_ERRORS_COLUMN,
     caster,
@@ -27,7 +27,7 @@ from silver.casts import (
     plain_value,
     type_label,
 )
-from silver.pgtypes import PgType, spark_type
+from pgmedallion.silver.pgtypes import PgType, spark_type
 
 
 def cast_values(df: DataFrame, values_col: str, columns: Sequence[tuple[str, PgType]]) -> DataFrame:

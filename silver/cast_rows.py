@@ -20,14 +20,14 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
-from silver.cast_columns import UNSETTLED_COLUMN, cast_values, plain_cast
-from silver.casts import CAST_ERRORS_COLUMN, adjustments
-from silver.contract import TableInfo
-from silver.copy_sql import PYTHON_CODE
-from silver.decode import TableDiffs
-from silver.errors import CastError, ErrorRecord
-from silver.identity import COLUMNS, KIND, ORDINAL
-from silver.pgtypes import PgType, pg_type_of
+from pgmedallion.silver.cast_columns import UNSETTLED_COLUMN, cast_values, plain_cast
+from pgmedallion.silver.casts import CAST_ERRORS_COLUMN, adjustments
+from pgmedallion.silver.contract import TableInfo
+from pgmedallion.silver.copy_sql import PYTHON_CODE
+from pgmedallion.silver.decode import TableDiffs
+from pgmedallion.silver.errors import CastError, ErrorRecord
+from pgmedallion.silver.identity import COLUMNS, KIND, ORDINAL
+from pgmedallion.silver.pgtypes import PgType, pg_type_of
 
 
 def typed_columns(info: TableInfo) -> list[tuple[str, PgType]]:

@@ -68,7 +68,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from silver.pgtypes import (
+from pgmedallion.silver.pgtypes import (
     BOOL,
     BYTEA,
     DATE,

@@ -15,14 +15,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from capture.pgoutput import MSG_RELATION, MSG_TRUNCATE, Relation, Truncate, decode
-from core.config import Config
-from silver.changes import LayoutIndex, TableColumn, plan_columns
-from silver.contract import Names, TableInfo
-from silver.decode import message_type
-from silver.errors import ErrorRecord, SchemaIncompatible
-from silver.pgtypes import pg_type_of, spark_type
-from silver.policies import with_policies
+from pgmedallion.capture.pgoutput import MSG_RELATION, MSG_TRUNCATE, Relation, Truncate, decode
+from pgmedallion.core.config import Config
+from pgmedallion.silver.changes import LayoutIndex, TableColumn, plan_columns
+from pgmedallion.silver.contract import Names, TableInfo
+from pgmedallion.silver.decode import message_type
+from pgmedallion.silver.errors import ErrorRecord, SchemaIncompatible
+from pgmedallion.silver.pgtypes import pg_type_of, spark_type
+from pgmedallion.silver.policies import with_policies
 
 Relations = dict[int, list[tuple[int, int, Relation]]]
 """relid -> ``(lsn, ordinal, Relation)``, every Relation message of the table silver read."""

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from capture.pgoutput import (
+from pgmedallion.capture.pgoutput import (
     OLD_TUPLE_FULL,
     UNCHANGED_TOAST,
     BinaryValue,
@@ -47,7 +47,7 @@ from capture.pgoutput import (
     Relation,
     Update,
 )
-from silver.errors import (
+from pgmedallion.silver.errors import (
     DefaultReplicaIdentity,
     InvalidValue,
     MissingToast,

@@ -14,9 +14,9 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from core.config import Config
-from core.naming import qualified
-from core.spark import create_table
+from pgmedallion.core.config import Config
+from pgmedallion.core.naming import qualified
+from pgmedallion.core.spark import create_table
 
 TABLES_DDL = (
     "source STRING NOT NULL, table_oid BIGINT NOT NULL, table_schema STRING, table_name STRING, "

@@ -13,7 +13,7 @@ Spark SQL (nearly every line)
     the same error record (``MissingColumn`` / ``ColumnCountMismatch``, message and raw line)
     as the Python decoder makes.
 
-Python (:func:`capture.copy_text.decode_copy_row`, in Arrow workers)
+Python (:func:`pgmedallion.capture.copy_text.decode_copy_row`, in Arrow workers)
     A payload that is not valid UTF-8 (all of it, so that errors keep their exact messages),
     and a line with an escape SQL does not resolve: octal ``\NNN`` or hex ``\xNN`` (bytes that
     may combine into one multibyte character), ``\.`` (an error), a backslash before a raw tab

@@ -17,20 +17,20 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from bronze.table import copy_lines
-from capture.copy_text import CopyDecodeError, decode_copy_row
-from capture.copy_text import InvalidCopyInput as CopyInputError
-from capture.pgoutput import (
+from pgmedallion.bronze.table import copy_lines
+from pgmedallion.capture.copy_text import CopyDecodeError, decode_copy_row
+from pgmedallion.capture.copy_text import InvalidCopyInput as CopyInputError
+from pgmedallion.capture.pgoutput import (
     MSG_COMMIT,
     MSG_DELETE,
     MSG_INSERT,
     MSG_UPDATE,
     decode,
 )
-from silver.changes import LayoutIndex, change_diffs
-from silver.contract import CHANGE_ARROW, CHANGE_SCHEMA, DIFF_ARROW, DIFF_SCHEMA
-from silver.copy_sql import copy_diffs, python_diffs
-from silver.errors import InvalidCopyInput, SilverError
+from pgmedallion.silver.changes import LayoutIndex, change_diffs
+from pgmedallion.silver.contract import CHANGE_ARROW, CHANGE_SCHEMA, DIFF_ARROW, DIFF_SCHEMA
+from pgmedallion.silver.copy_sql import copy_diffs, python_diffs
+from pgmedallion.silver.errors import InvalidCopyInput, SilverError
 
 
 def message_type(message: bytes) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.errors import DefiniteError
+from pgmedallion.core.errors import DefiniteError
 
 
 class SilverError(DefiniteError):

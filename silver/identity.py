@@ -45,9 +45,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from core.naming import quote
-from silver.changes import FILL, PLAIN, RETRACT
-from silver.errors import MissingToast, UnknownPreviousRow
+from pgmedallion.core.naming import quote
+from pgmedallion.silver.changes import FILL, PLAIN, RETRACT
+from pgmedallion.silver.errors import MissingToast, UnknownPreviousRow
 
 
 @dataclass(frozen=True)

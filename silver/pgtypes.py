@@ -90,7 +90,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from core.config import parse_type_override
+from pgmedallion.core.config import parse_type_override
 
 # --- PostgreSQL type oids (pg_type, stable since they are built in) -----------------------------
 
@@ -220,7 +220,7 @@ _OVERRIDES = {
 
 def override_type(text: str) -> DataType | None:
     """The Spark type a configured override names (see
-    :func:`core.config.parse_type_override`), or None."""
+    :func:`pgmedallion.core.config.parse_type_override`), or None."""
     parsed = parse_type_override(text)
     if parsed is None:
         return None

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from bronze.spark_table import bronze_frontier
-from core.config import Config
-from core.errors import PipelineError
-from silver.contract import Names
-from silver.errors import ErrorRecord
-from silver.write import append
+from pgmedallion.bronze.spark_table import bronze_frontier
+from pgmedallion.core.config import Config
+from pgmedallion.core.errors import PipelineError
+from pgmedallion.silver.contract import Names
+from pgmedallion.silver.errors import ErrorRecord
+from pgmedallion.silver.write import append
 
 log = logging.getLogger(__name__)
 

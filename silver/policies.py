@@ -13,15 +13,15 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from core.config import ConfigError, TablePolicy
-from silver.pgtypes import override_problem, pg_type_of
+from pgmedallion.core.config import ConfigError, TablePolicy
+from pgmedallion.silver.pgtypes import override_problem, pg_type_of
 
 
 def column_policy_problems(
     table: str, policy: TablePolicy, columns: Mapping[str, Any]
 ) -> list[str]:
     """What is wrong with ``table``'s column policies, given its columns (name -> anything
-    :func:`silver.casts.pg_type_of` reads); each problem names its configuration key."""
+    :func:`pgmedallion.silver.casts.pg_type_of` reads); each problem names its configuration key."""
     problems = []
     for name, column_policy in policy.columns.items():
         key = f'[tables."{table}".columns] {name}'

@@ -14,11 +14,11 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from core import delta_rs
-from core.failpoints import failpoint
-from core.spark import create_table
-from silver.contract import Names, TableInfo
-from silver.errors import ErrorRecord
+from pgmedallion.core import delta_rs
+from pgmedallion.core.failpoints import failpoint
+from pgmedallion.core.spark import create_table
+from pgmedallion.silver.contract import Names, TableInfo
+from pgmedallion.silver.errors import ErrorRecord
 
 UNSETTLED_APP_SUFFIX = "-late"
 """The ``txnAppId`` suffix of a table's append of its unsettled rows. The text is the one runs

@@ -23,14 +23,22 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import peak_rss_kib
-from bronze.table import copy_lines
-from capture.copy_text import decode_copy_row
-from capture.pgoutput import UNCHANGED_TOAST, Commit, Delete, Insert, Relation, Update, decode
+from pgmedallion.bronze.table import copy_lines
+from pgmedallion.capture.copy_text import decode_copy_row
+from pgmedallion.capture.pgoutput import (
+    UNCHANGED_TOAST,
+    Commit,
+    Delete,
+    Insert,
+    Relation,
+    Update,
+    decode,
+)
 
 
 def main(spec_path: str) -> int:
-    from capture.errors import PipelineError
-    from capture.run import (
+    from pgmedallion.capture.errors import PipelineError
+    from pgmedallion.capture.run import (
         CaptureOptions,
         CaptureTarget,
         RetryPolicy,

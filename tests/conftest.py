@@ -109,7 +109,7 @@ def _drop_db(server: LocalPostgres, name: str) -> None:
 @pytest.fixture(scope="session")
 def spark():
     """The one SparkSession of the test run (local, Delta, Hive catalog under the test state)."""
-    from core.spark import get_spark
+    from pgmedallion.core.spark import get_spark
 
     session = get_spark(STATE / "spark")
     yield session

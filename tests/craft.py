@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from core.config import Config
-from core.naming import COLUMN_MAPPING  # noqa: E402
+from pgmedallion.core.config import Config
+from pgmedallion.core.naming import COLUMN_MAPPING  # noqa: E402
 
 TABLES_SCHEMA = T.StructType(
     [

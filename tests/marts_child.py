@@ -15,10 +15,10 @@ import sys
 from datetime import datetime
 from decimal import Decimal
 
-from core.config import Config, LakehouseConfig, SourceConfig
-from core.spark import get_spark
-from marts.runner import MartsError
+from pgmedallion.core.config import Config, LakehouseConfig, SourceConfig
+from pgmedallion.core.spark import get_spark
 from pgmedallion.demo import DEMO_MARTS
+from pgmedallion.marts.runner import MartsError
 from pgmedallion.pipeline import run_stages
 
 ORDERS = "id long, customer_id long, status string, placed_at timestamp, total decimal(14,2)"

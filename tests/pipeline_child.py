@@ -24,7 +24,7 @@ import os
 import sys
 from pathlib import Path
 
-from core.failpoints import ENV
+from pgmedallion.core.failpoints import ENV
 
 
 def emit(**fields) -> None:
@@ -32,8 +32,8 @@ def emit(**fields) -> None:
 
 
 def main(spec_path: str) -> int:
-    from capture.run import RetryPolicy, StreamLimits
-    from core.spark import get_spark
+    from pgmedallion.capture.run import RetryPolicy, StreamLimits
+    from pgmedallion.core.spark import get_spark
     from pgmedallion.pipeline import run_stages
     from pgmedallion.verify import verify
     from tests.workload import make_config

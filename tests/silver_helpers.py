@@ -7,9 +7,9 @@ from collections.abc import Iterable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from capture.copy_text import DELIMITER, NULL_MARKER
-from silver import decode
-from silver.copy_sql import PYTHON_CODE, python_diffs
+from pgmedallion.capture.copy_text import DELIMITER, NULL_MARKER
+from pgmedallion.silver import decode
+from pgmedallion.silver.copy_sql import PYTHON_CODE, python_diffs
 
 
 def snapshot_diffs(

@@ -18,9 +18,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from capture.errors import PipelineError
-from capture.run import RetryPolicy
-from core.config import ConfigError, load_config
+from pgmedallion.capture.errors import PipelineError
+from pgmedallion.capture.run import RetryPolicy
+from pgmedallion.core.config import ConfigError, load_config
 from pgmedallion.pipeline import run_stages
 from pgmedallion.verify import verify
 from tests.workload import assert_exact, drop_schemas, make_config

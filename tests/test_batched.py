@@ -6,7 +6,7 @@ key-less table with duplicates under FULL, floating-point values with NaN and -0
 of them, a text key that changes) take the batched path: gold's first (full) builds and both
 stages' increments (silver runs the table with a float array alone: that type has no plain
 cast); ``verify`` is exact after every run. Then the driver's MERGE operations are checked
-against Spark's own (``gold.state.merge_operations``) on the cases that matter: upserts,
+against Spark's own (``pgmedallion.gold.state.merge_operations``) on the cases that matter: upserts,
 deletes, keys with several rows on either side, NULL keys.
 """
 
@@ -19,8 +19,8 @@ import psycopg
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
-from gold.batch import _Item, _operations
-from gold.state import INSERT, LSN, MULT, OLD_GOLD, OP, TO_GOLD, merge_operations
+from pgmedallion.gold.batch import _Item, _operations
+from pgmedallion.gold.state import INSERT, LSN, MULT, OLD_GOLD, OP, TO_GOLD, merge_operations
 from pgmedallion.pipeline import run_stages
 from pgmedallion.verify import verify
 from tests.workload import assert_exact, drop_schemas, make_config
@@ -84,8 +84,8 @@ def test_incremental_runs_of_small_tables_are_batched_and_exact(spark, db, caplo
                 for t in ("accounts", "readings", "labels", "lines")
             }
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="silver.batch"):
-            with caplog.at_level(logging.INFO, logger="gold.batch"):
+        with caplog.at_level(logging.INFO, logger="pgmedallion.silver.batch"):
+            with caplog.at_level(logging.INFO, logger="pgmedallion.gold.batch"):
                 run_stages(spark, cfg)
         # The first run: gold's full builds batched, silver's snapshots table by table. Then
         # increments; readings' float8[] has no plain cast: silver runs it alone.
@@ -100,7 +100,7 @@ def _item(rows, affected, key):
 
     import pyarrow as pa
 
-    from gold.batch import _norm
+    from pgmedallion.gold.batch import _norm
 
     names = ["k", "v"]
     t = SimpleNamespace(names=names, key=key, keyed=key != names)

@@ -16,7 +16,7 @@ import pytest
 from benchmarks import BENCHMARKS, load
 from benchmarks.__main__ import main
 from benchmarks.common import BenchEnv, MemoryResult, Peak, Result, Timing, execute, module_parser
-from bronze.spark_table import copy_row_counts
+from pgmedallion.bronze.spark_table import copy_row_counts
 
 RESULT_LINE = re.compile(
     r"^(\w+): pgmedallion [\d.]+ \S+.*, (.+?) [\d.]+ \S+.*, "

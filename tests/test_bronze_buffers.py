@@ -12,9 +12,9 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
-from bronze.spark_table import copy_row_counts, sealed_dataframe
-from bronze.table import ARROW_SCHEMA, RecordBuffer, WalBuffer, copy_lines
-from core.spark import one_task_per_partition
+from pgmedallion.bronze.spark_table import copy_row_counts, sealed_dataframe
+from pgmedallion.bronze.table import ARROW_SCHEMA, RecordBuffer, WalBuffer, copy_lines
+from pgmedallion.core.spark import one_task_per_partition
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,13 +9,13 @@ import psycopg
 import pytest
 from pyspark.sql import functions as F
 
-from bronze.spark_table import copy_row_counts
-from bronze.table import copy_lines
-from capture.connection import connect_replication
-from capture.copy_text import decode_copy_row
-from capture.pgoutput import Delete, Insert, Update, decode
-from capture.run import CaptureOptions, CaptureTarget, bronze_of, capture_once
-from capture.slot import ensure_slot, slot_state
+from pgmedallion.bronze.spark_table import copy_row_counts
+from pgmedallion.bronze.table import copy_lines
+from pgmedallion.capture.connection import connect_replication
+from pgmedallion.capture.copy_text import decode_copy_row
+from pgmedallion.capture.pgoutput import Delete, Insert, Update, decode
+from pgmedallion.capture.run import CaptureOptions, CaptureTarget, bronze_of, capture_once
+from pgmedallion.capture.slot import ensure_slot, slot_state
 from tests.capture_child import complete_transactions, replay
 
 HOSTILE_SCHEMA = 'Sales "EU"'

@@ -13,10 +13,15 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
-from bronze.spark_table import SparkBronze, SparkWriter, ensure_bronze_table, local_table_path
-from bronze.store import DeltaRsBronze, open_bronze
-from bronze.table import ARROW_SCHEMA, RecordBuffer, WalBuffer, app_id, json_payload
-from bronze.writer import WRITER_ENV, DeltaRsWriter, write_data_file
+from pgmedallion.bronze.spark_table import (
+    SparkBronze,
+    SparkWriter,
+    ensure_bronze_table,
+    local_table_path,
+)
+from pgmedallion.bronze.store import DeltaRsBronze, open_bronze
+from pgmedallion.bronze.table import ARROW_SCHEMA, RecordBuffer, WalBuffer, app_id, json_payload
+from pgmedallion.bronze.writer import WRITER_ENV, DeltaRsWriter, write_data_file
 
 SOURCE = "wsrc"
 

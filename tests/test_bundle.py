@@ -35,10 +35,10 @@ import yaml
 from databricks.bundles.jobs import Job, JobRunAs
 from databricks.bundles.pipelines import Pipeline
 
-from core.config import LakehouseConfig, SourceConfig, load_config
-from core.spark import JVM_OPTIONS, spark_settings
-from marts import GOLD_SCHEMA_KEY
 from pgmedallion.cli import build_parser
+from pgmedallion.core.config import LakehouseConfig, SourceConfig, load_config
+from pgmedallion.core.spark import JVM_OPTIONS, spark_settings
+from pgmedallion.marts import GOLD_SCHEMA_KEY
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE_FILE = ROOT / "databricks.yml"
@@ -672,9 +672,15 @@ def test_marts_pipeline_is_a_valid_pipeline_over_gold(bundle, target):
     assert parsed.name == "pgmedallion_marts"
     assert (parsed.catalog, parsed.schema) == (values["catalog"], values["marts_schema"])
     assert parsed.configuration == {GOLD_SCHEMA_KEY: values["gold_schema"]}
-    # The definitions import core.expectations and marts.*: the synced bundle is the root.
     assert parsed.root_path == Resolver(bundle, target).value_of("workspace.file_path")
     assert library_problems(pipeline, MARTS_FILE) == []
+    # The definitions import pgmedallion.core.expectations and pgmedallion.marts.*: the
+    # pipeline installs the wheel the bundle builds, as the job's tasks do.
+    assert parsed.environment is not None
+    (dependency,) = parsed.environment.dependencies
+    as_task = {"task_key": "marts", "libraries": [{"whl": dependency}]}
+    as_job = {"resources": {"jobs": {"pipeline": {"tasks": [as_task]}}}}
+    assert wheel_path_problems({**config, **as_job}, {"pipeline": MARTS_FILE}) == []
 
 
 def test_marts_pipeline_lists_every_demo_mart():

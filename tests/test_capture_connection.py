@@ -5,8 +5,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from capture.connection import SESSION_SETTINGS, connect, connect_replication, redact
-from capture.errors import (
+from pgmedallion.capture.connection import SESSION_SETTINGS, connect, connect_replication, redact
+from pgmedallion.capture.errors import (
     DefiniteError,
     PublicationDropped,
     SlotInUse,
@@ -17,10 +17,10 @@ from capture.errors import (
     classify,
     server_errors,
 )
-from capture.pgoutput import Insert, decode
-from capture.replication import WalMessage, start_replication
-from capture.slot import current_wal_lsn, ensure_slot
-from capture.snapshot import WHOLE_TABLE, copy_range, exported_snapshot
+from pgmedallion.capture.pgoutput import Insert, decode
+from pgmedallion.capture.replication import WalMessage, start_replication
+from pgmedallion.capture.slot import current_wal_lsn, ensure_slot
+from pgmedallion.capture.snapshot import WHOLE_TABLE, copy_range, exported_snapshot
 
 # A caller's own options are kept, but cannot change how values print.
 HOSTILE_OPTIONS = "-c application_name=pgm_test -c TimeZone=Asia/Kolkata -c DateStyle=SQL,DMY"

@@ -27,7 +27,7 @@ import psycopg
 import pytest
 from pyspark.sql import functions as F
 
-from core.failpoints import ENV as FAILPOINTS_ENV
+from pgmedallion.core.failpoints import ENV as FAILPOINTS_ENV
 from tests.capture_child import complete_transactions, replay
 
 pytestmark = pytest.mark.slow

@@ -19,9 +19,9 @@ import psycopg
 import pytest
 from pyspark.sql import functions as F
 
-from bronze.spark_table import copy_row_counts
-from capture.connection import connect_replication
-from capture.slot import ensure_slot
+from pgmedallion.bronze.spark_table import copy_row_counts
+from pgmedallion.capture.connection import connect_replication
+from pgmedallion.capture.slot import ensure_slot
 
 pytestmark = pytest.mark.slow
 

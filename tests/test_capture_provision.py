@@ -6,8 +6,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from capture.preflight import CheckResult, TableFacts
-from capture.provision import (
+from pgmedallion.capture.preflight import CheckResult, TableFacts
+from pgmedallion.capture.provision import (
     all_ok,
     format_report,
     free_slots_result,
@@ -16,7 +16,7 @@ from capture.provision import (
     server_version_result,
     wal_level_result,
 )
-from capture.replica_identity import check_replica_identity, identity_advice
+from pgmedallion.capture.replica_identity import check_replica_identity, identity_advice
 
 PASSWORD = "x-doctor-secret-7f3a"
 """Distinctive, so "not in any message" means something (a bare 'x' is in many words)."""
@@ -446,8 +446,8 @@ def test_full_is_never_advised_where_postgresql_18_would_reject_updates():
 
 
 def test_column_policies_are_checked_against_the_catalog(db):
-    from core.config import ColumnPolicy, TablePolicy
     from pgmedallion.checks import check_column_policies
+    from pgmedallion.core.config import ColumnPolicy, TablePolicy
     from tests.workload import make_config
 
     execute(db, "CREATE TABLE ledger (id int PRIMARY KEY, ratio numeric, memo text)")

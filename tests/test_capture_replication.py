@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from capture.connection import connect, connect_replication
-from capture.errors import (
+from pgmedallion.capture.connection import connect, connect_replication
+from pgmedallion.capture.errors import (
     PublicationDropped,
     SlotCompacted,
     SlotInUse,
@@ -20,8 +20,8 @@ from capture.errors import (
     TimelineChanged,
     TransientError,
 )
-from capture.pgoutput import Begin, Commit, Delete, Insert, Truncate, Update, decode
-from capture.replication import (
+from pgmedallion.capture.pgoutput import Begin, Commit, Delete, Insert, Truncate, Update, decode
+from pgmedallion.capture.replication import (
     Keepalive,
     WalMessage,
     XLogData,
@@ -29,7 +29,7 @@ from capture.replication import (
     standby_status,
     start_replication,
 )
-from capture.slot import (
+from pgmedallion.capture.slot import (
     check_resume_point,
     check_system,
     current_wal_lsn,
@@ -38,7 +38,7 @@ from capture.slot import (
     release_slot,
     slot_state,
 )
-from capture.snapshot import publication_tables
+from pgmedallion.capture.snapshot import publication_tables
 
 
 def slot_for(conninfo) -> str:

@@ -10,12 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from psycopg import sql
 
-from capture.connection import connect, connect_replication
-from capture.errors import TableDropped, TransientError
-from capture.pgoutput import Delete, decode
-from capture.replication import WalMessage, start_replication
-from capture.slot import current_wal_lsn, ensure_slot
-from capture.snapshot import (
+from pgmedallion.capture.connection import connect, connect_replication
+from pgmedallion.capture.errors import TableDropped, TransientError
+from pgmedallion.capture.pgoutput import Delete, decode
+from pgmedallion.capture.replication import WalMessage, start_replication
+from pgmedallion.capture.slot import current_wal_lsn, ensure_slot
+from pgmedallion.capture.snapshot import (
     WHOLE_TABLE,
     copy_range,
     estimate_table_block_counts,

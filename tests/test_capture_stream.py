@@ -14,11 +14,11 @@ import psycopg
 import pytest
 from pyspark.sql import functions as F
 
-from bronze.spark_table import capture_error_from_spark, write_batch
-from bronze.table import ARROW_SCHEMA, RecordBuffer, json_payload
-from bronze.writer import WRITER_ENV
-from capture.connection import connect_replication
-from capture.errors import (
+from pgmedallion.bronze.spark_table import capture_error_from_spark, write_batch
+from pgmedallion.bronze.table import ARROW_SCHEMA, RecordBuffer, json_payload
+from pgmedallion.bronze.writer import WRITER_ENV
+from pgmedallion.capture.connection import connect_replication
+from pgmedallion.capture.errors import (
     PublicationDropped,
     SlotInUse,
     SlotMissing,
@@ -26,8 +26,8 @@ from capture.errors import (
     TimelineChanged,
     TransientError,
 )
-from capture.pgoutput import Insert, decode
-from capture.progress import (
+from pgmedallion.capture.pgoutput import Insert, decode
+from pgmedallion.capture.progress import (
     CopyProgressMonitor,
     TableSize,
     copy_application_name,
@@ -35,8 +35,8 @@ from capture.progress import (
     parse_copy_application_name,
     table_progress,
 )
-from capture.replication import status_interval
-from capture.run import (
+from pgmedallion.capture.replication import status_interval
+from pgmedallion.capture.run import (
     CaptureOptions,
     CaptureTarget,
     RetryPolicy,
@@ -45,8 +45,8 @@ from capture.run import (
     capture_once,
     land_snapshot,
 )
-from capture.slot import identify_system, slot_state
-from capture.snapshot import PublishedTable
+from pgmedallion.capture.slot import identify_system, slot_state
+from pgmedallion.capture.snapshot import PublishedTable
 from tests.capture_child import replay
 
 QUICK_RETRY = RetryPolicy(attempts=6, initial_delay_s=0.2, max_delay_s=1.0)
@@ -200,7 +200,7 @@ def test_continuous_capture_picks_up_commits_and_stops_cleanly(spark, source):
 
 def test_walsender_terminated_and_server_restart_are_retried(spark, source, pg, caplog):
     target = _target(spark, source, "retried")
-    caplog.set_level(logging.WARNING, logger="capture.run")
+    caplog.set_level(logging.WARNING, logger="pgmedallion.capture.run")
     patient = RetryPolicy(attempts=10, initial_delay_s=0.2, max_delay_s=2.0)
     run = Background(spark, target, limits=QUICK_LIMITS, retry=patient)
     try:
@@ -452,13 +452,12 @@ def test_pure_parts():
     trace = (
         "PythonException: An exception was thrown from the Python worker.\n"
         "psycopg.errors.LockNotAvailable: could not obtain lock\n"
-        "capture.errors.SlotInUse: replication slot 's' is active\n"
+        "pgmedallion.capture.errors.SlotInUse: replication slot 's' is active\n"
     )
     error = capture_error_from_spark(RuntimeError(trace))
     assert isinstance(error, SlotInUse) and isinstance(error, TransientError)
     assert str(error) == "replication slot 's' is active"
-    assert capture_error_from_spark(RuntimeError("capture.errors.Nope: x")) is None
-    assert isinstance(
-        capture_error_from_spark(RuntimeError("capture.errors.TableDropped: t")), TableDropped
-    )
+    assert capture_error_from_spark(RuntimeError("pgmedallion.capture.errors.Nope: x")) is None
+    dropped = capture_error_from_spark(RuntimeError("pgmedallion.capture.errors.TableDropped: t"))
+    assert isinstance(dropped, TableDropped)
     assert len(ARROW_SCHEMA) == 14

@@ -34,13 +34,13 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from capture.connection import connect
-from capture.copy_text import decode_copy_row
-from capture.snapshot import Column, table_schema_at_snapshot
-from silver.cast_columns import UNSETTLED_COLUMN as SUSPECT_COLUMN
-from silver.cast_columns import cast_values, plain_cast
-from silver.casts import CAST_ERRORS_COLUMN, adjustments
-from silver.pgtypes import (
+from pgmedallion.capture.connection import connect
+from pgmedallion.capture.copy_text import decode_copy_row
+from pgmedallion.capture.snapshot import Column, table_schema_at_snapshot
+from pgmedallion.silver.cast_columns import UNSETTLED_COLUMN as SUSPECT_COLUMN
+from pgmedallion.silver.cast_columns import cast_values, plain_cast
+from pgmedallion.silver.casts import CAST_ERRORS_COLUMN, adjustments
+from pgmedallion.silver.pgtypes import (
     ARRAY_ELEMENT,
     INTERVAL_TYPE,
     NON_COMMA_DELIMITED,

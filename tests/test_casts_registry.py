@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-from silver.cast_columns import UNSETTLED_COLUMN, cast_values, plain_cast
-from silver.casts import CASTS, type_cast
-from silver.pgtypes import INTERVAL, NUMERIC, TEXT, PgType
+from pgmedallion.silver.cast_columns import UNSETTLED_COLUMN, cast_values, plain_cast
+from pgmedallion.silver.casts import CASTS, type_cast
+from pgmedallion.silver.pgtypes import INTERVAL, NUMERIC, TEXT, PgType
 
 TEXT_ARRAY = 1009
 

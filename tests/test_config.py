@@ -6,7 +6,13 @@ from dataclasses import replace
 
 import pytest
 
-from core.config import ColumnPolicy, ConfigError, SourceConfig, TablePolicy, load_config
+from pgmedallion.core.config import (
+    ColumnPolicy,
+    ConfigError,
+    SourceConfig,
+    TablePolicy,
+    load_config,
+)
 
 
 def _write(tmp_path, text: str):

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
-from silver.contract import DIFF_SCHEMA
-from silver.copy_sql import HARD_LINE, HARD_PAYLOAD, PYTHON_CODE, python_diffs
-from silver.decode import decode_copy as _decode_copy
-from silver.decode import python_copy as _python_copy
+from pgmedallion.silver.contract import DIFF_SCHEMA
+from pgmedallion.silver.copy_sql import HARD_LINE, HARD_PAYLOAD, PYTHON_CODE, python_diffs
+from pgmedallion.silver.decode import decode_copy as _decode_copy
+from pgmedallion.silver.decode import python_copy as _python_copy
 from tests.silver_helpers import encode_copy_row, snapshot_diffs
 
 RECORDS = "table_oid bigint, lsn bigint, payload binary"

@@ -10,10 +10,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from capture import copy_stream
-from capture.connection import connect
-from capture.errors import TransientError
-from capture.snapshot import (
+from pgmedallion.capture import copy_stream
+from pgmedallion.capture.connection import connect
+from pgmedallion.capture.errors import TransientError
+from pgmedallion.capture.snapshot import (
     copy_range,
     copy_range_chunks,
     estimate_table_block_counts,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from capture.copy_text import (
+from pgmedallion.capture.copy_text import (
     ColumnCountMismatch,
     CopyDecodeError,
     InvalidCopyInput,

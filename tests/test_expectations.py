@@ -9,8 +9,7 @@ from chispa import assert_df_equality
 from pyspark.errors import PySparkException
 from pyspark.sql import Row
 
-import gold.reports
-from core.expectations import (
+from pgmedallion.core.expectations import (
     DROP,
     FAIL,
     QUALITY_SCHEMA,
@@ -28,6 +27,7 @@ from core.expectations import (
     quality_rows,
     rules_of,
 )
+from pgmedallion.gold import reports as gold_reports
 
 SCHEMA = "id long, qty long"
 
@@ -97,7 +97,7 @@ def test_decorators_stack_rules_in_order():
 
 def test_quality_counts_become_rows_of_the_shared_quality_format(spark, rows):
     """A dataset's counts land in the columns of gold's ``_quality`` (one format for both)."""
-    assert gold.reports.QUALITY_SCHEMA is QUALITY_SCHEMA
+    assert gold_reports.QUALITY_SCHEMA is QUALITY_SCHEMA
     rules = [Expectation("qty_positive", "qty > 0", WARN), Expectation("id", "id > 0", FAIL)]
     at = datetime(2026, 1, 2, 3, 4, 5)
     got = quality_rows(quality_counts(rows, "t", rules), run=7, source="shop", checked_at=at)

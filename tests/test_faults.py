@@ -25,17 +25,17 @@ import pytest
 from psycopg import sql
 from pyspark.sql import functions as F
 
-from capture.errors import (
+from pgmedallion.capture.errors import (
     PublicationDropped,
     SlotCompacted,
     SlotInvalidated,
     SlotMissing,
     TransientError,
 )
-from capture.run import RetryPolicy, StreamLimits
-from core.config import TablePolicy
-from gold.build import run_gold
-from gold.quality import GoldQualityError
+from pgmedallion.capture.run import RetryPolicy, StreamLimits
+from pgmedallion.core.config import TablePolicy
+from pgmedallion.gold.build import run_gold
+from pgmedallion.gold.quality import GoldQualityError
 from pgmedallion.localpg import LocalPostgres
 from pgmedallion.pipeline import run_capture, run_stages
 from pgmedallion.verify import verify

@@ -8,8 +8,8 @@ import psycopg
 import pytest
 
 from pgmedallion.pipeline import run_stages
+from pgmedallion.silver.catalog import load_tables
 from pgmedallion.verify import verify
-from silver.catalog import load_tables
 from tests.workload import assert_exact, drop_schemas, make_config
 
 SCHEMA = """

@@ -11,11 +11,11 @@ import re
 from chispa import assert_df_equality
 from pyspark.sql import types as T
 
-from core.config import Config, LakehouseConfig, SourceConfig, TablePolicy
-from gold.build import run_gold
-from gold.history import ErrorSummary as NoErrors
-from gold.history import applied_state, read_tables
-from gold.table import build_table
+from pgmedallion.core.config import Config, LakehouseConfig, SourceConfig, TablePolicy
+from pgmedallion.gold.build import run_gold
+from pgmedallion.gold.history import ErrorSummary as NoErrors
+from pgmedallion.gold.history import applied_state, read_tables
+from pgmedallion.gold.table import build_table
 from tests.craft import CraftedTable, SilverCrafter
 
 CUSTOMERS = T.StructType(
@@ -285,7 +285,7 @@ def test_key_filter_passes_every_touched_key_and_few_others(spark):
 
     from pyspark.sql import functions as F
 
-    from gold.pruning import key_filter
+    from pgmedallion.gold.pruning import key_filter
 
     schema = "a BIGINT, b DOUBLE"
     special = [(None, 1.0), (1, None), (None, None), (2, 0.0), (3, float("nan"))]

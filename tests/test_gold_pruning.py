@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gold.history import Reported, SourceTable
-from gold.pruning import untouched
+from pgmedallion.gold.history import Reported, SourceTable
+from pgmedallion.gold.pruning import untouched
 
 ORDERS = SourceTable("shop", 16503, "public", "orders", "public__orders", ("id",), ())
 

@@ -10,9 +10,9 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from gold.build import run_gold
-from gold.ge_suite import validate_gold
-from gold.quality import GoldQualityError
+from pgmedallion.gold.build import run_gold
+from pgmedallion.gold.ge_suite import validate_gold
+from pgmedallion.gold.quality import GoldQualityError
 from tests.craft import CraftedTable, SilverCrafter
 from tests.test_gold import assert_gold, frontier_rows, make_cfg
 

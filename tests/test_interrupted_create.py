@@ -14,7 +14,7 @@ import shutil
 import pytest
 from pyspark.errors import AnalysisException
 
-from core.spark import create_table
+from pgmedallion.core.spark import create_table
 
 
 def _schema_dir(spark, schema: str) -> str:

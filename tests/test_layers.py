@@ -1,8 +1,10 @@
 """The layer order the README draws, held by the code's imports (no Spark, no PostgreSQL).
 
 core <- bronze <- capture <- silver <- gold <- marts <- pgmedallion: a module imports only from
-its own package and the packages before it, so no cycle can form between packages. Imports
-sit at module top, except where a module states why below.
+its own layer and the layers before it, so no cycle can form between layers. Each layer is a
+folder of the repository installed as a subpackage of the one import package (``capture/`` is
+``pgmedallion.capture``); the folder ``pgmedallion/`` is the top layer (CLI, pipeline).
+Imports sit at module top, except where a module states why below.
 """
 
 from __future__ import annotations
@@ -26,6 +28,20 @@ LAZY_IMPORTS = {
 }
 
 
+def _layer(module: str) -> str | None:
+    """The layer a module name belongs to (None: not this project)."""
+    parts = module.split(".")
+    if parts[0] != "pgmedallion":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS[:-1] else "pgmedallion"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+    return ".".join(parts if parts[0] == "pgmedallion" else ["pgmedallion", *parts])
+
+
 def _modules() -> list[Path]:
     return sorted(p for layer in LAYERS for p in (ROOT / layer).rglob("*.py"))
 
@@ -43,7 +59,7 @@ def _imports(path: Path) -> list[tuple[str, bool, int]]:
             else:
                 names = []
             for name in names:
-                if name.split(".")[0] in LAYERS:
+                if _layer(name) is not None:
                     found.append((name, nested, child.lineno))
             inner = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             walk(child, nested or inner)
@@ -64,8 +80,7 @@ def test_a_layer_imports_only_itself_and_the_layers_before_it(layer):
     wrong = []
     for path in sorted((ROOT / layer).rglob("*.py")):
         for name, _, line in _imports(path):
-            target = name.split(".")[0]
-            if LAYERS.index(target) > rank:
+            if LAYERS.index(_layer(name)) > rank:
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
     assert wrong == []
 
@@ -85,8 +100,7 @@ def test_project_imports_sit_at_module_top_unless_a_reason_is_stated():
 def test_no_cycle_among_modules_imported_at_module_top():
     graph: dict[str, set[str]] = {}
     for path in _modules():
-        rel = path.relative_to(ROOT).with_suffix("")
-        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        module = _module_name(path)
         graph[module] = {name for name, nested, _ in _imports(path) if not nested}
     for module in graph:
         graph[module] = {n if n in graph else n.rsplit(".", 1)[0] for n in graph[module]}
@@ -112,5 +126,12 @@ def test_no_cycle_among_modules_imported_at_module_top():
 def test_the_checker_sees_a_wrong_import(tmp_path):
     """The checks above are not vacuous: an upward import and a nested one are found."""
     bad = tmp_path / "bad.py"
-    bad.write_text("import gold.build\n\ndef f():\n    from silver.build import run_silver\n")
-    assert _imports(bad) == [("gold.build", False, 1), ("silver.build", True, 4)]
+    bad.write_text(
+        "import pgmedallion.gold.build\n\ndef f():\n    from pgmedallion.silver.build import run\n"
+    )
+    assert _imports(bad) == [
+        ("pgmedallion.gold.build", False, 1),
+        ("pgmedallion.silver.build", True, 4),
+    ]
+    assert [_layer(name) for name, _, _ in _imports(bad)] == ["gold", "silver"]
+    assert _layer("pgmedallion.cli") == "pgmedallion" and _layer("pyspark.sql") is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from capture.pgoutput import Begin, Commit, Insert, Relation, decode
+from pgmedallion.capture.pgoutput import Begin, Commit, Insert, Relation, decode
 from pgmedallion.localpg import LocalPostgres
 
 

@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 from chispa import assert_df_equality
 
-from marts.demo.logic import daily_revenue, order_status
+from pgmedallion.marts.demo.logic import daily_revenue, order_status
 
 ORDERS = "id long, customer_id long, status string, placed_at timestamp, total decimal(14,2)"
 

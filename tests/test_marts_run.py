@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from core.config import load_config
+from pgmedallion.core.config import load_config
 from tests.conftest import STATE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +44,7 @@ def test_a_run_without_marts_imports_and_starts_nothing_for_them():
         "def no_spark():\n"
         "    raise AssertionError('Spark was asked for')\n"
         "result = run_stages(no_spark, Config(), ('marts',))\n"
-        "print(result.stages, result.marts, 'marts.runner' in sys.modules)\n"
+        "print(result.stages, result.marts, 'pgmedallion.marts.runner' in sys.modules)\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=_child_env(), capture_output=True, text=True

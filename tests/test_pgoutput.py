@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from capture.pgoutput import (
+from pgmedallion.capture.pgoutput import (
     TRUNCATE_CASCADE,
     TRUNCATE_RESTART_IDENTITY,
     UNCHANGED_TOAST,
@@ -33,7 +33,7 @@ from capture.pgoutput import (
     format_lsn,
     parse_lsn,
 )
-from capture.pgoutput import (
+from pgmedallion.capture.pgoutput import (
     encode as encode_message,
 )
 

@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 from chispa import assert_df_equality
 
-from capture.errors import PolicyNotApplicable
-from capture.pgoutput import Insert, Relation, RelationColumn, Update, decode, encode
-from capture.provision import run_checks
-from capture.published import (
+from pgmedallion.capture.errors import PolicyNotApplicable
+from pgmedallion.capture.pgoutput import Insert, Relation, RelationColumn, Update, decode, encode
+from pgmedallion.capture.provision import run_checks
+from pgmedallion.capture.published import (
     EVERYTHING,
     Published,
     StreamPolicies,
@@ -28,8 +28,8 @@ from capture.published import (
     hash_copy_lines,
     keyed_hash,
 )
-from core.config import ColumnPolicy, TablePolicy
 from pgmedallion.checks import check_column_policies
+from pgmedallion.core.config import ColumnPolicy, TablePolicy
 from pgmedallion.pipeline import run_stages
 from pgmedallion.verify import verify
 from tests.workload import assert_exact, drop_schemas, make_config
@@ -308,7 +308,7 @@ def test_snapshot_and_stream_hash_one_value_alike():
 
 
 def test_hash_without_a_key_is_a_clear_error(monkeypatch):
-    from core.config import ConfigError, SourceConfig
+    from pgmedallion.core.config import ConfigError, SourceConfig
 
     monkeypatch.delenv("PGMEDALLION_HASH_KEY", raising=False)
     with pytest.raises(ConfigError, match="PGMEDALLION_HASH_KEY"):

@@ -9,12 +9,12 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from capture.pgoutput import UNCHANGED_TOAST, Delete, Update, decode
+from pgmedallion.capture.pgoutput import UNCHANGED_TOAST, Delete, Update, decode
 from pgmedallion.pipeline import run_stages
+from pgmedallion.silver.build import run_silver
+from pgmedallion.silver.changes import FILL, PLAIN, RETRACT
+from pgmedallion.silver.identity import Change, Resolved, Unresolved, resolve
 from pgmedallion.verify import verify
-from silver.build import run_silver
-from silver.changes import FILL, PLAIN, RETRACT
-from silver.identity import Change, Resolved, Unresolved, resolve
 from tests.workload import assert_exact, drop_schemas, make_config
 
 KEY = (0,)
@@ -214,7 +214,7 @@ def test_a_crash_between_silver_commits_resolves_the_same_way(spark, db, monkeyp
             if len(appends) == 2:
                 raise Crash(name)
 
-    monkeypatch.setattr("silver.write.failpoint", crash_on_second)
+    monkeypatch.setattr("pgmedallion.silver.write.failpoint", crash_on_second)
     with pytest.raises(Crash):
         run_silver(spark, cfg)
     monkeypatch.undo()

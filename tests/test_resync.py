@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from chispa import assert_df_equality
 
-from core.config import ColumnPolicy, TablePolicy
+from pgmedallion.core.config import ColumnPolicy, TablePolicy
 from pgmedallion.pipeline import NotCaptured, request_resync, run_stages
 from pgmedallion.verify import verify
 from tests.workload import assert_exact, drop_schemas, make_config

@@ -9,8 +9,8 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import Row
 
-from core.expectations import QUALITY_SCHEMA
-from marts.runner import run_pipeline
+from pgmedallion.core.expectations import QUALITY_SCHEMA
+from pgmedallion.marts.runner import run_pipeline
 from tests.conftest import STATE
 
 TINY = Path(__file__).parent / "pipelines" / "tiny"

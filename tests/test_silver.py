@@ -10,13 +10,13 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
-from capture.connection import connect_replication
-from capture.slot import ensure_slot
-from core.config import Config, LakehouseConfig, SourceConfig, TablePolicy
+from pgmedallion.capture.connection import connect_replication
+from pgmedallion.capture.slot import ensure_slot
+from pgmedallion.core.config import Config, LakehouseConfig, SourceConfig, TablePolicy
 from pgmedallion.pipeline import run_stages, silver_state
+from pgmedallion.silver.build import run_silver
+from pgmedallion.silver.catalog import load_tables
 from pgmedallion.verify import verify
-from silver.build import run_silver
-from silver.catalog import load_tables
 
 SHOP = """
 CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');

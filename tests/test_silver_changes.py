@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from capture.pgoutput import UNCHANGED_TOAST, Delete, Insert, Relation, RelationColumn, Update
-from silver.changes import (
+from pgmedallion.capture.pgoutput import (
+    UNCHANGED_TOAST,
+    Delete,
+    Insert,
+    Relation,
+    RelationColumn,
+    Update,
+)
+from pgmedallion.silver.changes import (
     FILL,
     RETRACT,
     Diff,
@@ -15,7 +22,7 @@ from silver.changes import (
     change_diffs,
     plan_columns,
 )
-from silver.errors import SilverError
+from pgmedallion.silver.errors import SilverError
 
 BASE = [TableColumn("id", 23, -1), TableColumn("body", 25, -1)]
 
@@ -142,7 +149,7 @@ def _numeric(precision: int, scale: int) -> int:
 
 
 def test_a_type_modifier_that_changes_the_spark_type_is_incompatible():
-    from silver.pgtypes import PgType, spark_type
+    from pgmedallion.silver.pgtypes import PgType, spark_type
 
     def target(col: TableColumn):
         return spark_type(PgType(col.type_oid, col.typmod))

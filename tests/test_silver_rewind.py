@@ -5,7 +5,7 @@ from __future__ import annotations
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
-from silver.rewind import consolidated, rewinds, truncated, with_rewinds
+from pgmedallion.silver.rewind import consolidated, rewinds, truncated, with_rewinds
 
 ROWS = "id int, v string, lsn bigint, diff bigint"
 

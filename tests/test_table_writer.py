@@ -1,6 +1,6 @@
 """Silver's appends and gold's MERGEs through delta-rs, and through Spark when told so.
 
-Local tables are written by delta-rs (``core.delta_rs``), everything else by Spark; both
+Local tables are written by delta-rs (``pgmedallion.core.delta_rs``), everything else by Spark; both
 engines must give the same tables. A run over a schema with the types and names people use
 (quoted names, NULL keys of a key-less table, numerics, time zones, arrays, JSON, bytes)
 ends with ``verify`` exact either way, and the tables' own histories say which engine wrote.
@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from pyspark.sql import functions as F
 
-from core.delta_rs import ENGINE_ENV
+from pgmedallion.core.delta_rs import ENGINE_ENV
 from pgmedallion.pipeline import run_stages
 from pgmedallion.verify import verify
 from tests.workload import assert_exact, drop_schemas, make_config
@@ -90,7 +90,7 @@ def test_a_read_through_delta_rs_equals_sparks_read(spark):
     matches nothing (PySpark cannot take an Arrow table of no chunks with a timestamp)."""
     from chispa import assert_df_equality
 
-    from core import delta_rs
+    from pgmedallion.core import delta_rs
 
     spark.sql("DROP SCHEMA IF EXISTS writer_read CASCADE")
     spark.sql("CREATE SCHEMA writer_read")

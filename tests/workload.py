@@ -54,7 +54,7 @@ from decimal import Context, Decimal, localcontext
 import psycopg
 from psycopg.types.json import Jsonb
 
-from core.config import Config, LakehouseConfig, SourceConfig
+from pgmedallion.core.config import Config, LakehouseConfig, SourceConfig
 
 ENUM_LABELS = ("calm", "busy", "on fire", "ünïcødé", "Quoted'Label")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from marts import GOLD_SCHEMA_KEY
+from pgmedallion.marts import GOLD_SCHEMA_KEY
 
 
 def gold_table(spark: SparkSession, name: str) -> DataFrame:

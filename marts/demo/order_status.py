@@ -1,7 +1,7 @@
 """Orders per status, from gold's orders."""
 
-from core.expectations import expect, expect_or_fail, materialized_view
-from marts.demo import logic
+from pgmedallion.core.expectations import expect, expect_or_fail, materialized_view
+from pgmedallion.marts.demo import logic
 
 
 @materialized_view(name="order_status")

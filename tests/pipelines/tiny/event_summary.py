@@ -2,7 +2,7 @@
 
 from pyspark.sql import functions as F
 
-from core.expectations import expect, expect_or_drop, materialized_view
+from pgmedallion.core.expectations import expect, expect_or_drop, materialized_view
 
 
 @materialized_view(name="event_summary")

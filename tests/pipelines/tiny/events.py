@@ -1,6 +1,6 @@
 """A streaming table fed incrementally from a Delta table outside the pipeline."""
 
-from core.expectations import table
+from pgmedallion.core.expectations import table
 
 
 @table(name="events")
