@@ -66,7 +66,7 @@ def _batched(caplog) -> list[tuple[str, int, int]]:
     for record in caplog.records:
         m = re.search(r"(\d+) tables batched, (\d+) per table", record.getMessage())
         if m:
-            found.append((record.name.split(".")[0], int(m[1]), int(m[2])))
+            found.append((record.name.split(".")[1], int(m[1]), int(m[2])))
     return found
 
 
