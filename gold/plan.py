@@ -14,7 +14,9 @@ from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.gold.history import Applied, ErrorSummary, SourceTable
 from pgmedallion.gold.quality import VALUES_ADJUSTED, QualityRecord, row_rules
-from pgmedallion.gold.state import DIFF, LSN, METADATA, SILVER_RUN, c
+from pgmedallion.gold.state import c
+from pgmedallion.silver.contract import DIFF, LSN, METADATA
+from pgmedallion.silver.contract import RUN as SILVER_RUN
 
 
 @dataclass

@@ -14,7 +14,7 @@ from pgmedallion.core.naming import quote
 from pgmedallion.gold.history import Applied
 from pgmedallion.gold.plan import Table
 from pgmedallion.gold.pruning import small
-from pgmedallion.gold.state import LSN, MULT, OP, RULES, SILVER_RUN, TO_GOLD, c
+from pgmedallion.gold.state import LSN, MULT, OP, RULES, TO_GOLD, c
 from pgmedallion.gold.table_io import (
     create_table,
     key_match,
@@ -24,6 +24,7 @@ from pgmedallion.gold.table_io import (
     table_exists,
     tagged_commit,
 )
+from pgmedallion.silver.contract import RUN as SILVER_RUN
 
 
 def quarantine_rows(t: Table, checked: DataFrame) -> DataFrame:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -20,7 +20,7 @@ from pgmedallion.core.spark import create_table
 from pgmedallion.gold.history import SAMPLE_ROWS, ErrorSummary
 from pgmedallion.gold.plan import TableOutcome
 from pgmedallion.gold.quality import QualityRecord, Rule
-from pgmedallion.gold.state import MULT, RULES, TO_GOLD, c
+from pgmedallion.gold.state import RULES, TO_GOLD, c, tallies
 
 FRONTIER_SCHEMA = T.StructType(
     [
@@ -54,32 +54,38 @@ def count_rules(
 ) -> tuple[list[QualityRecord], int, int]:
     """Failed and passed row counts per rule, with up to five failing rows as JSON; how many
     rows stay out of gold, and how many rows gold gets."""
-    to_gold = F.when(F.col(TO_GOLD) & (F.col(MULT) > 0), F.col(MULT)).otherwise(0)
-    aggs = [
-        F.count(F.lit(1)).alias("n"),
-        F.count_if(~F.col(TO_GOLD)).alias("held"),
-        F.sum(to_gold).alias("gold"),
-    ]
-    for i, rule in enumerate(rules):
-        aggs.append(F.count_if(F.array_contains(F.col(RULES), rule.name)).alias(f"f{i}"))
-    counts = checked.agg(*aggs).collect()[0]
+    (counts,) = tallies(checked, [r.name for r in rules]).collect()
+    payload = F.to_json(F.struct(*[c(n) for n in checked.columns if n not in (RULES, TO_GOLD)]))
+    return rule_records(counts.asDict(), rules, table, policy, checked, payload)
+
+
+def rule_records(
+    counts: dict,
+    rules: Sequence[Rule],
+    table: str,
+    policy: str,
+    checked: DataFrame,
+    sample: Column,
+) -> tuple[list[QualityRecord], int, int]:
+    """The quality records of one table from its ``tallies`` row (``_f<i>``: the rows failing
+    ``rules[i]``); the samples of a failed rule are read from ``checked`` (up to five rows'
+    ``sample``, a row as JSON). Then how many rows stay out of gold, and how many gold gets."""
     records = []
-    payload = [c(n) for n in checked.columns if n not in (RULES, TO_GOLD)]
     for i, rule in enumerate(rules):
-        failed = int(counts[f"f{i}"])
+        failed = int(counts[f"_f{i}"])
         sample = "[]"
         if failed:
             rows = (
                 checked.filter(F.array_contains(F.col(RULES), rule.name))
-                .select(F.to_json(F.struct(*payload)).alias("j"))
+                .select(sample.alias("j"))
                 .limit(SAMPLE_ROWS)
                 .collect()
             )
             sample = "[" + ",".join(r["j"] for r in rows) + "]"
         records.append(
-            QualityRecord(table, rule.name, policy, failed, int(counts["n"]) - failed, sample)
+            QualityRecord(table, rule.name, policy, failed, int(counts["_n"]) - failed, sample)
         )
-    return records, int(counts["held"]), int(counts["gold"] or 0)
+    return records, int(counts["_held"]), int(counts["_gold"] or 0)
 
 
 def ensure_report_tables(spark: SparkSession, cfg: Config) -> None:

@@ -30,12 +30,11 @@ from pyspark.sql import types as T
 
 from pgmedallion.core.naming import quote
 from pgmedallion.gold.quality import Rule
+from pgmedallion.silver.contract import DIFF, LSN
 
-LSN, DIFF, SILVER_RUN = "_lsn", "_diff", "_run"
 MULT, RULES, TO_GOLD, OP = "_multiplicity", "_rules", "_to_gold", "_op"
-OLD_GOLD = "_old_gold"
+OLD_GOLD, KEY_ROWS = "_old_gold", "_key_rows"
 UPSERT, DELETE, INSERT = "upsert", "delete", "insert"
-METADATA = (LSN, DIFF, SILVER_RUN)
 
 
 def c(name: str, alias: str | None = None) -> Column:
@@ -77,27 +76,60 @@ def null_safe_join(
 
 
 def with_key_rows(state: DataFrame, key: Sequence[str]) -> DataFrame:
-    """Adds ``_key_rows``: how many copies (positive multiplicity) the row's key has."""
+    """Adds ``_key_rows``: how many copies (positive multiplicity) the row's key has. Without
+    a key, the row is its own key (the state has one row per distinct value)."""
     if not key:
-        return state.withColumn("_key_rows", F.greatest(F.col(MULT), F.lit(0)))
+        return state.withColumn(KEY_ROWS, F.greatest(F.col(MULT), F.lit(0)))
     by_key = state.groupBy(*[c(k) for k in key]).agg(
-        F.sum(F.greatest(F.col(MULT), F.lit(0))).alias("_key_rows")
+        F.sum(F.greatest(F.col(MULT), F.lit(0))).alias(KEY_ROWS)
     )
     return null_safe_join(state, by_key, key, "left")
 
 
 def check(state: DataFrame, rules: Sequence[Rule], key: Sequence[str], policy: str) -> DataFrame:
-    """Adds ``_rules`` (names of the rules the row fails) and ``_to_gold``.
+    """Adds ``_rules`` (names of the rules the row fails) and ``_to_gold`` (``judge``), the
+    rules seeing ``_key_rows`` (``with_key_rows``)."""
+    return judge(with_key_rows(state, key), rules, policy).drop(KEY_ROWS)
+
+
+def judge(keyed: DataFrame, rules: Sequence[Rule], policy: str) -> DataFrame:
+    """Adds ``_rules`` and ``_to_gold`` to consolidated rows with ``_key_rows``.
 
     A row goes to gold unless it fails a rule under ``quarantine``. A negative multiplicity
     can never be rows of gold: under every policy such a row stays out of gold (in quarantine),
     where the next run finds it as part of the key's old state.
     """
-    checked = with_key_rows(state, key).withColumn(RULES, failed_rules(rules))
+    checked = keyed.withColumn(RULES, failed_rules(rules))
     held = F.col(MULT) < 0
     if policy == "quarantine":
         held = held | (F.size(F.col(RULES)) > 0)
-    return checked.withColumn(TO_GOLD, ~held).drop("_key_rows")
+    return checked.withColumn(TO_GOLD, ~held)
+
+
+def old_state(gold: DataFrame, keys: DataFrame, key: Sequence[str], columns: Sequence[str]):
+    """Gold's rows of the touched ``keys`` as diffs: ``(columns, _lsn, _diff = 1)``."""
+    old = null_safe_join(gold, keys, key, "left_semi")
+    return old.select(*[c(n) for n in columns], LSN, F.lit(1).cast("bigint").alias(DIFF))
+
+
+def affected_keys(keys: DataFrame, old: DataFrame, key: Sequence[str]) -> DataFrame:
+    """Every touched key with ``_old_gold``: how many rows gold has for it (``old_state``)."""
+    counts = old.groupBy(*[c(k) for k in key]).agg(F.count(F.lit(1)).alias(OLD_GOLD))
+    return null_safe_join(keys, counts, key, "left").fillna(0, [OLD_GOLD])
+
+
+def tallies(checked: DataFrame, rule_names: Sequence[str], by: Sequence[str] = ()) -> DataFrame:
+    """Per group of ``by`` (one row without): ``_n`` rows, ``_held`` rows kept out of gold,
+    ``_gold`` rows gold gets, and per rule (in order) ``_f<i>``, the rows failing it."""
+    to_gold = F.when(F.col(TO_GOLD) & (F.col(MULT) > 0), F.col(MULT)).otherwise(0)
+    aggs = [
+        F.count(F.lit(1)).alias("_n"),
+        F.count_if(~F.col(TO_GOLD)).alias("_held"),
+        F.coalesce(F.sum(to_gold), F.lit(0)).cast("bigint").alias("_gold"),
+    ]
+    for i, name in enumerate(rule_names):
+        aggs.append(F.count_if(F.array_contains(F.col(RULES), name)).alias(f"_f{i}"))
+    return checked.groupBy(*[c(n) for n in by]).agg(*aggs)
 
 
 def failed_rules(rules: Sequence[Rule]) -> Column:

@@ -26,14 +26,15 @@ from pgmedallion.gold.state import (
     DIFF,
     LSN,
     MULT,
-    OLD_GOLD,
     TO_GOLD,
+    affected_keys,
     c,
     check,
     consolidate,
     expand,
     merge_operations,
     null_safe_join,
+    old_state,
 )
 from pgmedallion.gold.table_io import (
     create_table,
@@ -234,12 +235,9 @@ def incremental_state(t: Table, applied: Applied) -> tuple[DataFrame, DataFrame,
         keys = updates.select(*[c(k) for k in t.key]).distinct().localCheckpoint()
         t.range_pred, t.range_pred_target, t.touched = key_ranges(t, keys)
         gold = spark.table(t.gold).filter(t.range_pred)
-    old_gold = null_safe_join(gold, small(t, keys), t.key, "left_semi")
-    old_gold = old_gold.select(*[c(n) for n in t.names], LSN, F.lit(1).cast("bigint").alias(DIFF))
-    old_gold = old_gold.localCheckpoint()
+    old_gold = old_state(gold, small(t, keys), t.key, t.names).localCheckpoint()
     old_rows = old_gold.count()
-    counts = old_gold.groupBy(*[c(k) for k in t.key]).agg(F.count(F.lit(1)).alias(OLD_GOLD))
-    affected = null_safe_join(keys, counts, t.key, "left").fillna(0, [OLD_GOLD])
+    affected = affected_keys(keys, old_gold, t.key)
     parts = [updates, old_gold]
     quarantine_old = 0
     if applied.quarantine_version is not None:

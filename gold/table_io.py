@@ -24,7 +24,8 @@ from pgmedallion.core.spark import create_table as create_managed
 from pgmedallion.gold.history import TAG
 from pgmedallion.gold.plan import Table
 from pgmedallion.gold.pruning import small
-from pgmedallion.gold.state import DELETE, INSERT, LSN, MULT, OP, RULES, SILVER_RUN, UPSERT, c
+from pgmedallion.gold.state import DELETE, INSERT, LSN, MULT, OP, RULES, UPSERT, c
+from pgmedallion.silver.contract import RUN as SILVER_RUN
 
 log = logging.getLogger(__name__)
 

@@ -43,9 +43,10 @@ from pgmedallion.core.parallel import concurrently
 from pgmedallion.silver.cast_columns import UNSETTLED_COLUMN, plain_cast
 from pgmedallion.silver.cast_rows import ROW_DIFF, ROW_LSN, cast_base, typed_columns
 from pgmedallion.silver.changes import PLAIN, RETRACT
-from pgmedallion.silver.contract import TableInfo
+from pgmedallion.silver.contract import DIFF, LSN, RUN, TableInfo
 from pgmedallion.silver.errors import ErrorRecord
 from pgmedallion.silver.identity import COLUMNS, KIND, ORDINAL, Change, hashable, resolve
+from pgmedallion.silver.rewind import consolidated, with_rewinds
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +57,8 @@ COMMIT_WORKERS = 4
 """delta-rs reads and commits at once (they release the GIL)."""
 
 _CAST_SHARED = (ROW_LSN, ROW_DIFF, ORDINAL, KIND, COLUMNS, UNSETTLED_COLUMN)
-_SUM_SHARED = ("_lsn", "_diff")
-_SUM_SCHEMA = T.StructType(
-    [T.StructField("_lsn", T.LongType()), T.StructField("_diff", T.LongType())]
-)
+_SUM_SHARED = (LSN, DIFF, RUN)
+_SUM_SCHEMA = T.StructType([T.StructField(LSN, T.LongType()), T.StructField(DIFF, T.LongType())])
 
 
 @dataclass
@@ -140,17 +139,22 @@ def run_batched(
             [schemas[i] for i in group],
             _SUM_SCHEMA,
         )
-        grouped = (
-            frame.groupBy(packed.PART, *packed.packed_columns(len(group)), "_lsn")
-            .agg(F.sum("_diff").alias("_diff"))
-            .where(F.col("_diff") != 0)
-        )
+        # The rewinds and the consolidation are silver.rewind's, applied to the packed
+        # frame: each part's snapshot LSN, and each part grouped by its own columns.
+        data = [F.col(packed.PART), *[F.col(s) for s in packed.packed_columns(len(group))]]
+        snapshots = [(n, ready[i][0].info.snapshot_lsn) for n, i in enumerate(group)]
+        snapshot_lsn = None
+        for n, lsn in snapshots:
+            if lsn is not None:
+                base = F if snapshot_lsn is None else snapshot_lsn
+                snapshot_lsn = base.when(F.col(packed.PART) == n, F.lit(lsn).cast("bigint"))
+        rows = with_rewinds(frame, frame, data, LSN, DIFF, snapshot_lsn)
+        grouped = consolidated(rows, data, run)
         summed += packed.unpack(grouped.coalesce(2).toArrow(), len(group), _SUM_SHARED)
 
     def commit(i: int) -> tuple[int, Outcome | None]:
         cand, _ = ready[i]
         rows = summed[i]
-        rows = rows.append_column("_run", pa.array([run] * rows.num_rows, pa.int64()))
         table = delta_rs.open_table(cand.path)
         if not delta_rs.conforms(table, rows.column_names):
             return cand.info.oid, None
@@ -177,8 +181,9 @@ def _data_schema(df: DataFrame, cand: Candidate) -> T.StructType:
 
 
 def _resolved(cand: Candidate, rows: pa.Table, run: int) -> tuple[pa.Table, list[ErrorRecord]]:
-    """A table's cast rows -> its rows with previous images resolved and rewinds added
-    (``data..., _lsn, _diff``, not yet consolidated), and the changes that did not resolve."""
+    """A table's cast rows -> its rows with previous images resolved (``data..., _lsn,
+    _diff``; the rewinds and the consolidation come after, packed), and the changes that did
+    not resolve."""
     info = cand.info
     names = [c["name"] for c in info.columns]
     data = rows.select(names)
@@ -191,19 +196,6 @@ def _resolved(cand: Candidate, rows: pa.Table, run: int) -> tuple[pa.Table, list
     else:
         out, unresolved = _resolve(cand, rows, names, run)
         errors = [ErrorRecord(info.oid, e.lsn, e.code, e.message) for e in unresolved]
-    if info.snapshot_lsn is not None:  # rewinds: changes in (0, S] again at 0, negated
-        lsn = out.column("_lsn")
-        back = out.filter(pc.and_(pc.greater(lsn, 0), pc.less_equal(lsn, info.snapshot_lsn)))
-        if back.num_rows:
-            back = back.set_column(
-                back.schema.get_field_index("_lsn"),
-                "_lsn",
-                pa.array([0] * back.num_rows, pa.int64()),
-            )
-            back = back.set_column(
-                back.schema.get_field_index("_diff"), "_diff", pc.negate(back.column("_diff"))
-            )
-            out = pa.concat_tables([out, back])
     return out, errors
 
 

@@ -18,6 +18,12 @@ from pgmedallion.core.config import Config
 from pgmedallion.core.naming import qualified
 from pgmedallion.core.spark import create_table
 
+LSN, DIFF, RUN = "_lsn", "_diff", "_run"
+"""The columns silver adds to each table's own: the change's commit LSN (0: the snapshot), its
+multiplicity (+1 a row in, -1 a row out; consolidated per row and LSN), and the silver run that
+wrote it. Gold and the pipeline read them by these names."""
+METADATA = (LSN, DIFF, RUN)
+
 TABLES_DDL = (
     "source STRING NOT NULL, table_oid BIGINT NOT NULL, table_schema STRING, table_name STRING, "
     "silver_table STRING NOT NULL, snapshot_lsn BIGINT, primary_key ARRAY<STRING>, "

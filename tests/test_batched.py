@@ -1,13 +1,12 @@
 """The batched paths of silver and gold (``silver.batch``, ``gold.batch``): many small tables of
-one run in a few Spark jobs, the per-table work in the driver.
+one run packed into a few Spark jobs, by the same rules the per-table paths apply.
 
 End to end: tables as people write them (REPLICA IDENTITY DEFAULT with a primary key, a
 key-less table with duplicates under FULL, floating-point values with NaN and -0.0 and arrays
 of them, a text key that changes) take the batched path: gold's first (full) builds and both
 stages' increments (silver runs the table with a float array alone: that type has no plain
-cast); ``verify`` is exact after every run. Then the driver's MERGE operations are checked
-against Spark's own (``pgmedallion.gold.state.merge_operations``) on the cases that matter: upserts,
-deletes, keys with several rows on either side, NULL keys.
+cast); ``verify`` is exact after every run. ``test_gold_rules`` holds the packed and the
+per-table application of gold's rules equal to a plain reference on random diffs.
 """
 
 from __future__ import annotations
@@ -16,11 +15,7 @@ import logging
 import re
 
 import psycopg
-from chispa import assert_df_equality
-from pyspark.sql import functions as F
 
-from pgmedallion.gold.batch import _Item, _operations
-from pgmedallion.gold.state import INSERT, LSN, MULT, OLD_GOLD, OP, TO_GOLD, merge_operations
 from pgmedallion.pipeline import run_stages
 from pgmedallion.verify import verify
 from tests.workload import assert_exact, drop_schemas, make_config
@@ -92,68 +87,3 @@ def test_incremental_runs_of_small_tables_are_batched_and_exact(spark, db, caplo
         expected = [("gold", 4, 0)] + ([("silver", 3, 1)] if step else [])
         assert sorted(_batched(caplog)) == expected, caplog.text
         assert_exact(verify(spark, cfg), counts)
-
-
-def _item(rows, affected, key):
-    """A gold batch item over columns ``k``, ``v`` with the given state and old counts."""
-    from types import SimpleNamespace
-
-    import pyarrow as pa
-
-    from pgmedallion.gold.batch import _norm
-
-    names = ["k", "v"]
-    t = SimpleNamespace(names=names, key=key, keyed=key != names)
-    item = _Item(t, None)
-    item.state = rows
-    item.affected = {tuple(_norm(v) for v in kv): (kv, old) for kv, old in affected}
-    item.arrow = pa.schema(
-        [pa.field("k", pa.string()), pa.field("v", pa.float64()), pa.field(LSN, pa.int64())]
-    )
-    return item
-
-
-def test_driver_merge_operations_equal_sparks(spark):
-    """Upsert, update, delete, a key gone to two rows and one back to one, a NULL key, and a
-    key-less table's copies: the same MERGE source rows as ``merge_operations``."""
-    cases = [
-        (
-            ["k"],
-            [  # (values, multiplicity, lsn) of the new state
-                (["a", 1.0], 1, 10),  # update in place
-                (["b", 2.0], 1, 11),  # insert
-                (["d", 4.0], 2, 12),  # two rows now (duplicates kept under warn)
-                (["e", 5.0], 1, 13),  # was two rows
-                ([None, 6.0], 1, 14),  # a NULL key
-                (["f", 7.0], -1, 15),  # a negative multiplicity: never to gold
-            ],
-            [(["a"], 1), (["b"], 0), (["c"], 1), (["d"], 1), (["e"], 2), ([None], 1), (["f"], 0)],
-        ),
-        (
-            ["k", "v"],
-            [(["x", 1.0], 3, 20), (["y", float("nan")], 1, 21)],
-            [(["x", 1.0], 1), (["y", float("nan")], 0), (["z", 0.0], 2)],
-        ),
-    ]
-    for key, state, affected in cases:
-        item = _item(state, affected, key)
-        to_gold = [(v, m, lsn) for v, m, lsn in state if m > 0]
-        ours = spark.createDataFrame(_operations(item, to_gold))
-        checked = spark.createDataFrame(
-            [(v[0], v[1], m, lsn, m > 0) for v, m, lsn in state],
-            f"k string, v double, {MULT} long, {LSN} long, {TO_GOLD} boolean",
-        )
-        old = spark.createDataFrame(
-            [(*kv, n) for kv, n in affected],
-            ", ".join([f"{k} {'string' if k == 'k' else 'double'}" for k in key])
-            + f", {OLD_GOLD} long",
-        )
-        theirs = merge_operations(checked, old, key, ["k", "v"])
-        assert_df_equality(
-            ours.select("k", "v", LSN, OP),
-            theirs.select("k", "v", LSN, OP),
-            ignore_row_order=True,
-            ignore_nullable=True,
-            allow_nan_equality=True,
-        )
-        assert ours.where(F.col(OP) == INSERT).count() == theirs.where(F.col(OP) == INSERT).count()
