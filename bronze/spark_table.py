@@ -2,7 +2,7 @@
 
 Silver reads bronze with Spark always; capture uses this module only where delta-rs cannot
 commit (see :mod:`bronze.store`): on Databricks, where bronze is not a local directory, or
-when ``PGMEDALLION_BRONZE_WRITER=spark``. There a snapshot is one Spark job of one task per
+when ``[lakehouse] engine = "spark"``. There a snapshot is one Spark job of one task per
 ctid range.
 """
 

@@ -18,7 +18,7 @@ test_bronze_writer.py`` holds them equal on one table written by both engines.
 ``SparkBronze`` (:mod:`pgmedallion.bronze.spark_table`)
     On Databricks (a Unity Catalog managed table is written through the catalog), wherever
     bronze is not a local directory, when the table needs a protocol delta-rs does not write,
-    and when ``PGMEDALLION_BRONZE_WRITER=spark`` asks for it. The snapshot is one Spark job of
+    and when ``[lakehouse] engine = "spark"`` asks for it. The snapshot is one Spark job of
     one task per ctid range.
 
 :func:`open_bronze` picks one. The capture process imports pyspark only for the Spark one.
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -50,13 +49,13 @@ from pgmedallion.bronze.table import (
     json_payload,
 )
 from pgmedallion.bronze.writer import (
-    WRITER_ENV,
     BatchWriter,
     DataFile,
     DeltaRsWriter,
     write_data_file,
 )
 from pgmedallion.core.config import on_databricks
+from pgmedallion.core.engine import ENGINES, current
 from pgmedallion.core.failpoints import failpoint
 
 if TYPE_CHECKING:  # only the Spark implementation needs pyspark
@@ -422,10 +421,11 @@ def create_local_bronze(path: str) -> None:
     log.info("created bronze table at %s", path)
 
 
-def writer_choice() -> str:
-    choice = os.environ.get(WRITER_ENV, "auto")
-    if choice not in ("auto", "delta-rs", "spark"):
-        raise ValueError(f"{WRITER_ENV} must be auto, delta-rs or spark, not {choice!r}")
+def writer_choice(choice: str | None = None) -> str:
+    """``choice`` (default: the process's ``[lakehouse] engine``), checked."""
+    choice = current().engine if choice is None else choice
+    if choice not in ENGINES:
+        raise ValueError(f"[lakehouse] engine must be auto, delta-rs or spark, not {choice!r}")
     return choice
 
 
@@ -446,16 +446,22 @@ def delta_rs_unusable(path: str | None) -> str | None:
 
 
 def open_bronze(
-    table: str, source: str, *, path: str | None = None, spark: SparkSession | None = None
+    table: str,
+    source: str,
+    *,
+    path: str | None = None,
+    spark: SparkSession | None = None,
+    engine: str | None = None,
 ) -> Bronze:
     """Bronze for capture: delta-rs where it can write (see the module docstring), else Spark.
 
     ``path``: bronze's local directory when the caller knows it without Spark (the configured
     state directory's warehouse); with ``spark``, the table is created through the catalog if
     it does not exist and its location asked of Spark. Without ``spark`` nothing here starts a
-    JVM, and bronze must be a local directory.
+    JVM, and bronze must be a local directory. ``engine``: ``[lakehouse] engine`` (default:
+    the process's, ``pgmedallion.core.engine``).
     """
-    choice = writer_choice()
+    choice = writer_choice(engine)
     if choice == "spark" or (choice == "auto" and on_databricks()):
         return _spark_bronze(spark, table, source, path)
     if spark is not None:
@@ -471,7 +477,7 @@ def open_bronze(
             pa.set_memory_pool(pa.system_memory_pool())
         return DeltaRsBronze(str(path), table, source)
     if choice == "delta-rs":
-        raise ValueError(f"{WRITER_ENV}=delta-rs, but {reason}")
+        raise ValueError(f"[lakehouse] engine is delta-rs, but {reason}")
     log.info("bronze is committed through Spark: %s", reason)
     return _spark_bronze(spark, table, source, path)
 

@@ -48,10 +48,6 @@ from pgmedallion.bronze.table import ARROW_SCHEMA, STATS_COLUMNS, SealedBatch
 
 log = logging.getLogger(__name__)
 
-WRITER_ENV = "PGMEDALLION_BRONZE_WRITER"
-"""``auto`` (the default), ``delta-rs`` (fail if it cannot) or ``spark``."""
-
-
 class BatchWriter(Protocol):
     name: str
 

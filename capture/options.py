@@ -55,6 +55,8 @@ class CaptureTarget:
     pii: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     """``schema.table`` -> column -> ``exclude`` | ``hash`` (``pgmedallion.capture.published``)."""
     hash_key: bytes | None = field(default=None, repr=False)
+    engine: str = "auto"
+    """``[lakehouse] engine``: who commits bronze (``pgmedallion.core.engine``)."""
     """The key of hashed columns (a secret: never in a message or ``repr``)."""
 
 
@@ -71,13 +73,14 @@ def capture_target(cfg: Config) -> CaptureTarget:
         bronze_path=cfg.local_table_path("bronze", "bronze"),
         pii=pii,
         hash_key=cfg.source.hash_key() if hashed else None,
+        engine=cfg.lakehouse.engine,
     )
 
 
 def capture_needs_spark(cfg: Config) -> bool:
     """Whether capture commits bronze through Spark here (see ``bronze.store``); locally,
     with the ``local`` extra, it runs without a JVM (and without PySpark installed)."""
-    if on_databricks() or writer_choice() == "spark":
+    if on_databricks() or writer_choice(cfg.lakehouse.engine) == "spark":
         return True
     return delta_rs_unusable(cfg.local_table_path("bronze", "bronze")) is not None
 
@@ -86,7 +89,9 @@ def bronze_of(spark: SparkSession | Bronze | None, target: CaptureTarget) -> Bro
     """``target``'s bronze: given, or opened with ``spark`` (None: without Spark, by delta-rs)."""
     if isinstance(spark, Bronze):
         return spark
-    return open_bronze(target.bronze, target.source, path=target.bronze_path, spark=spark)
+    return open_bronze(
+        target.bronze, target.source, path=target.bronze_path, spark=spark, engine=target.engine
+    )
 
 
 @dataclass(frozen=True)

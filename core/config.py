@@ -75,6 +75,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from pgmedallion.core.engine import ENGINES
 from pgmedallion.core.naming import qualified
 
 
@@ -252,6 +253,17 @@ class LakehouseConfig:
     to the config file when it is read from one (a ``PGMEDALLION_LAKEHOUSE_MARTS`` variable:
     relative to the working directory)."""
     marts_schema: str = "pgm_marts"
+    engine: str = "auto"
+    """Who reads and commits the tables: ``auto`` (delta-rs for local tables, Spark elsewhere),
+    ``spark`` (Spark for every table, as on Databricks) or ``delta-rs`` (as auto, but bronze
+    fails rather than fall back to Spark). See ``pgmedallion.core.engine``."""
+    workers: int = 4
+    """Tables a stage works on at once."""
+    small_table_rows: int = 100_000
+    """Tables up to this many rows are read and committed through delta-rs (engine auto)."""
+    batch_changes: int = 20_000
+    """Silver batches a table into a few shared Spark jobs when its run holds at most this many
+    changes."""
 
 
 @dataclass(frozen=True)
@@ -346,6 +358,13 @@ def load_config(path: Path | str | None = None, env: Mapping[str, str] | None = 
         raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")
     source = _section(SourceConfig, "source", raw.get("source", {}), env)
     lakehouse = _section(LakehouseConfig, "lakehouse", raw.get("lakehouse", {}), env)
+    if lakehouse.engine not in ENGINES:
+        raise ConfigError(
+            f"[lakehouse] engine must be one of {', '.join(ENGINES)}, got {lakehouse.engine!r}"
+        )
+    for key in ("workers", "small_table_rows", "batch_changes"):
+        if getattr(lakehouse, key) < 1:
+            raise ConfigError(f"[lakehouse] {key} must be at least 1")
     marts_from_file = "PGMEDALLION_LAKEHOUSE_MARTS" not in env
     if lakehouse.marts and path is not None and marts_from_file:
         lakehouse = replace(lakehouse, marts=str(Path(path).parent.absolute() / lakehouse.marts))

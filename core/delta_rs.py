@@ -14,7 +14,6 @@ skipped by either.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -26,19 +25,16 @@ try:  # the `local` extra; a Databricks cluster commits through Spark
 except ImportError:  # pragma: no cover - exercised only without the extra
     DeltaTable = None
 
+from pgmedallion.core import engine
 from pgmedallion.core.config import on_databricks
 
 log = logging.getLogger(__name__)
-
-ENGINE_ENV = "PGMEDALLION_TABLE_WRITER"
-"""``auto`` (the default: delta-rs for local tables) or ``spark`` (always Spark)."""
-
 
 def usable(path: str | None) -> bool:
     """Whether delta-rs may write the Delta table at ``path`` (a local table that exists)."""
     if DeltaTable is None or path is None:
         return False
-    if os.environ.get(ENGINE_ENV, "auto").lower() == "spark":
+    if engine.current().spark_only:
         return False
     return (Path(path) / "_delta_log").is_dir()
 
@@ -49,7 +45,7 @@ def schema_dir(spark, schema: str) -> str | None:
     this file system, on Databricks, or delta-rs is not installed or turned off."""
     if DeltaTable is None or on_databricks():
         return None
-    if os.environ.get(ENGINE_ENV, "auto").lower() == "spark":
+    if engine.current().spark_only:
         return None
     rows = spark.sql(f"DESCRIBE SCHEMA EXTENDED {schema}").collect()
     info = {r[0].strip().lower(): r[1] for r in rows}
@@ -141,14 +137,15 @@ def tagged_commit(path: str, tag: str, first: int) -> tuple[int, str] | None:
     return None
 
 
-SMALL_TABLE_ROWS = 100_000
-"""Tables of at most this many rows are read through delta-rs into Spark's memory where a run
-reads them whole or nearly (see :func:`read`)."""
+def small_rows() -> int:
+    """Tables of at most this many rows are read through delta-rs into Spark's memory where a
+    run reads them whole or nearly (see :func:`read`): ``[lakehouse] small_table_rows``."""
+    return engine.current().small_table_rows
 
 
 def small(path: str | None, columns: list[str] | None = None) -> bool:
-    """Whether the table at ``path`` is local, has at most :data:`SMALL_TABLE_ROWS` rows (by
-    its log's statistics) and, given ``columns``, has all of them."""
+    """Whether the table at ``path`` is local, has at most :func:`small_rows` rows (by its
+    log's statistics) and, given ``columns``, has all of them."""
     if not usable(path):
         return False
     table = open_table(path)
@@ -162,7 +159,7 @@ def small(path: str | None, columns: list[str] | None = None) -> bool:
     counts = actions.column("num_records")
     if counts.null_count:
         return False
-    return sum(counts.to_pylist()) <= SMALL_TABLE_ROWS
+    return sum(counts.to_pylist()) <= small_rows()
 
 
 def read_arrow(path: str, names: list[str], where: str | None = None) -> pa.Table:

@@ -15,7 +15,7 @@ one job per :data:`pgmedallion.core.packed.PARTS_PER_JOB` tables:
               delta-rs' MERGE with gold's tag and idempotency record (``merge_arrow``)
 
 What qualifies: an incremental build of a table whose gold and silver tables are local, of at
-most ``core.delta_rs.SMALL_TABLE_ROWS`` rows, with gold's columns as silver's, no quarantine
+most ``[lakehouse] small_table_rows`` rows, with gold's columns as silver's, no quarantine
 table, and no map column. A table whose new state sends a row to quarantine goes back to the
 per-table path (which writes the quarantine) before anything is written, and so does one whose
 MERGE delta-rs refuses.
@@ -38,7 +38,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pgmedallion.core import delta_rs, packed
+from pgmedallion.core import delta_rs, engine, packed
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.naming import quote
 from pgmedallion.core.parallel import concurrently
@@ -51,9 +51,6 @@ from pgmedallion.gold.table import build_mode, ensure_gold, outcome
 from pgmedallion.gold.table_io import gold_schema, merge_arrow
 
 log = logging.getLogger(__name__)
-
-WORKERS = 4
-"""delta-rs reads and MERGEs at once (they release the GIL)."""
 
 KEY_ROWS, ROW, SAMPLE = "_key_rows", "_pgm_row", "_pgm_sample"
 _SHARED = (MULT, LSN, KEY_ROWS, ROW)
@@ -126,7 +123,7 @@ def qualifies(t: Table, exists: bool) -> _Item | None:
     if applied is not None and t.silver_run <= applied.silver_run:
         return None  # no idempotency record to commit under
     mode = build_mode(t, applied)
-    if mode == "incremental" and applied.rows <= delta_rs.SMALL_TABLE_ROWS:
+    if mode == "incremental" and applied.rows <= delta_rs.small_rows():
         return _Item(t, applied, mode, exists)
     quarantine = str(Path(t.path).parent / (t.info.silver_table + "__quarantine").lower())
     if mode == "full" and not delta_rs.usable(quarantine) and delta_rs.small(t.silver_path):
@@ -265,7 +262,8 @@ def build_batched(
 ) -> tuple[dict[int, TableOutcome], list[int]]:
     """The batched builds of ``tables`` (``(table, gold table exists)``): outcomes by index,
     and the indexes left to the per-table path."""
-    found = concurrently(lambda x: qualifies(*x), tables, WORKERS)
+    workers = engine.current().workers  # delta-rs reads and MERGEs release the GIL
+    found = concurrently(lambda x: qualifies(*x), tables, workers)
     items = {i: item for i, item in enumerate(found) if item is not None}
     rest = [i for i in range(len(tables)) if i not in items]
     if not items:
@@ -280,7 +278,7 @@ def build_batched(
             return False
 
     order = sorted(items)
-    read = concurrently(state, order, WORKERS)
+    read = concurrently(state, order, workers)
     rest += [i for i, ok in zip(order, read, strict=True) if not ok]
     order = [i for i, ok in zip(order, read, strict=True) if ok]
     if not order:
@@ -292,7 +290,7 @@ def build_batched(
         return _finish(item, checked[n])
 
     done: dict[int, TableOutcome] = {}
-    results = concurrently(finish, list(range(len(order))), WORKERS)
+    results = concurrently(finish, list(range(len(order))), workers)
     for i, result in zip(order, results, strict=True):
         if result is None:
             rest.append(i)

@@ -58,7 +58,7 @@ from queue import Queue
 
 from pyspark.sql import SparkSession
 
-from pgmedallion.core import delta_rs
+from pgmedallion.core import delta_rs, engine
 from pgmedallion.core.config import Config
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.parallel import concurrently
@@ -81,9 +81,6 @@ from pgmedallion.gold.quality import GoldQualityError
 from pgmedallion.gold.reports import ensure_report_tables, write_reports
 from pgmedallion.gold.table import build_table, untouched_outcome
 from pgmedallion.gold.table_io import gold_table_names, layer_schema, plain_name
-
-GOLD_WORKERS = 4
-"""How many tables a gold run builds at once (see ``pgmedallion.silver.build.TABLE_WORKERS``)."""
 
 
 @dataclass
@@ -195,7 +192,7 @@ def _build_tables(
         ]
         outcomes, rest = build_batched(spark, tables)
     sessions: Queue = Queue()
-    for session in _sessions(spark, min(GOLD_WORKERS, len(rest))):
+    for session in _sessions(spark, min(engine.current().workers, len(rest))):
         sessions.put(session)
 
     def one_table(i: int) -> TableOutcome:
@@ -244,6 +241,7 @@ def run_gold(spark: SparkSession, cfg: Config) -> GoldResult:
     Raises ``GoldQualityError`` after processing every table when a table under the ``fail``
     policy broke a rule; the result is on the exception (``.result``).
     """
+    engine.use(cfg.lakehouse)
     inputs = _read_inputs(spark, cfg)
     if inputs is None:
         return GoldResult(cfg.source.name, None, None)

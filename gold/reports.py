@@ -65,11 +65,11 @@ def rule_records(
     table: str,
     policy: str,
     checked: DataFrame,
-    sample: Column,
+    row_json: Column,
 ) -> tuple[list[QualityRecord], int, int]:
     """The quality records of one table from its ``tallies`` row (``_f<i>``: the rows failing
     ``rules[i]``); the samples of a failed rule are read from ``checked`` (up to five rows'
-    ``sample``, a row as JSON). Then how many rows stay out of gold, and how many gold gets."""
+    ``row_json``, a row as JSON). Then how many rows stay out of gold, and how many gold gets."""
     records = []
     for i, rule in enumerate(rules):
         failed = int(counts[f"_f{i}"])
@@ -77,7 +77,7 @@ def rule_records(
         if failed:
             rows = (
                 checked.filter(F.array_contains(F.col(RULES), rule.name))
-                .select(sample.alias("j"))
+                .select(row_json.alias("j"))
                 .limit(SAMPLE_ROWS)
                 .collect()
             )

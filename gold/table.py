@@ -68,7 +68,7 @@ def build_table(
     as a run whose bookkeeping was lost); Delta's idempotent writes must then skip the commit.
     ``path``: the gold table's local directory, where its history is read and a MERGE made
     through delta-rs (see :func:`gold.table_io.merge_gold_delta_rs`); with ``silver_path``
-    too, the increment of a table of at most ``core.delta_rs.SMALL_TABLE_ROWS`` rows reads
+    too, the increment of a table of at most ``[lakehouse] small_table_rows`` rows reads
     silver's new rows and gold's rows through delta-rs into Spark's memory (milliseconds)
     instead of scanning the Delta tables with Spark (a snapshot and a job per scan, 0.3-0.5 s
     each).
@@ -94,7 +94,7 @@ def build_table(
         and delta_rs.usable(path)
         and delta_rs.usable(silver_path)
         and applied.rows is not None
-        and applied.rows <= delta_rs.SMALL_TABLE_ROWS
+        and applied.rows <= delta_rs.small_rows()
     )
     if mode == "unchanged":
         untouched = [QualityRecord(info.name, r.name, t.policy, 0, 0) for r in t.rules]

@@ -143,11 +143,11 @@ def merge_gold(t: Table, ops: DataFrame) -> None:
     )
 
 
-DELTA_RS_MERGE_MAX_ROWS = delta_rs.SMALL_TABLE_ROWS
-"""Gold tables up to this many rows take their MERGE through delta-rs (local tables only).
-delta-rs rewrites every file a MERGE touches (no deletion vectors) and prunes no files by
-the touched keys' ranges; for large tables Spark, which does both, was measured (the
-``incremental`` benchmark, 1M and 10M rows) and delta-rs was not, so they stay with Spark."""
+# Gold tables up to ``[lakehouse] small_table_rows`` rows take their MERGE through delta-rs
+# (local tables only). delta-rs rewrites every file a MERGE touches (no deletion vectors) and
+# prunes no files by the touched keys' ranges; for large tables Spark, which does both, was
+# measured (the ``incremental`` benchmark, 1M and 10M rows) and delta-rs was not, so they stay
+# with Spark.
 
 
 def _sql_name(name: str) -> str:
@@ -160,8 +160,8 @@ def merge_gold_delta_rs(
     """:func:`merge_gold` through delta-rs: one Spark job collects the MERGE's source rows as
     Arrow and :func:`merge_arrow` commits them. False, having written nothing, where it does
     not apply: not a local table, no idempotency record, a table above
-    :data:`DELTA_RS_MERGE_MAX_ROWS`, or a source delta-rs cannot take."""
-    if version is None or rows_before is None or rows_before > DELTA_RS_MERGE_MAX_ROWS:
+    ``small_table_rows``, or a source delta-rs cannot take."""
+    if version is None or rows_before is None or rows_before > delta_rs.small_rows():
         return False
     if not delta_rs.usable(t.path):
         return False

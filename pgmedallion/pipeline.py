@@ -18,6 +18,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from pgmedallion.core import engine
 from pgmedallion.core.config import Config, on_databricks
 from pgmedallion.core.errors import PipelineError
 from pgmedallion.core.naming import qualified, quote
@@ -110,6 +111,7 @@ def run_stages(
     it first ends this process's Spark JVM (Derby admits one JVM per metastore, and the
     pipeline runs in a JVM of its own): a session passed in is unusable after it, and
     ``pgmedallion.core.spark.get_spark`` starts a new one."""
+    engine.use(cfg.lakehouse)
     result = RunResult()
     session: SparkSession | None = None if callable(spark) else spark
     ready = False

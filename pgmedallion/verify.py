@@ -42,6 +42,7 @@ from pgmedallion.capture.snapshot import (
     use_snapshot,
     worker_ctid_ranges,
 )
+from pgmedallion.core import engine
 from pgmedallion.core.config import Config
 from pgmedallion.core.errors import PipelineError
 from pgmedallion.core.naming import quote
@@ -230,6 +231,7 @@ def verify(
     spark: SparkSession, cfg: Config, *, catch_up: bool = True, check_gold: bool = True
 ) -> VerifyResult:
     """Compare silver (and gold) with the source at a fresh snapshot LSN."""
+    engine.use(cfg.lakehouse)
     if not table_exists(spark, Names(cfg).tables):
         raise NothingToVerify(
             f"silver holds no table of source {cfg.source.name!r} yet: run `pgmedallion run` first"

@@ -18,7 +18,7 @@ work is in the driver on a few rows:
 
 What qualifies: a table with changes in the window and nothing else (no snapshot rows, no
 truncate), whose silver table exists in a local directory with at most
-``pgmedallion.core.delta_rs.SMALL_TABLE_ROWS`` rows, whose window holds at most :data:`TABLE_ROWS`
+``[lakehouse] small_table_rows`` rows, whose window holds at most ``[lakehouse] batch_changes``
 changes, and whose types all have plain casts. A table whose cast leaves a row unsettled (a
 value that does not cast, or needs the full cast) goes back to the per-table path, which
 writes what this path would and also records the errors; so does one whose silver columns are
@@ -36,7 +36,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pgmedallion.core import delta_rs, packed
+from pgmedallion.core import delta_rs, engine, packed
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.naming import quote
 from pgmedallion.core.parallel import concurrently
@@ -49,12 +49,6 @@ from pgmedallion.silver.identity import COLUMNS, KIND, ORDINAL, Change, hashable
 from pgmedallion.silver.rewind import consolidated, with_rewinds
 
 log = logging.getLogger(__name__)
-
-TABLE_ROWS = 20_000
-"""A table whose window holds more changes than this takes the per-table path."""
-
-COMMIT_WORKERS = 4
-"""delta-rs reads and commits at once (they release the GIL)."""
 
 _CAST_SHARED = (ROW_LSN, ROW_DIFF, ORDINAL, KIND, COLUMNS, UNSETTLED_COLUMN)
 _SUM_SHARED = (LSN, DIFF, RUN)
@@ -80,7 +74,7 @@ class Outcome:
 
 def qualifies(info: TableInfo, path: str | None, changes: int) -> bool:
     """Whether the table may take this path (the cast's own test comes later)."""
-    if changes > TABLE_ROWS or not delta_rs.usable(path):
+    if changes > engine.current().batch_changes or not delta_rs.usable(path):
         return False
     names = [c["name"] for c in info.columns]
     return delta_rs.small(path, [*names, "_lsn", "_diff", "_run"])
@@ -123,7 +117,7 @@ def run_batched(
             log.warning("%s: run alone (%s)", cand.info.qualified_name, exc)
             return None
 
-    outcomes = concurrently(resolved, ready, COMMIT_WORKERS)
+    outcomes = concurrently(resolved, ready, engine.current().workers)
     rest += [cand.info.oid for (cand, _), out in zip(ready, outcomes, strict=True) if out is None]
     ready = [item for item, out in zip(ready, outcomes, strict=True) if out is not None]
     results = [out for out in outcomes if out is not None]
@@ -166,7 +160,7 @@ def run_batched(
         return cand.info.oid, Outcome(rows.num_rows, results[i][1])
 
     outcomes: dict[int, Outcome] = {}
-    for oid, outcome in concurrently(commit, list(range(len(ready))), COMMIT_WORKERS):
+    for oid, outcome in concurrently(commit, list(range(len(ready))), engine.current().workers):
         if outcome is None:
             rest.append(oid)
         else:

@@ -47,7 +47,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pgmedallion.capture.pgoutput import decode, format_lsn
-from pgmedallion.core import delta_rs
+from pgmedallion.core import delta_rs, engine
 from pgmedallion.core.config import Config
 from pgmedallion.core.parallel import concurrently
 from pgmedallion.silver import batch, catalog
@@ -77,15 +77,9 @@ from pgmedallion.silver.write import (
     written,
 )
 
-__all__ = ["TABLE_WORKERS", "SilverResult", "run_silver", "table_run"]
+__all__ = ["SilverResult", "run_silver", "table_run"]
 
 log = logging.getLogger(__name__)
-
-TABLE_WORKERS = 4
-"""How many tables a run works on at once. Per table a run is a few small Spark jobs and
-Delta commits whose time is mostly the driver's (planning, the Delta log, the commit), so on
-two cores four at a time still overlap."""
-
 
 @dataclass
 class _Run:
@@ -105,6 +99,7 @@ class _Run:
 
 def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
     """One silver run over whatever bronze committed since the last one."""
+    engine.use(cfg.lakehouse)
     n, source = Names(cfg), cfg.source.name
     ensure_silver_tables(spark, cfg)
     plan = plan_run(spark, cfg)
@@ -256,7 +251,7 @@ def _run_tables(
         )
 
     for oid, (count, cast_errors, table_adjusted) in zip(
-        rest, concurrently(one_table, rest, TABLE_WORKERS), strict=True
+        rest, concurrently(one_table, rest, engine.current().workers), strict=True
     ):
         rows[r.tables[oid].qualified_name] = count
         r.errors.extend(cast_errors)
@@ -293,7 +288,7 @@ def _run_batched(
     chosen = [
         oid
         for oid, ok in zip(
-            only_changes, concurrently(takes, only_changes, batch.COMMIT_WORKERS), strict=True
+            only_changes, concurrently(takes, only_changes, engine.current().workers), strict=True
         )
         if ok
     ]

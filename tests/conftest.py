@@ -149,3 +149,17 @@ def _weight(item) -> int:
 
 def pytest_collection_modifyitems(config, items):
     items.sort(key=_weight)  # stable: the order within a file is kept
+
+
+@pytest.fixture(autouse=True)
+def _engine_setting():
+    """Every test starts from the engine setting of the run (``PGMEDALLION_LAKEHOUSE_ENGINE``,
+    which CI sets to run the end-to-end trials on each engine); the entry points apply a
+    configuration's own (``pgmedallion.core.engine.use``)."""
+    from pgmedallion.core import engine
+    from pgmedallion.core.config import LakehouseConfig
+
+    setting = os.environ.get("PGMEDALLION_LAKEHOUSE_ENGINE", "auto")
+    engine.use(LakehouseConfig(engine=setting))
+    yield
+    engine.use(LakehouseConfig(engine=setting))

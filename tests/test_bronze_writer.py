@@ -21,7 +21,9 @@ from pgmedallion.bronze.spark_table import (
 )
 from pgmedallion.bronze.store import DeltaRsBronze, open_bronze
 from pgmedallion.bronze.table import ARROW_SCHEMA, RecordBuffer, WalBuffer, app_id, json_payload
-from pgmedallion.bronze.writer import WRITER_ENV, DeltaRsWriter, write_data_file
+from pgmedallion.bronze.writer import DeltaRsWriter, write_data_file
+from pgmedallion.core import engine
+from pgmedallion.core.config import LakehouseConfig
 
 SOURCE = "wsrc"
 
@@ -92,28 +94,28 @@ def test_delta_rs_commits_what_spark_reads_once(spark, bronze):
     assert app_id(SOURCE) == "pgmedallion-wsrc"
 
 
-def test_the_engine_follows_the_setting(spark, bronze, monkeypatch):
-    monkeypatch.setenv(WRITER_ENV, "spark")
-    assert isinstance(open_bronze(bronze, SOURCE, spark=spark), SparkBronze)
+def test_the_engine_follows_the_setting(spark, bronze):
+    assert isinstance(open_bronze(bronze, SOURCE, spark=spark, engine="spark"), SparkBronze)
     with pytest.raises(ValueError, match="through Spark here"):
-        open_bronze(bronze, SOURCE)  # and no session given
-    monkeypatch.setenv(WRITER_ENV, "delta-rs")
-    assert isinstance(open_bronze(bronze, SOURCE, spark=spark).writer(), DeltaRsWriter)
-    monkeypatch.setenv(WRITER_ENV, "fast")
+        open_bronze(bronze, SOURCE, engine="spark")  # and no session given
+    delta_rs = open_bronze(bronze, SOURCE, spark=spark, engine="delta-rs")
+    assert isinstance(delta_rs.writer(), DeltaRsWriter)
     with pytest.raises(ValueError, match="auto, delta-rs or spark"):
-        open_bronze(bronze, SOURCE, spark=spark)
+        open_bronze(bronze, SOURCE, spark=spark, engine="fast")
+    # The process's setting, as the entry points apply it from [lakehouse] engine.
+    engine.use(LakehouseConfig(engine="spark"))
+    assert isinstance(open_bronze(bronze, SOURCE, spark=spark), SparkBronze)
 
 
-def test_a_table_delta_rs_must_not_write_goes_to_spark(spark, bronze, monkeypatch):
+def test_a_table_delta_rs_must_not_write_goes_to_spark(spark, bronze):
     # Column mapping needs writer protocol 5: delta-rs is not asked to write such a table.
     spark.sql(
         f"ALTER TABLE {bronze} SET TBLPROPERTIES ('delta.minReaderVersion' = '2',"
         " 'delta.minWriterVersion' = '5', 'delta.columnMapping.mode' = 'name')"
     )
     assert isinstance(open_bronze(bronze, SOURCE, spark=spark).writer(), SparkWriter)
-    monkeypatch.setenv(WRITER_ENV, "delta-rs")
     with pytest.raises(ValueError, match="writer protocol 5"):
-        open_bronze(bronze, SOURCE, spark=spark)
+        open_bronze(bronze, SOURCE, spark=spark, engine="delta-rs")
 
 
 def test_files_written_beside_the_table_commit_once_with_their_statistics(spark, bronze):

@@ -16,7 +16,6 @@ from pyspark.sql import functions as F
 
 from pgmedallion.bronze.spark_table import capture_error_from_spark, write_batch
 from pgmedallion.bronze.table import ARROW_SCHEMA, RecordBuffer, json_payload
-from pgmedallion.bronze.writer import WRITER_ENV
 from pgmedallion.capture.connection import connect_replication
 from pgmedallion.capture.errors import (
     PublicationDropped,
@@ -60,7 +59,7 @@ def capture(spark, target, **options):
     return capture_once(bronze_of(spark, target), target, CaptureOptions(**options))
 
 
-def _target(spark, conninfo, name: str) -> CaptureTarget:
+def _target(spark, conninfo, name: str, engine: str = "auto") -> CaptureTarget:
     spark.sql("CREATE SCHEMA IF NOT EXISTS bronze_stream")
     spark.sql(f"DROP TABLE IF EXISTS bronze_stream.{name}")
     return CaptureTarget(
@@ -69,6 +68,7 @@ def _target(spark, conninfo, name: str) -> CaptureTarget:
         publication="pub",
         slot="s_" + conninfo["dbname"],
         bronze=f"bronze_stream.{name}",
+        engine=engine,
     )
 
 
@@ -226,11 +226,10 @@ def test_walsender_terminated_and_server_restart_are_retried(spark, source, pg, 
 
 
 @pytest.mark.parametrize("writer", ["spark", "delta-rs"])
-def test_either_writer_lands_the_stream_once(spark, source, monkeypatch, writer):
+def test_either_writer_lands_the_stream_once(spark, source, writer):
     """Locally the stream commits through delta-rs; on Databricks through Spark. Both land the
     same changes in several batches, each once, and the slot follows bronze."""
-    monkeypatch.setenv(WRITER_ENV, writer)
-    target = _target(spark, source, "writer_" + writer.replace("-", "_"))
+    target = _target(spark, source, "writer_" + writer.replace("-", "_"), writer)
     capture(spark, target)
     _sql(
         source,

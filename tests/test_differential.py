@@ -17,7 +17,7 @@ import pytest
 
 from pgmedallion.pipeline import run_stages
 from pgmedallion.verify import verify
-from tests.workload import Workload, assert_exact, drop_schemas, make_config
+from tests.workload import Workload, assert_engine, assert_exact, drop_schemas, make_config
 
 
 def differential(
@@ -52,6 +52,7 @@ def differential(
             f"seed {seed} burst {i}: {stats}; burst {t1 - started:.0f}s, run {t2 - t1:.0f}s,"
             f" verify {time.monotonic() - t2:.0f}s"
         )
+    assert_engine(spark, cfg)
     return log
 
 

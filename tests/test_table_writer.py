@@ -12,7 +12,6 @@ import psycopg
 import pytest
 from pyspark.sql import functions as F
 
-from pgmedallion.core.delta_rs import ENGINE_ENV
 from pgmedallion.pipeline import run_stages
 from pgmedallion.verify import verify
 from tests.workload import assert_exact, drop_schemas, make_config
@@ -59,12 +58,12 @@ def _engines(spark, table: str) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("engine", ["delta-rs", "spark"])
-def test_both_engines_write_the_same_exact_tables(spark, db, monkeypatch, engine):
-    monkeypatch.setenv(ENGINE_ENV, "auto" if engine == "delta-rs" else "spark")
+def test_both_engines_write_the_same_exact_tables(spark, db, engine):
     with psycopg.connect(**db, autocommit=True) as conn:
         conn.execute(SCHEMA)
         conn.execute("ALTER TABLE loose REPLICA IDENTITY FULL")
-    cfg = make_config(db, f"writer_{engine.replace('-', '')}")
+    setting = "auto" if engine == "delta-rs" else "spark"
+    cfg = make_config(db, f"writer_{engine.replace('-', '')}", engine=setting)
     drop_schemas(spark, cfg)
     run_stages(spark, cfg)
     with psycopg.connect(**db, autocommit=True) as conn:

@@ -43,6 +43,7 @@ documented limitation).
 from __future__ import annotations
 
 import json
+import os
 import random
 import string
 import threading
@@ -570,8 +571,13 @@ def describe(stats: BurstStats) -> str:
     return json.dumps(stats.__dict__)
 
 
-def make_config(conninfo: dict, name: str, *, publication: str = "pub", **policies) -> Config:
-    """A pipeline config for a test database: its own source, slot and lakehouse schemas."""
+def make_config(
+    conninfo: dict, name: str, *, publication: str = "pub", engine: str | None = None, **policies
+) -> Config:
+    """A pipeline config for a test database: its own source, slot and lakehouse schemas.
+    ``engine``: ``[lakehouse] engine`` (default: ``PGMEDALLION_LAKEHOUSE_ENGINE``, as a
+    configuration file read from the environment takes it, else ``auto``): CI runs the
+    end-to-end trials once per engine."""
     return Config(
         source=SourceConfig(
             name=name,
@@ -587,9 +593,33 @@ def make_config(conninfo: dict, name: str, *, publication: str = "pub", **polici
             bronze_schema=f"{name}_bronze",
             silver_schema=f"{name}_silver",
             gold_schema=f"{name}_gold",
+            engine=engine or os.environ.get("PGMEDALLION_LAKEHOUSE_ENGINE", "auto"),
         ),
         tables=policies,
     )
+
+
+def assert_engine(spark, cfg: Config) -> None:
+    """The configured engine wrote the run's tables: with ``spark`` no commit of bronze, silver
+    or gold is delta-rs'; with ``auto`` (local tables) bronze's appends are."""
+    from pyspark.sql import functions as F
+
+    def engines(table: str) -> list[str]:
+        history = spark.sql(f"DESCRIBE HISTORY {table}").where(F.col("version") > 0)
+        return [r[0] or "" for r in history.select("engineInfo").collect()]
+
+    bronze = engines(cfg.qualified("bronze", "bronze"))
+    layers = [
+        e
+        for layer in ("silver", "gold")
+        for r in spark.sql(f"SHOW TABLES IN {cfg.qualified(layer, '')}").collect()
+        if not r["tableName"].startswith("_")
+        for e in engines(cfg.qualified(layer, r["tableName"]))
+    ]
+    if cfg.lakehouse.engine == "spark":
+        assert not [e for e in bronze + layers if e.startswith("delta-rs")], (bronze, layers)
+    else:
+        assert any(e.startswith("delta-rs") for e in bronze), bronze
 
 
 def drop_schemas(spark, cfg: Config) -> None:
