@@ -102,47 +102,36 @@ def _preflight(config: Config, command: str) -> bool:
 
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
     from pgmedallion.capture.pgoutput import format_lsn
-    from pgmedallion.capture.run import capture_needs_spark
-    from pgmedallion.core.spark import get_spark
-    from pgmedallion.pipeline import STAGES, SparkStarter, run_stages
+    from pgmedallion.capture.progress import RichSnapshotProgress
+    from pgmedallion.pipeline import STAGES, run, stage_spinner
 
     stages = STAGES if args.stage == "all" else (args.stage,)
     resync = [t.strip() for t in (args.resync or "").split(",") if t.strip()]
     if resync and "capture" not in stages:
         print("run: --resync needs the capture stage", file=sys.stderr)
         return 2
+    if stages == ("marts",) and not config.lakehouse.marts:
+        print("run: no marts are configured ([lakehouse] marts)", file=sys.stderr)
+        return 2
     if "capture" in stages and not args.skip_doctor and not _preflight(config, "run"):
         return 1
-    if "capture" in stages and not capture_needs_spark(config):
-        # Capture writes bronze with delta-rs; Spark starts meanwhile if a later stage needs it.
-        spark = SparkStarter(config.state_dir) if stages != ("capture",) else None
-        if resync and not _request_resync(None, config, resync):
-            return 2
-    elif stages == ("marts",):
-        if not config.lakehouse.marts:
-            print("run: no marts are configured ([lakehouse] marts)", file=sys.stderr)
-            return 2
-        spark = None  # the marts run in a JVM of their own
-    else:
-        spark = get_spark(config.state_dir)
-        if resync and not _request_resync(spark, config, resync):
-            return 2
-    from pgmedallion.capture.progress import RichSnapshotProgress
-    from pgmedallion.pipeline import stage_spinner
-
     extra = {"continuous": True} if args.continuous else {}
     bars = RichSnapshotProgress() if "capture" in stages else None
     if bars is not None:
         extra["progress"] = bars
     try:
-        session = spark if spark is not None else (lambda: get_spark(config.state_dir))
-        result = run_stages(session, config, stages, show=stage_spinner(), **extra)
+        result = run(config, stages, resync=resync, show=stage_spinner(), **extra)
     except PipelineError as e:
+        if e.stage == "resync":
+            print(f"resync: {e}; nothing was changed", file=sys.stderr)
+            return 2
         print(failure(e), file=sys.stderr)
         return 1
     finally:
         if bars is not None:
             bars.close()
+    if result.resynced:
+        print(f"resync: {', '.join(result.resynced)} will be snapshotted again and rebuilt")
     if result.capture is not None:
         c = result.capture
         for table, rows in sorted(c.snapshotted.items()):

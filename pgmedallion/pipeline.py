@@ -9,19 +9,19 @@ stops the ones after it; what it committed stays committed and the next run goes
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
+from typing import TYPE_CHECKING, Any
 
 from pgmedallion.core import engine
 from pgmedallion.core.config import Config, on_databricks
 from pgmedallion.core.errors import PipelineError
 from pgmedallion.core.naming import qualified, quote
+
+if TYPE_CHECKING:  # `run --stage capture` runs where PySpark is not installed
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,8 @@ class RunResult:
     marts: Any = None
     """The marts' ``marts.runner.PipelineRun`` (its ``quality``: the expectation results)."""
     stages: list[str] = field(default_factory=list)
+    resynced: list[str] = field(default_factory=list)
+    """The tables a ``resync`` asked to snapshot again (``run``)."""
 
 
 def ensure_schemas(spark: SparkSession, cfg: Config) -> None:
@@ -92,6 +94,40 @@ class SparkStarter:
 
     def __call__(self) -> SparkSession:
         return self._session.result()
+
+
+def run(
+    cfg: Config,
+    stages: tuple[str, ...] = STAGES,
+    *,
+    resync: Sequence[str] = (),
+    show: Callable[[str], AbstractContextManager] | None = None,
+    **capture_kwargs,
+) -> RunResult:
+    """A run as ``pgmedallion run`` makes it: the session, the resync requests, then the
+    stages in order (:func:`run_stages`).
+
+    The session: none for a capture that writes bronze with delta-rs (a local one), started in
+    the background meanwhile when a later stage needs it (:class:`SparkStarter`); none for the
+    marts alone (they run in a JVM of their own); else the lakehouse's, first. ``resync``:
+    tables to snapshot again (:func:`request_resync`, before capture; raises
+    :class:`NotCaptured`, having changed nothing, for a table not captured)."""
+    from pgmedallion.capture.run import capture_needs_spark
+
+    if resync and "capture" not in stages:
+        raise NotCaptured("--resync needs the capture stage")
+    spark: SparkSession | None = None
+    later: Callable[[], SparkSession] | None = None
+    if "capture" in stages and not capture_needs_spark(cfg):
+        if stages != ("capture",):
+            later = SparkStarter(cfg.state_dir)
+    elif stages != ("marts",):
+        spark = open_lakehouse(cfg)
+    resynced = request_resync(spark, cfg, list(resync)) if resync else []
+    session = spark or later or (lambda: open_lakehouse(cfg))
+    result = run_stages(session, cfg, stages, show=show, **capture_kwargs)
+    result.resynced = resynced
+    return result
 
 
 def run_stages(
@@ -195,17 +231,23 @@ def stage_spinner(console=None) -> Callable[[str], AbstractContextManager]:
 def silver_state(spark: SparkSession, cfg: Config, silver_table: str, before_lsn: int | None):
     """The table as silver holds it just before ``before_lsn`` (None: everything), one row per
     copy, with the source's columns: the multiset sum of the diffs, negative sums kept out."""
+    from pyspark.sql import functions as F
+
+    from pgmedallion.silver.contract import DIFF, LSN, METADATA
+
     diffs = spark.table(cfg.qualified("silver", silver_table))
     if before_lsn is not None:
-        diffs = diffs.where(F.col("_lsn") < before_lsn)
-    data = [c for c in diffs.columns if c not in ("_lsn", "_diff", "_run")]
+        diffs = diffs.where(F.col(LSN) < before_lsn)
+    data = [c for c in diffs.columns if c not in METADATA]
     cols = [F.col(quote(c)) for c in data]
-    summed = diffs.groupBy(*cols).agg(F.sum("_diff").alias("_n")).where(F.col("_n") > 0)
+    summed = diffs.groupBy(*cols).agg(F.sum(DIFF).alias("_n")).where(F.col("_n") > 0)
     return summed.withColumn("_i", F.explode(F.sequence(F.lit(1), F.col("_n")))).select(*cols)
 
 
-class NotCaptured(ValueError):
-    """``resync`` named a table this source does not capture."""
+class NotCaptured(PipelineError, ValueError):
+    """``resync`` named a table this source does not capture (nothing was changed)."""
+
+    stage = "resync"
 
 
 def request_resync(spark: SparkSession | None, cfg: Config, names: list[str]) -> list[str]:

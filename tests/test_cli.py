@@ -182,8 +182,13 @@ def test_doctor_capture_and_status_run_without_pyspark(db, tmp_path):
     capture = run("capture")
     assert capture.returncode == 0, capture.stderr
     assert "snapshot public.nospark: 50 rows" in capture.stdout
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("UPDATE nospark SET v = 'changed' WHERE id <= 3")
+    staged = run("run", "--stage", "capture")
+    assert staged.returncode == 0, staged.stdout + staged.stderr
+    assert "capture: " in staged.stdout and "messages, frontier" in staged.stdout
     status = run("status")
     assert status.returncode == 0, status.stderr
     assert "slot nospark_slot (pgoutput, idle): confirmed" in status.stdout
     assert "PySpark is not installed here" in status.stdout
-    assert "Traceback" not in doctor.stderr + capture.stderr + status.stderr
+    assert "Traceback" not in doctor.stderr + capture.stderr + staged.stderr + status.stderr
