@@ -117,14 +117,14 @@ def _change(env, tables: list[int], step: int) -> None:
 def _check(gold, tables: int, rows: int, changed: set[int]) -> None:
     """Every table in gold with its rows; the changed ones applied incrementally, the others
     left alone (``unchanged``: not read, not written)."""
-    modes = {o.table.table_name: o.mode for o in gold.tables}
+    modes = {o.table.name: o.mode for o in gold.tables}
     if len(modes) != tables:
         raise RuntimeError(f"gold has {len(modes)} tables, expected {tables}")
     expected = {f"t{i:03d}": "incremental" if i in changed else "unchanged" for i in range(tables)}
     wrong = {n: m for n, m in modes.items() if m != expected[n]}
     if wrong:
         raise RuntimeError(f"gold modes not as expected: {dict(list(wrong.items())[:5])}")
-    counts = [o.table.table_name for o in gold.tables if o.rows != rows]
+    counts = [o.table.name for o in gold.tables if o.rows != rows]
     if counts:
         raise RuntimeError(f"tables with a wrong row count: {counts[:5]}")
 

@@ -17,7 +17,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pgmedallion.bronze.store import Bronze, CopyTask
+from pgmedallion.bronze.store import INDEX_COLUMNS, PAYLOAD_KINDS, Bronze, CopyTask
 from pgmedallion.bronze.table import ARROW_SCHEMA, BRONZE_DDL, STATS_COLUMNS, SealedBatch, app_id
 from pgmedallion.core.errors import PipelineError, error_type
 from pgmedallion.core.spark import create_table, one_task_per_partition
@@ -120,8 +120,22 @@ class SparkBronze(Bronze):
         super().__init__(table, source)
         self.spark = spark
 
-    def _query(self, sql: str) -> list[dict[str, Any]]:
-        return [r.asDict() for r in self.spark.sql(sql.replace("{bronze}", self.table)).collect()]
+    def _records(self) -> list[dict[str, Any]]:
+        # The payloads the questions read (progress, error and schema records) come along; the
+        # copy records' (their rows) do not. Bronze's statistics on ``kind`` skip the files
+        # that hold only wal messages.
+        needed = F.col("kind").isin(*PAYLOAD_KINDS)
+        rows = (
+            self.spark.table(self.table)
+            .where((F.col("source") == self.source) & (F.col("kind") != "wal"))
+            .select(*INDEX_COLUMNS, F.when(needed, F.col("payload")).alias("payload"))
+            .collect()
+        )
+        return [r.asDict() for r in rows]
+
+    def _payload(self, record: dict[str, Any]) -> bytes | None:
+        payload = record["payload"]
+        return None if payload is None else bytes(payload)
 
     def append(self, records: pa.Table, batch_id: int, app: str | None = None) -> bool:
         # Delta skips a txnVersion it has seen; whether it did is not reported.

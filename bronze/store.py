@@ -3,10 +3,11 @@
 Capture needs little of bronze: a few aggregates over its control records (the frontier, the
 next batch id, which tables have a snapshot, which errors were recorded), idempotent appends
 (stream batches, snapshots, error and resync records) and a way to land a snapshot's ctid
-ranges in parallel. The Spark implementation answers those questions in SQL; the delta-rs one
-in Python over the control records of the table's Parquet files (row groups of only ``wal``
-messages skipped by their statistics). Two answers to each question: ``tests/
-test_bronze_writer.py`` holds them equal on one table written by both engines.
+ranges in parallel. Each question has one answer, :class:`Bronze`'s, computed over the records
+other than ``wal`` messages; an implementation only reads them (``_records``, ``_payload``):
+Spark with a query that bronze's statistics on ``kind`` prune, delta-rs from the Parquet row
+groups that hold any (row groups of only ``wal`` messages skipped by their statistics).
+``tests/test_bronze_writer.py`` holds the answers equal on one table written by both engines.
 
 ``DeltaRsBronze`` (the ``deltalake`` package)
     Where bronze is a directory of the local file system (local runs, the tests, the demo).
@@ -21,7 +22,8 @@ test_bronze_writer.py`` holds them equal on one table written by both engines.
     and when ``[lakehouse] engine = "spark"`` asks for it. The snapshot is one Spark job of
     one task per ctid range.
 
-:func:`open_bronze` picks one. The capture process imports pyspark only for the Spark one.
+:func:`pgmedallion.bronze.engines.open_bronze` picks one. The capture process imports
+pyspark only for the Spark one.
 """
 
 from __future__ import annotations
@@ -54,12 +56,10 @@ from pgmedallion.bronze.writer import (
     DeltaRsWriter,
     write_data_file,
 )
-from pgmedallion.core.config import on_databricks
-from pgmedallion.core.engine import ENGINES, current
 from pgmedallion.core.failpoints import failpoint
 
 if TYPE_CHECKING:  # only the Spark implementation needs pyspark
-    from pyspark.sql import SparkSession
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +67,9 @@ CopyTask = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 """A snapshot task body: given record batches of task ids (column ``id``), the bronze
 ``copy`` records of those tasks' ctid ranges, in :data:`~pgmedallion.bronze.table.ARROW_SCHEMA`."""
 
-_MAX_WRITER_VERSION = 2
-"""The protocol Spark gives bronze (writer version 2: NOT NULL invariants, no table features);
-delta-rs writes it. A table upgraded beyond it is left to Spark."""
-
 CONTROL_KINDS = ("progress", "rewind", "error", "resync")
-
-
-def _literal(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
+PAYLOAD_KINDS = ("progress", "error", "schema")
+"""The records whose payload a question reads."""
 
 
 class Bronze(ABC):
@@ -93,8 +87,13 @@ class Bronze(ABC):
     # -- what each engine provides
 
     @abstractmethod
-    def _query(self, sql: str) -> list[dict[str, Any]]:
-        """Run ``sql``, in which ``{bronze}`` names the table, and return its rows."""
+    def _records(self) -> list[dict[str, Any]]:
+        """The source's records other than ``wal`` messages, without payloads: the columns of
+        :data:`INDEX_COLUMNS` (and where each is, for :meth:`_payload`)."""
+
+    @abstractmethod
+    def _payload(self, record: dict[str, Any]) -> bytes | None:
+        """The payload of one of :meth:`_records`' records."""
 
     @abstractmethod
     def append(self, records: pa.Table, batch_id: int, app: str | None = None) -> bool:
@@ -113,69 +112,76 @@ class Bronze(ABC):
         """Run ``copy_task`` for task ids ``0 .. tasks-1``, at most ``workers`` at a time, and
         commit their records with ``meta`` as batch ``batch_id``: all of it or none."""
 
-    # -- questions, in SQL both engines run
-
-    def _rows(self, sql: str) -> list[dict[str, Any]]:
-        where = f"source = {_literal(self.source)}"
-        return self._query(sql.replace("{source}", where))
+    # -- questions: one answer each, over the control records, whichever engine read them
 
     def state(self) -> BronzeState:
         """The frontier, the recorded server, the next batch id and the complete snapshots, from
         the control records (every batch holds one)."""
-        kinds = ", ".join(_literal(k) for k in CONTROL_KINDS)
-        summary, identity, tables = (
-            self._rows(
-                "SELECT max(CASE WHEN kind = 'progress' THEN lsn END) AS lsn, "
-                f"max(batch_id) AS batch_id FROM {{bronze}} WHERE {{source}} AND kind IN ({kinds})"
-            ),
-            self._rows(
-                "SELECT payload FROM {bronze} WHERE {source} AND kind = 'progress' "
-                "AND payload IS NOT NULL ORDER BY batch_id DESC LIMIT 1"
-            ),
-            self._rows(
-                "SELECT kind, table_oid, table_schema, table_name, lsn, batch_id FROM {bronze} "
-                "WHERE {source} AND kind IN ('rewind', 'resync')"
-            ),
+        records = self._records()
+        control = [r for r in records if r["kind"] in CONTROL_KINDS]
+        progress = sorted(
+            (r for r in control if r["kind"] == "progress"), key=lambda r: -r["batch_id"]
         )
-        top = summary[0] if summary else {"lsn": None, "batch_id": None}
+        identity = None
+        for r in progress:
+            identity = self._payload(r)
+            if identity is not None:
+                break
         return _state(
-            top["lsn"], top["batch_id"], identity[0]["payload"] if identity else None, tables
+            max((r["lsn"] for r in progress), default=None),
+            max((r["batch_id"] for r in control), default=None),
+            identity,
+            [r for r in control if r["kind"] in ("rewind", "resync")],
         )
 
     def frontier(self) -> int | None:
         """The highest committed frontier, or None before the first progress record."""
-        rows = self._rows("SELECT max(lsn) AS f FROM {bronze} WHERE {source} AND kind = 'progress'")
-        return rows[0]["f"] if rows else None
+        return max((r["lsn"] for r in self._records() if r["kind"] == "progress"), default=None)
 
     def next_batch_id(self) -> int:
-        rows = self._rows("SELECT max(batch_id) AS b FROM {bronze} WHERE {source}")
-        return 0 if not rows or rows[0]["b"] is None else rows[0]["b"] + 1
+        last = max((r["batch_id"] for r in self._records()), default=None)
+        return 0 if last is None else last + 1
 
     def snapshotted_tables(self) -> dict[int, int]:
         """OID -> snapshot LSN of every table whose snapshot is complete in bronze."""
-        rows = self._rows(
-            "SELECT table_oid, max(lsn) AS lsn FROM {bronze} WHERE {source} AND kind = 'rewind' "
-            "GROUP BY table_oid"
-        )
-        return {r["table_oid"]: r["lsn"] for r in rows}
+        tables: dict[int, int] = {}
+        for r in self._records():
+            if r["kind"] == "rewind":
+                tables[r["table_oid"]] = max(tables.get(r["table_oid"], r["lsn"]), r["lsn"])
+        return tables
 
     def recorded_errors(self) -> set[tuple[str, int | None, int]]:
         """``(code, table_oid, lsn)`` of every error record."""
-        rows = self._rows(
-            "SELECT table_oid, lsn, payload FROM {bronze} WHERE {source} AND kind = 'error'"
-        )
-        return {(json.loads(bytes(r["payload"]))["code"], r["table_oid"], r["lsn"]) for r in rows}
+        return {
+            (json.loads(self._payload(r))["code"], r["table_oid"], r["lsn"])
+            for r in self._records()
+            if r["kind"] == "error"
+        }
 
     def landed_counts(self, batch_id: int) -> dict[str, int]:
         """``schema.table`` -> rows of the snapshot committed as batch ``batch_id`` (a ctid
         range holds as many rows as its largest ``ordinal``)."""
-        rows = self._rows(
-            "SELECT table_schema, table_name, sum(n) AS n FROM ("
-            "SELECT table_schema, table_name, part, max(ordinal) AS n FROM {bronze} "
-            f"WHERE {{source}} AND kind = 'copy' AND batch_id = {int(batch_id)} "
-            "GROUP BY table_schema, table_name, part) GROUP BY table_schema, table_name"
-        )
-        return {f"{r['table_schema']}.{r['table_name']}": int(r["n"]) for r in rows}
+        ranges: dict[tuple[str, str, int], int] = {}
+        for r in self._records():
+            if r["kind"] == "copy" and r["batch_id"] == batch_id:
+                key = (r["table_schema"], r["table_name"], r["part"])
+                ranges[key] = max(ranges.get(key, 0), r["ordinal"])
+        counts: dict[str, int] = {}
+        for (schema, name, _), rows in ranges.items():
+            counts[f"{schema}.{name}"] = counts.get(f"{schema}.{name}", 0) + rows
+        return counts
+
+    def snapshot_schemas(self, oids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """OID -> the table schema recorded by the table's newest snapshot (its JSON object:
+        columns, leaf partitions, shape)."""
+        wanted = set(oids)
+        newest: dict[int, dict[str, Any]] = {}
+        for r in self._records():
+            if r["kind"] != "schema" or r["table_oid"] not in wanted:
+                continue
+            if r["table_oid"] not in newest or newest[r["table_oid"]]["batch_id"] < r["batch_id"]:
+                newest[r["table_oid"]] = r
+        return {oid: json.loads(self._payload(r)) for oid, r in newest.items()}
 
     def request_resync(self, tables: Sequence[tuple[int, str, str]], lsn: int) -> int:
         """One batch of ``resync`` records for ``tables`` (``(oid, schema, name)``), at ``lsn``
@@ -193,22 +199,6 @@ class Bronze(ABC):
         self.append(buffer.to_arrow(batch_id), batch_id, self.app + "-resync")
         return batch_id
 
-    def snapshot_schemas(self, oids: Sequence[int]) -> dict[int, dict[str, Any]]:
-        """OID -> the table schema recorded by the table's newest snapshot (its JSON object:
-        columns, leaf partitions, shape)."""
-        if not oids:
-            return {}
-        listed = ", ".join(str(int(o)) for o in oids)
-        rows = self._rows(
-            "SELECT table_oid, batch_id, payload FROM {bronze} "
-            f"WHERE {{source}} AND kind = 'schema' AND table_oid IN ({listed})"
-        )
-        newest: dict[int, tuple[int, bytes]] = {}
-        for r in rows:
-            if r["table_oid"] not in newest or newest[r["table_oid"]][0] < r["batch_id"]:
-                newest[r["table_oid"]] = (r["batch_id"], bytes(r["payload"]))
-        return {oid: json.loads(payload) for oid, (_, payload) in newest.items()}
-
 
 def _state(
     frontier: int | None,
@@ -217,7 +207,7 @@ def _state(
     tables: list[dict[str, Any]],
 ) -> BronzeState:
     """:class:`BronzeState` from the frontier, the highest batch id, the newest progress
-    payload and the ``rewind``/``resync`` records (each engine finds these its own way)."""
+    payload and the ``rewind``/``resync`` records."""
     snapshots: dict[int, tuple[int, str, str]] = {}
     newest: dict[tuple[str, int], int] = {}  # (kind, oid) -> newest batch
     for r in tables:
@@ -264,9 +254,6 @@ class DeltaRsBronze(Bronze):
     # (delta-rs' SQL engine would answer the same, but loading it costs the capture process
     # about 60 MB.)
 
-    def _query(self, sql: str) -> list[dict[str, Any]]:
-        raise NotImplementedError("DeltaRsBronze answers from its records, not SQL")
-
     def _records(self) -> list[dict[str, Any]]:
         self._table.update_incremental()
         records = []
@@ -286,66 +273,6 @@ class DeltaRsBronze(Bronze):
             )
             column = self._payloads[where] = group.column(0)
         return column[record["_row"]].as_py()
-
-    def state(self) -> BronzeState:
-        records = self._records()
-        control = [r for r in records if r["kind"] in CONTROL_KINDS]
-        progress = sorted(
-            (r for r in control if r["kind"] == "progress"), key=lambda r: -r["batch_id"]
-        )
-        identity = None
-        for r in progress:
-            identity = self._payload(r)
-            if identity is not None:
-                break
-        return _state(
-            max((r["lsn"] for r in progress), default=None),
-            max((r["batch_id"] for r in control), default=None),
-            identity,
-            [r for r in control if r["kind"] in ("rewind", "resync")],
-        )
-
-    def frontier(self) -> int | None:
-        return max((r["lsn"] for r in self._records() if r["kind"] == "progress"), default=None)
-
-    def next_batch_id(self) -> int:
-        last = max((r["batch_id"] for r in self._records()), default=None)
-        return 0 if last is None else last + 1
-
-    def snapshotted_tables(self) -> dict[int, int]:
-        tables: dict[int, int] = {}
-        for r in self._records():
-            if r["kind"] == "rewind":
-                tables[r["table_oid"]] = max(tables.get(r["table_oid"], r["lsn"]), r["lsn"])
-        return tables
-
-    def recorded_errors(self) -> set[tuple[str, int | None, int]]:
-        return {
-            (json.loads(self._payload(r))["code"], r["table_oid"], r["lsn"])
-            for r in self._records()
-            if r["kind"] == "error"
-        }
-
-    def landed_counts(self, batch_id: int) -> dict[str, int]:
-        ranges: dict[tuple[str, str, int], int] = {}
-        for r in self._records():
-            if r["kind"] == "copy" and r["batch_id"] == batch_id:
-                key = (r["table_schema"], r["table_name"], r["part"])
-                ranges[key] = max(ranges.get(key, 0), r["ordinal"])
-        counts: dict[str, int] = {}
-        for (schema, name, _), rows in ranges.items():
-            counts[f"{schema}.{name}"] = counts.get(f"{schema}.{name}", 0) + rows
-        return counts
-
-    def snapshot_schemas(self, oids: Sequence[int]) -> dict[int, dict[str, Any]]:
-        wanted = set(oids)
-        newest: dict[int, dict[str, Any]] = {}
-        for r in self._records():
-            if r["kind"] != "schema" or r["table_oid"] not in wanted:
-                continue
-            if r["table_oid"] not in newest or newest[r["table_oid"]]["batch_id"] < r["batch_id"]:
-                newest[r["table_oid"]] = r
-        return {oid: json.loads(self._payload(r)) for oid, r in newest.items()}
 
     def append(self, records: pa.Table, batch_id: int, app: str | None = None) -> bool:
         return DeltaRsWriter(self.path, app or self.app).append(records, batch_id)
@@ -369,7 +296,7 @@ class DeltaRsBronze(Bronze):
         DeltaRsWriter(self.path, self.app).commit_files([*files, meta_file], batch_id)
 
 
-_INDEX_COLUMNS = [
+INDEX_COLUMNS = [
     "source",
     "kind",
     "table_oid",
@@ -397,7 +324,7 @@ def _records_but_wal(path: str) -> list[dict[str, Any]]:
         stats = parquet.metadata.row_group(group).column(kind).statistics
         if stats is not None and stats.has_min_max and stats.min == stats.max == "wal":
             continue
-        table = parquet.read_row_group(group, columns=_INDEX_COLUMNS)
+        table = parquet.read_row_group(group, columns=INDEX_COLUMNS)
         rows = pc.indices_nonzero(pc.not_equal(table.column("kind"), "wal"))
         for row, record in zip(rows.to_pylist(), table.take(rows).to_pylist(), strict=True):
             record.update(_file=path, _group=group, _row=row)
@@ -419,73 +346,3 @@ def create_local_bronze(path: str) -> None:
         configuration={"delta.dataSkippingStatsColumns": STATS_COLUMNS},
     )
     log.info("created bronze table at %s", path)
-
-
-def writer_choice(choice: str | None = None) -> str:
-    """``choice`` (default: the process's ``[lakehouse] engine``), checked."""
-    choice = current().engine if choice is None else choice
-    if choice not in ENGINES:
-        raise ValueError(f"[lakehouse] engine must be auto, delta-rs or spark, not {choice!r}")
-    return choice
-
-
-def delta_rs_unusable(path: str | None) -> str | None:
-    """Why delta-rs cannot write bronze at ``path`` (None: it can)."""
-    try:
-        from deltalake import DeltaTable
-    except ImportError:
-        return "the deltalake package is not installed"
-    if path is None:
-        return "bronze is not a directory of the local file system"
-    if not (Path(path) / "_delta_log").is_dir():
-        return None  # created by delta-rs, with the protocol it writes
-    protocol = DeltaTable(path).protocol()
-    if protocol.min_writer_version > _MAX_WRITER_VERSION or protocol.writer_features:
-        return f"bronze at {path} has writer protocol {protocol.min_writer_version}"
-    return None
-
-
-def open_bronze(
-    table: str,
-    source: str,
-    *,
-    path: str | None = None,
-    spark: SparkSession | None = None,
-    engine: str | None = None,
-) -> Bronze:
-    """Bronze for capture: delta-rs where it can write (see the module docstring), else Spark.
-
-    ``path``: bronze's local directory when the caller knows it without Spark (the configured
-    state directory's warehouse); with ``spark``, the table is created through the catalog if
-    it does not exist and its location asked of Spark. Without ``spark`` nothing here starts a
-    JVM, and bronze must be a local directory. ``engine``: ``[lakehouse] engine`` (default:
-    the process's, ``pgmedallion.core.engine``).
-    """
-    choice = writer_choice(engine)
-    if choice == "spark" or (choice == "auto" and on_databricks()):
-        return _spark_bronze(spark, table, source, path)
-    if spark is not None:
-        from pgmedallion.bronze.spark_table import ensure_bronze_table, local_table_path
-
-        ensure_bronze_table(spark, table, path)
-        path = local_table_path(spark, table)
-    reason = delta_rs_unusable(path)
-    if reason is None:
-        if spark is None:
-            # A capture process of its own: Arrow's default allocator (mimalloc) kept about
-            # 25 MB more resident than the system's through a stream of 8 MiB batches.
-            pa.set_memory_pool(pa.system_memory_pool())
-        return DeltaRsBronze(str(path), table, source)
-    if choice == "delta-rs":
-        raise ValueError(f"[lakehouse] engine is delta-rs, but {reason}")
-    log.info("bronze is committed through Spark: %s", reason)
-    return _spark_bronze(spark, table, source, path)
-
-
-def _spark_bronze(spark: SparkSession | None, table: str, source: str, path: str | None) -> Bronze:
-    if spark is None:
-        raise ValueError(f"bronze table {table} is committed through Spark here: start a session")
-    from pgmedallion.bronze.spark_table import SparkBronze, ensure_bronze_table
-
-    ensure_bronze_table(spark, table, path)
-    return SparkBronze(spark, table, source)

@@ -14,7 +14,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pgmedallion.bronze.store import Bronze, delta_rs_unusable, open_bronze, writer_choice
+from pgmedallion.bronze.engines import delta_rs_unusable, open_bronze, writer_choice
+from pgmedallion.bronze.store import Bronze
 from pgmedallion.capture.progress import (
     ProgressCallback,
 )

@@ -313,14 +313,14 @@ def _finish(item: _Item, rules: Sequence[tuple[list[str], str | None]]) -> Table
             to_gold.append((values, m, lsn))
     if held:
         return None  # rows for the quarantine: the per-table path writes it
-    errors_record = summary_record(t.info.name, NO_DEFINITE_ERRORS, t.policy, t.errors)
+    errors_record = summary_record(t.info.qualified_name, NO_DEFINITE_ERRORS, t.policy, t.errors)
     counted = []
     for rule in t.rules:
         samples = [s for failed, s in rules if rule.name in failed]
         sample = "[" + ",".join(samples[:SAMPLE_ROWS]) + "]"
         passed = len(item.state) - len(samples)
         counted.append(
-            QualityRecord(t.info.name, rule.name, t.policy, len(samples), passed, sample)
+            QualityRecord(t.info.qualified_name, rule.name, t.policy, len(samples), passed, sample)
         )
     records = [errors_record, *counted]
     if t.policy == "fail" and any(r.failed for r in records):

@@ -66,7 +66,6 @@ from pgmedallion.gold.batch import build_batched
 from pgmedallion.gold.history import (
     ErrorSummary,
     Reported,
-    SourceTable,
     errors_of,
     latest_progress,
     read_adjustments,
@@ -81,6 +80,7 @@ from pgmedallion.gold.quality import GoldQualityError
 from pgmedallion.gold.reports import ensure_report_tables, write_reports
 from pgmedallion.gold.table import build_table, untouched_outcome
 from pgmedallion.gold.table_io import gold_table_names, layer_schema, plain_name
+from pgmedallion.silver.contract import TableInfo
 
 
 @dataclass
@@ -93,7 +93,7 @@ class GoldResult:
     def table(self, name: str) -> TableOutcome:
         """The outcome for a silver table name or a ``schema.table`` source name."""
         for t in self.tables:
-            if name in (t.table.silver_table, t.table.name):
+            if name in (t.table.silver_table, t.table.qualified_name):
                 return t
         raise KeyError(name)
 
@@ -105,17 +105,17 @@ class _Inputs:
 
     silver_run: int
     frontier: int
-    tables: list[SourceTable]
+    tables: list[TableInfo]
     errors: dict[tuple, ErrorSummary]
     adjusted: dict[int, ErrorSummary]
     reported: dict[tuple[int, str], Reported]
     silver_runs: list[tuple[int, set[int] | None]]
     existing: set[str]
 
-    def report_of(self, cfg: Config, info: SourceTable) -> Reported | None:
-        return self.reported.get((info.table_oid, plain_name(cfg, "gold", info.silver_table)))
+    def report_of(self, cfg: Config, info: TableInfo) -> Reported | None:
+        return self.reported.get((info.oid, plain_name(cfg, "gold", info.silver_table)))
 
-    def exists(self, info: SourceTable) -> bool:
+    def exists(self, info: TableInfo) -> bool:
         return info.silver_table.lower() in self.existing
 
 
@@ -126,7 +126,7 @@ def _read_inputs(spark: SparkSession, cfg: Config) -> _Inputs | None:
     silver_run, frontier = progress
     ensure_report_tables(spark, cfg)
     tables = read_tables(spark, cfg)
-    since = {t.table_oid: t.snapshot_run for t in tables if t.snapshot_run is not None}
+    since = {t.oid: t.snapshot_run for t in tables if t.snapshot_run is not None}
     reported = read_reported(spark, cfg)
     silver_runs = (
         touched_by_silver_runs(spark, cfg, min(r.silver_run for r in reported.values()), silver_run)
@@ -158,14 +158,14 @@ def _sessions(spark: SparkSession, count: int) -> list[SparkSession]:
 
 
 def _build_tables(
-    spark: SparkSession, cfg: Config, inputs: _Inputs, work: list[tuple[SourceTable, ErrorSummary]]
+    spark: SparkSession, cfg: Config, inputs: _Inputs, work: list[tuple[TableInfo, ErrorSummary]]
 ) -> list[TableOutcome]:
     """Build the tables of ``work``: the small local increments together (``gold.batch``), the
     others concurrently, each in a session of its own."""
     schema_dir = delta_rs.schema_dir(spark, layer_schema(cfg, "gold")) if work else None
     silver_dir = delta_rs.schema_dir(spark, layer_schema(cfg, "silver")) if schema_dir else None
 
-    def paths(info: SourceTable) -> dict:
+    def paths(info: TableInfo) -> dict:
         return {
             "path": delta_rs.table_dir(schema_dir, info.silver_table),
             "silver_path": delta_rs.table_dir(silver_dir, info.silver_table),
@@ -183,7 +183,7 @@ def _build_tables(
                     inputs.silver_run,
                     inputs.frontier,
                     summary,
-                    inputs.adjusted.get(info.table_oid) or ErrorSummary(),
+                    inputs.adjusted.get(info.oid) or ErrorSummary(),
                     **paths(info),
                 ),
                 inputs.exists(info),
@@ -206,7 +206,7 @@ def _build_tables(
                 inputs.silver_run,
                 inputs.frontier,
                 summary,
-                adjusted=inputs.adjusted.get(info.table_oid),
+                adjusted=inputs.adjusted.get(info.oid),
                 exists=inputs.exists(info),
                 **paths(info),
             )
@@ -246,12 +246,12 @@ def run_gold(spark: SparkSession, cfg: Config) -> GoldResult:
     if inputs is None:
         return GoldResult(cfg.source.name, None, None)
     outcomes: list[TableOutcome | None] = [None] * len(inputs.tables)
-    work: list[tuple[int, SourceTable, ErrorSummary]] = []
+    work: list[tuple[int, TableInfo, ErrorSummary]] = []
     for i, info in enumerate(inputs.tables):
         summary = errors_of(info, inputs.errors)
         reported = inputs.report_of(cfg, info)
         if untouched(info, reported, inputs.silver_run, inputs.silver_runs, inputs.exists(info)):
-            adjusted = inputs.adjusted.get(info.table_oid)
+            adjusted = inputs.adjusted.get(info.oid)
             outcomes[i] = untouched_outcome(
                 cfg, info, inputs.silver_run, inputs.frontier, summary, adjusted, reported
             )
@@ -265,7 +265,9 @@ def run_gold(spark: SparkSession, cfg: Config) -> GoldResult:
     if _reports_changed(cfg, inputs, len(work), done):
         write_reports(spark, cfg, inputs.silver_run, done)
     result = GoldResult(cfg.source.name, inputs.silver_run, inputs.frontier, done)
-    failures = {o.table.name: o.failures for o in done if o.policy == "fail" and o.failures}
+    failures = {
+        o.table.qualified_name: o.failures for o in done if o.policy == "fail" and o.failures
+    }
     if failures:
         raise GoldQualityError(failures, result)
     return result

@@ -15,30 +15,12 @@ from pyspark.sql import functions as F
 
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
+from pgmedallion.silver.catalog import load_tables
+from pgmedallion.silver.contract import TableInfo
 
 TAG = "pgmedallion_gold"  # the key of gold's JSON in its commits' ``userMetadata``
 SAMPLE_ROWS = 5
 HISTORY_FIRST = 20  # gold commits are looked for among this many newest commits first
-
-
-@dataclass(frozen=True)
-class SourceTable:
-    """One row of silver's ``_tables``."""
-
-    source: str
-    table_oid: int
-    table_schema: str
-    table_name: str
-    silver_table: str
-    primary_key: tuple[str, ...]
-    not_null: tuple[str, ...]
-    snapshot_run: int | None = None
-    """The silver run that rebuilt the table from its newest snapshot (see silver's
-    ``_tables``): gold is rebuilt in full from it, and errors of earlier runs are history."""
-
-    @property
-    def name(self) -> str:
-        return f"{self.table_schema}.{self.table_name}"
 
 
 @dataclass(frozen=True)
@@ -87,26 +69,10 @@ def latest_progress(spark: SparkSession, cfg: Config) -> tuple[int, int] | None:
     return (int(row["run"]), int(row["frontier"])) if row["run"] is not None else None
 
 
-def read_tables(spark: SparkSession, cfg: Config) -> list[SourceTable]:
-    rows = (
-        spark.table(cfg.qualified("silver", "_tables"))
-        .filter((F.col("source") == cfg.source.name) & F.col("snapshot_lsn").isNotNull())
-        .orderBy("table_schema", "table_name")
-        .collect()
-    )
-    return [
-        SourceTable(
-            source=r["source"],
-            table_oid=int(r["table_oid"]),
-            table_schema=r["table_schema"],
-            table_name=r["table_name"],
-            silver_table=r["silver_table"],
-            primary_key=tuple(r["primary_key"] or ()),
-            not_null=tuple(r["not_null"] or ()),
-            snapshot_run=r.asDict().get("snapshot_run"),  # absent before resync existed
-        )
-        for r in rows
-    ]
+def read_tables(spark: SparkSession, cfg: Config) -> list[TableInfo]:
+    """The source's snapshotted tables, by schema and name (silver's ``_tables`` reader)."""
+    tables = [t for t in load_tables(spark, cfg).values() if t.snapshot_lsn is not None]
+    return sorted(tables, key=lambda t: (t.schema, t.name))
 
 
 def read_errors(
@@ -172,13 +138,12 @@ def read_adjustments(
     return {r["table_oid"]: ErrorSummary(int(r["n"]), r["first_lsn"], r["s"]) for r in rows}
 
 
-def errors_of(table: SourceTable, errors: dict[tuple, ErrorSummary]) -> ErrorSummary:
+def errors_of(table: TableInfo, errors: dict[tuple, ErrorSummary]) -> ErrorSummary:
     """The table's errors: matched by OID, or by name where silver knew no OID."""
     found = [
         e
         for (oid, schema, name), e in errors.items()
-        if oid == table.table_oid
-        or (oid is None and (schema, name) == (table.table_schema, table.table_name))
+        if oid == table.oid or (oid is None and (schema, name) == (table.schema, table.name))
     ]
     if not found:
         return ErrorSummary()

@@ -12,16 +12,16 @@ from pyspark.sql import types as T
 
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
-from pgmedallion.gold.history import Applied, ErrorSummary, SourceTable
+from pgmedallion.gold.history import Applied, ErrorSummary
 from pgmedallion.gold.quality import VALUES_ADJUSTED, QualityRecord, row_rules
 from pgmedallion.gold.state import c
-from pgmedallion.silver.contract import DIFF, LSN, METADATA
+from pgmedallion.silver.contract import DIFF, LSN, METADATA, TableInfo
 from pgmedallion.silver.contract import RUN as SILVER_RUN
 
 
 @dataclass
 class TableOutcome:
-    table: SourceTable
+    table: TableInfo
     gold_table: str
     policy: str
     mode: str  # full | incremental | unchanged | held
@@ -42,7 +42,7 @@ class Table:
 
     spark: SparkSession
     cfg: Config
-    info: SourceTable
+    info: TableInfo
     silver_run: int
     silver_frontier: int
     errors: ErrorSummary
@@ -57,7 +57,7 @@ class Table:
     local: bool = False  # a small local table: its rows are read by delta-rs, see ``updates``
 
     def __post_init__(self) -> None:
-        self.policy = self.cfg.policy(self.info.name).on_error
+        self.policy = self.cfg.policy(self.info.qualified_name).on_error
         self.gold = self.cfg.qualified("gold", self.info.silver_table)
         self.quarantine = self.cfg.qualified("gold", self.info.silver_table + "__quarantine")
         schema = (

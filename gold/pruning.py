@@ -18,9 +18,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pgmedallion.core.naming import quote
-from pgmedallion.gold.history import Reported, SourceTable
+from pgmedallion.gold.history import Reported
 from pgmedallion.gold.plan import Table
 from pgmedallion.gold.state import c
+from pgmedallion.silver.contract import TableInfo
 
 ROWS_PER_FILE = 1_000_000  # a full build's file size, in rows
 BROADCAST_KEYS = 1_000_000  # up to this many touched keys, joins with gold broadcast them
@@ -38,7 +39,7 @@ _RANGE_TYPES = (
 
 
 def untouched(
-    info: SourceTable,
+    info: TableInfo,
     reported: Reported | None,
     silver_run: int,
     silver_runs: Sequence[tuple[int, set[int] | None]],
@@ -53,7 +54,7 @@ def untouched(
     if info.snapshot_run is not None and info.snapshot_run > reported.silver_run:
         return False
     return not any(
-        reported.silver_run < n and (oids is None or info.table_oid in oids)
+        reported.silver_run < n and (oids is None or info.oid in oids)
         for n, oids in silver_runs
     )
 

@@ -105,9 +105,9 @@ def write_frontier(
     frontier = [
         (
             o.table.source,
-            o.table.table_oid,
-            o.table.table_schema,
-            o.table.table_name,
+            o.table.oid,
+            o.table.schema,
+            o.table.name,
             o.gold_table,
             o.frontier,
             o.silver_run,

@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.core.failpoints import failpoint
-from pgmedallion.gold.history import Applied, ErrorSummary, Reported, SourceTable, applied_state
+from pgmedallion.gold.history import Applied, ErrorSummary, Reported, applied_state
 from pgmedallion.gold.plan import Table, TableOutcome, plan
 from pgmedallion.gold.pruning import clustered, comparable, key_ranges, small
 from pgmedallion.gold.quality import NO_DEFINITE_ERRORS, VALUES_ADJUSTED, QualityRecord, row_rules
@@ -46,12 +46,13 @@ from pgmedallion.gold.table_io import (
     table_exists,
     tagged_commit,
 )
+from pgmedallion.silver.contract import TableInfo
 
 
 def build_table(
     spark: SparkSession,
     cfg: Config,
-    info: SourceTable,
+    info: TableInfo,
     silver_run: int,
     frontier: int,
     errors: ErrorSummary,
@@ -84,7 +85,7 @@ def build_table(
         path=path,
         silver_path=silver_path,
     )
-    errors_record = summary_record(info.name, NO_DEFINITE_ERRORS, t.policy, errors)
+    errors_record = summary_record(info.qualified_name, NO_DEFINITE_ERRORS, t.policy, errors)
     ensure_gold(t, exists)
     discover = applied_override == "discover"
     applied = applied_state(spark, t.gold, path) if discover else applied_override
@@ -97,7 +98,7 @@ def build_table(
         and applied.rows <= delta_rs.small_rows()
     )
     if mode == "unchanged":
-        untouched = [QualityRecord(info.name, r.name, t.policy, 0, 0) for r in t.rules]
+        untouched = [QualityRecord(info.qualified_name, r.name, t.policy, 0, 0) for r in t.rules]
         return outcome(t, applied, mode, [errors_record, *untouched])
     state, affected, quarantine_old, old_rows = (
         (consolidate(t.updates(None), t.names), None, 0, 0)
@@ -111,7 +112,8 @@ def build_table(
         else checked.persist(StorageLevel.MEMORY_AND_DISK)
     )
     try:
-        counted, quarantined, gold_rows = count_rules(checked, t.rules, info.name, t.policy)
+        name = info.qualified_name
+        counted, quarantined, gold_rows = count_rules(checked, t.rules, name, t.policy)
         records = [errors_record] + counted
         if t.policy == "fail" and any(r.failed for r in records):
             return outcome(t, applied, "held", records)
@@ -202,7 +204,7 @@ def _write_gold(
 
 
 def outcome(t: Table, applied: Applied | None, mode: str, records: list) -> TableOutcome:
-    records = [*records, summary_record(t.info.name, VALUES_ADJUSTED, "warn", t.adjusted)]
+    records = [*records, summary_record(t.info.qualified_name, VALUES_ADJUSTED, "warn", t.adjusted)]
     return TableOutcome(
         table=t.info,
         gold_table=plain_name(t.cfg, "gold", t.info.silver_table),
@@ -258,7 +260,7 @@ def incremental_state(t: Table, applied: Applied) -> tuple[DataFrame, DataFrame,
 
 def untouched_outcome(
     cfg: Config,
-    info: SourceTable,
+    info: TableInfo,
     silver_run: int,
     frontier: int,
     errors: ErrorSummary,
@@ -268,15 +270,15 @@ def untouched_outcome(
     """The outcome of a table no silver run since its last gold run wrote anything for: its
     gold table holds its state at the new frontier as it is, so nothing is read or written
     (``_frontier`` records the new frontier)."""
-    policy = cfg.policy(info.name).on_error
+    policy = cfg.policy(info.qualified_name).on_error
     held = policy == "quarantine" and errors.count
     records = [
-        summary_record(info.name, NO_DEFINITE_ERRORS, policy, errors),
+        summary_record(info.qualified_name, NO_DEFINITE_ERRORS, policy, errors),
         *[
-            QualityRecord(info.name, r.name, policy, 0, 0)
+            QualityRecord(info.qualified_name, r.name, policy, 0, 0)
             for r in row_rules(info.primary_key, info.not_null, policy)
         ],
-        summary_record(info.name, VALUES_ADJUSTED, "warn", adjusted or ErrorSummary()),
+        summary_record(info.qualified_name, VALUES_ADJUSTED, "warn", adjusted or ErrorSummary()),
     ]
     return TableOutcome(
         table=info,

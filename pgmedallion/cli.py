@@ -148,7 +148,7 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
             )
     if result.gold is not None:
         for t in result.gold.tables:
-            name = f"{t.table.table_schema}.{t.table.table_name}"
+            name = t.table.qualified_name
             print(f"gold: {name}: {t.rows} rows at {format_lsn(t.frontier)} ({t.mode})")
     if result.marts is not None:
         from pgmedallion.marts.runner import format_quality

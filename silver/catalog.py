@@ -53,6 +53,7 @@ def load_tables(spark: SparkSession, cfg: Config) -> dict[int, TableInfo]:
             not_null=list(r["not_null"] or []),
             columns=json.loads(r["columns"]),
             snapshot_run=r["snapshot_run"],
+            source=r["source"],
         )
     return out
 

@@ -97,7 +97,8 @@ CHANGE_ARROW = pa.schema(
 
 @dataclass
 class TableInfo:
-    """What silver knows about one source table (a row of ``_tables``)."""
+    """What silver knows about one source table (a row of ``_tables``; gold reads the same
+    rows through :func:`pgmedallion.silver.catalog.load_tables`)."""
 
     oid: int
     schema: str
@@ -111,7 +112,9 @@ class TableInfo:
     target, infinity}``."""
     snapshot_run: int | None = None
     """The silver run that (re)built the table from its newest snapshot: its earlier errors
-    are history (``pgmedallion resync``)."""
+    are history (``pgmedallion resync``); gold is rebuilt in full from it."""
+    source: str = ""
+    """The configured source it belongs to."""
 
     @property
     def qualified_name(self) -> str:

@@ -13,13 +13,14 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
+from pgmedallion.bronze.engines import open_bronze
 from pgmedallion.bronze.spark_table import (
     SparkBronze,
     SparkWriter,
     ensure_bronze_table,
     local_table_path,
 )
-from pgmedallion.bronze.store import DeltaRsBronze, open_bronze
+from pgmedallion.bronze.store import DeltaRsBronze
 from pgmedallion.bronze.table import ARROW_SCHEMA, RecordBuffer, WalBuffer, app_id, json_payload
 from pgmedallion.bronze.writer import DeltaRsWriter, write_data_file
 from pgmedallion.core import engine

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
-from pgmedallion.gold.history import Reported, SourceTable
-from pgmedallion.gold.pruning import untouched
+from dataclasses import replace
 
-ORDERS = SourceTable("shop", 16503, "public", "orders", "public__orders", ("id",), ())
+from pgmedallion.gold.history import Reported
+from pgmedallion.gold.pruning import untouched
+from pgmedallion.silver.contract import TableInfo
+
+ORDERS = TableInfo(
+    oid=16503,
+    schema="public",
+    name="orders",
+    silver_table="public__orders",
+    snapshot_lsn=100,
+    primary_key=["id"],
+    not_null=[],
+    columns=[],
+    source="shop",
+)
 
 
 def test_a_table_no_silver_run_since_its_report_wrote_for_is_untouched():
@@ -28,6 +41,6 @@ def test_without_a_report_a_gold_table_or_after_a_rebuild_a_table_is_touched():
     assert not untouched(ORDERS, None, 5, [], exists=True)
     assert not untouched(ORDERS, reported, 5, [], exists=False)
     assert not untouched(ORDERS, reported, 2, [], exists=True)  # reported beyond the run
-    rebuilt = SourceTable("shop", 16503, "public", "orders", "public__orders", ("id",), (), 4)
+    rebuilt = replace(ORDERS, snapshot_run=4)
     assert not untouched(rebuilt, reported, 5, [], exists=True)
     assert untouched(rebuilt, Reported(4, 400, 10), 5, [], exists=True)
