@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from pgmedallion.bronze.store import Bronze, DeltaRsBronze
-from pgmedallion.core.config import on_databricks
-from pgmedallion.core.engine import ENGINES, current
+from pgmedallion.core.config import ENGINES, on_databricks
+from pgmedallion.core.engine import current
 
 if TYPE_CHECKING:  # only the Spark implementation needs pyspark
     from pyspark.sql import SparkSession

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
@@ -57,9 +57,6 @@ from pgmedallion.bronze.writer import (
     write_data_file,
 )
 from pgmedallion.core.failpoints import failpoint
-
-if TYPE_CHECKING:  # only the Spark implementation needs pyspark
-    pass
 
 log = logging.getLogger(__name__)
 

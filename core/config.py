@@ -75,7 +75,6 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from pgmedallion.core.engine import ENGINES
 from pgmedallion.core.naming import qualified
 
 
@@ -264,6 +263,10 @@ class LakehouseConfig:
     batch_changes: int = 20_000
     """Silver batches a table into a few shared Spark jobs when its run holds at most this many
     changes."""
+
+
+ENGINES = ("auto", "delta-rs", "spark")
+"""``[lakehouse] engine``'s values (see ``pgmedallion.core.engine``)."""
 
 
 @dataclass(frozen=True)

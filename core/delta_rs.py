@@ -34,7 +34,7 @@ def usable(path: str | None) -> bool:
     """Whether delta-rs may write the Delta table at ``path`` (a local table that exists)."""
     if DeltaTable is None or path is None:
         return False
-    if engine.current().spark_only:
+    if engine.spark_only():
         return False
     return (Path(path) / "_delta_log").is_dir()
 
@@ -45,7 +45,7 @@ def schema_dir(spark, schema: str) -> str | None:
     this file system, on Databricks, or delta-rs is not installed or turned off."""
     if DeltaTable is None or on_databricks():
         return None
-    if engine.current().spark_only:
+    if engine.spark_only():
         return None
     rows = spark.sql(f"DESCRIBE SCHEMA EXTENDED {schema}").collect()
     info = {r[0].strip().lower(): r[1] for r in rows}

@@ -1,9 +1,10 @@
 """Which engine reads and commits the lakehouse's tables, and how much a run does at once.
 
-One setting per process, from the configuration's ``[lakehouse]`` section (``engine``,
-``workers``, ``small_table_rows``, ``batch_changes``; see ``LakehouseConfig``), applied by every
-entry point (``capture_once``, ``run_silver``, ``run_gold``, ``run_stages``, ``verify``) with
-:func:`use` before it does anything; the layers read it through :func:`current`.
+One setting per process: the configuration's ``[lakehouse]`` section (``engine``, ``workers``,
+``small_table_rows``, ``batch_changes``; their meaning and defaults are ``LakehouseConfig``'s),
+applied by every entry point (``run_stages``, ``run_silver``, ``run_gold``, ``verify``; capture
+takes its engine from ``CaptureTarget``) with :func:`use` before it does anything; the layers
+read it through :func:`current`.
 
 ``engine``
     ``auto`` (the default): delta-rs (no JVM) reads and commits bronze, and silver's and gold's
@@ -15,43 +16,21 @@ entry point (``capture_once``, ``run_silver``, ``run_gold``, ``run_stages``, ``v
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pgmedallion.core.config import LakehouseConfig
 
-ENGINES = ("auto", "delta-rs", "spark")
-
-
-@dataclass(frozen=True)
-class Engine:
-    engine: str = "auto"
-    workers: int = 4
-    """Tables a stage works on at once (Spark jobs from threads, delta-rs reads and commits,
-    which release the GIL)."""
-    small_table_rows: int = 100_000
-    """A silver or gold table of at most this many rows is read and committed through delta-rs
-    (engine ``auto``), and gold computes its increment in the driver."""
-    batch_changes: int = 20_000
-    """Silver's batched path (many small tables in a few Spark jobs) takes a table whose run
-    holds at most this many changes."""
-
-    @property
-    def spark_only(self) -> bool:
-        return self.engine == "spark"
+_current = LakehouseConfig()
 
 
-_current = Engine()
-
-
-def current() -> Engine:
+def current() -> LakehouseConfig:
     return _current
 
 
-def use(lakehouse) -> Engine:
-    """Make ``lakehouse``'s settings (a ``LakehouseConfig``) this process's."""
+def use(lakehouse: LakehouseConfig) -> None:
+    """Make ``lakehouse``'s settings this process's."""
     global _current
-    _current = Engine(
-        engine=lakehouse.engine,
-        workers=lakehouse.workers,
-        small_table_rows=lakehouse.small_table_rows,
-        batch_changes=lakehouse.batch_changes,
-    )
-    return _current
+    _current = lakehouse
+
+
+def spark_only() -> bool:
+    """Whether Spark reads and commits every table (``engine = "spark"``)."""
+    return _current.engine == "spark"

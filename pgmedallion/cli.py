@@ -107,9 +107,6 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
 
     stages = STAGES if args.stage == "all" else (args.stage,)
     resync = [t.strip() for t in (args.resync or "").split(",") if t.strip()]
-    if resync and "capture" not in stages:
-        print("run: --resync needs the capture stage", file=sys.stderr)
-        return 2
     if stages == ("marts",) and not config.lakehouse.marts:
         print("run: no marts are configured ([lakehouse] marts)", file=sys.stderr)
         return 2
