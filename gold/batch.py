@@ -2,35 +2,34 @@
 
 A run that touches many small tables spent about 0.9 s per table in gold, almost all of it in
 Spark jobs of a few rows each (the touched keys' old rows, the checked state, the rule counts,
-the MERGE source). A small table's increment touches a handful of rows, so here it is computed
-in the driver, and Spark does only what must be Spark's, the rule conditions (Spark SQL), in
-one job per :data:`pgmedallion.core.packed.PARTS_PER_JOB` tables:
+the MERGE source). A small table's increment touches a handful of rows, so here ``gold.state``'s
+rules run in the driver on the table's rows as delta-rs reads them, and Spark does only what
+must be Spark's, the rule conditions (Spark SQL), in one job per
+:data:`pgmedallion.core.packed.PARTS_PER_JOB` tables:
 
     read      delta-rs: the gold commit's record (history), silver's new diffs, gold's rows
-    state     the touched keys' old rows (+1 each) and the new diffs, summed per row
-              (``pgmedallion.gold.state.consolidate``), with ``_key_rows`` (``with_key_rows``)
+    state     ``old_state``, ``affected_keys`` and ``state_of`` (consolidation, key rows)
     rules     one packed Spark job: each row's failed rules (``failed_rules``) and, for a
               failing row, its JSON sample, as ``count_rules`` writes it
-    merge     the MERGE operations (``merge_operations``: upsert, delete, insert per key) and
-              delta-rs' MERGE with gold's tag and idempotency record (``merge_arrow``)
+    judge     ``judge`` and ``tallies``
+    merge     ``merge_operations`` (or ``gold_rows`` for a full build) and delta-rs' MERGE
+              with gold's tag and idempotency record (``merge_arrow``)
+
+The rules are the functions a large table's build applies bucket by bucket in Spark
+(``gold.on_spark``): one definition, two places to run it.
 
 What qualifies: an incremental build of a table whose gold and silver tables are local, of at
 most ``[lakehouse] small_table_rows`` rows, with gold's columns as silver's, no quarantine
 table, and no map column. A table whose new state sends a row to quarantine goes back to the
 per-table path (which writes the quarantine) before anything is written, and so does one whose
 MERGE delta-rs refuses.
-
-Grouping in the driver is exact: the rows come from Delta tables that Spark's grouping wrote
-(silver's consolidation, gold's MERGE), whose floating-point values are already normalized; a
-NaN is equal to a NaN here as in Spark's grouping.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -42,17 +41,19 @@ from pgmedallion.core import delta_rs, engine, packed
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.naming import quote
 from pgmedallion.core.parallel import concurrently
+from pgmedallion.gold import state as rules_of
 from pgmedallion.gold.history import SAMPLE_ROWS, TAG, Applied, applied_state
+from pgmedallion.gold.on_spark import failed_rules
 from pgmedallion.gold.plan import Table, TableOutcome
 from pgmedallion.gold.quality import NO_DEFINITE_ERRORS, QualityRecord
 from pgmedallion.gold.reports import summary_record
-from pgmedallion.gold.state import DELETE, DIFF, INSERT, LSN, MULT, OP, RULES, UPSERT, failed_rules
+from pgmedallion.gold.state import DIFF, KEY_ROWS, LSN, MULT, OP, RULES
 from pgmedallion.gold.table import build_mode, ensure_gold, outcome
 from pgmedallion.gold.table_io import gold_schema, merge_arrow
 
 log = logging.getLogger(__name__)
 
-KEY_ROWS, ROW, SAMPLE = "_key_rows", "_pgm_row", "_pgm_sample"
+ROW, SAMPLE = "_pgm_row", "_pgm_sample"
 _SHARED = (MULT, LSN, KEY_ROWS, ROW)
 _SHARED_SCHEMA = T.StructType(
     [
@@ -71,24 +72,13 @@ class _Item:
     mode: str = "incremental"
     """``incremental`` or ``full`` (a small table built from all of silver's rows)."""
     exists: bool = True
-    state: list[tuple[list, int, int]] = field(default_factory=list)
-    """The touched keys' new state: ``(values, multiplicity, lsn)``."""
-    affected: dict = field(default_factory=dict)
-    """Every touched key (normalized) -> ``(key values, gold's rows of it before)``."""
+    state: pa.Table | None = None
+    """The touched keys' new state (``gold.state.state_of``), in gold's column types."""
+    affected: pa.Table | None = None
+    """Every touched key with gold's rows of it before (``gold.state.affected_keys``)."""
     old_rows: int = 0
     arrow: pa.Schema | None = None
     """Gold's columns and ``_lsn`` as Arrow."""
-
-
-def _norm(value):
-    """A value as a grouping key: NaN equal to NaN, lists and structs as tuples."""
-    if isinstance(value, float):
-        return ("NaN",) if value != value else (0.0 if value == 0 else value)
-    if isinstance(value, list | tuple):
-        return tuple(_norm(v) for v in value)
-    if isinstance(value, dict):  # a struct: its fields in order
-        return tuple((k, _norm(v)) for k, v in value.items())
-    return value
 
 
 def _has_map(t: T.DataType) -> bool:
@@ -138,68 +128,60 @@ def _state(item: _Item) -> None:
     if not item.exists:
         ensure_gold(t, False)
     names = t.names
-    positions = [names.index(k) for k in t.key]
     after = item.applied.silver_run if item.mode == "incremental" else None
-    updates = delta_rs.read_arrow(
-        t.silver_path, [*names, LSN, DIFF], t.updates_where(after)
-    ).to_pylist()
-    touched = {}
-    for r in updates:
-        values = [r[n] for n in names]
-        key = tuple(_norm(values[p]) for p in positions)
-        touched.setdefault(key, [values[p] for p in positions])
     where = None if item.mode == "incremental" else "false"  # a full build reads no gold rows
     gold = delta_rs.read_arrow(t.path, [*names, LSN], where)
-    item.arrow = gold.schema
-    sums: dict[tuple, list] = {}
-    old: dict[tuple, int] = {}
-
-    def add(values: list, lsn: int, diff: int) -> None:
-        row = sums.setdefault(tuple(_norm(v) for v in values), [values, 0, None])
-        row[1] += diff
-        row[2] = lsn if row[2] is None or (lsn is not None and lsn > row[2]) else row[2]
-
-    for r in gold.to_pylist():
-        values = [r[n] for n in names]
-        key = tuple(_norm(values[p]) for p in positions)
-        if key in touched:
-            old[key] = old.get(key, 0) + 1
-            add(values, r[LSN], 1)
-    for r in updates:
-        add([r[n] for n in names], r[LSN], r[DIFF])
-    item.old_rows = sum(old.values())
-    item.affected = {k: (v, old.get(k, 0)) for k, v in touched.items()}
-    item.state = [(v, m, lsn) for v, m, lsn in sums.values() if m != 0]
+    item.arrow = _nullable(gold.schema)
+    diffs = item.arrow.append(pa.field(DIFF, pa.int64()))
+    updates = _conformed(
+        delta_rs.read_arrow(t.silver_path, [*names, LSN, DIFF], t.updates_where(after)), diffs
+    )
+    keys = updates.select(t.key)
+    old = rules_of.old_state(_conformed(gold, item.arrow), keys, t.key, names)
+    item.old_rows = old.num_rows
+    item.affected = rules_of.affected_keys(keys, old, t.key)
+    both = pa.concat_tables([updates, _conformed(old, diffs)])
+    item.state = rules_of.state_of(both, names, t.info.primary_key)
 
 
-def _key_rows(item: _Item) -> list[int]:
-    """``with_key_rows`` per state row: copies (positive multiplicity) of the row's key."""
-    if not item.t.keyed:
-        return [max(m, 0) for _, m, _ in item.state]
-    positions = [item.t.names.index(k) for k in item.t.key]
-    per_key: dict[tuple, int] = {}
-    keys = [tuple(_norm(v[p]) for p in positions) for v, _, _ in item.state]
-    for k, (_, m, _) in zip(keys, item.state, strict=True):
-        per_key[k] = per_key.get(k, 0) + max(m, 0)
-    return [per_key[k] for k in keys]
+def _nullable(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every field nullable and views as plain types (DataFusion reads
+    strings as ``string_view``, which Arrow's kernels do not all take)."""
+    return pa.schema([f.with_type(_plain(f.type)).with_nullable(True) for f in schema])
 
 
-def _rules(spark: SparkSession, items: list[_Item]) -> list[list[tuple[list[str], str | None]]]:
-    """Per item, per state row: the rules it fails and (failing) its JSON sample; one Spark job
-    per :data:`pgmedallion.core.packed.PARTS_PER_JOB` items."""
-    out: list[list[tuple[list[str], str | None]]] = []
+def _plain(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        return pa.list_(t.value_field.with_type(_plain(t.value_type)))
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_plain(f.type)) for f in t])
+    return t
+
+
+def _conformed(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table``'s columns ``schema.names`` of ``schema``'s types (silver's and gold's Arrow
+    types may differ in width or nullability)."""
+    return pa.table([table.column(f.name).cast(f.type) for f in schema], schema=schema)
+
+
+def _rules(spark: SparkSession, items: list[_Item]) -> list[tuple[pa.Table, list]]:
+    """Per item: its state with ``_rules`` (the rules each row fails, ``failed_rules``), and
+    per row its JSON sample (failing rows only); one Spark job per
+    :data:`pgmedallion.core.packed.PARTS_PER_JOB` items."""
+    out: list[tuple[pa.Table, list]] = []
     for group in packed.chunks(items):
         tables, schemas = [], []
         for item in group:
-            names = item.t.names
-            key_rows = _key_rows(item)
-            records = [
-                {**dict(zip(names, v, strict=True)), MULT: m, LSN: lsn, KEY_ROWS: kr, ROW: i}
-                for i, ((v, m, lsn), kr) in enumerate(zip(item.state, key_rows, strict=True))
-            ]
-            fields = [item.arrow.field(n) for n in names]
-            arrow = pa.schema(fields + [pa.field(c, pa.int64()) for c in _SHARED])
-            tables.append(pa.Table.from_pylist(records, schema=arrow))
+            rows = item.state.num_rows
+            tables.append(
+                item.state.select([*item.t.names, MULT, LSN, KEY_ROWS]).append_column(
+                    ROW, pa.array(range(rows), pa.int64())
+                )
+            )
             own = [T.StructField(f.name, f.dataType) for f in item.t.columns]
             schemas.append(T.StructType(own))
         frame = packed.frame(spark, tables, schemas, _SHARED_SCHEMA)
@@ -220,41 +202,15 @@ def _rules(spark: SparkSession, items: list[_Item]) -> list[list[tuple[list[str]
         for p in parts[1:]:
             union = union.union(p)
         result = union.coalesce(2).toArrow().to_pylist()
-        per = [[([], None)] * len(item.state) for item in group]
+        failed: list[list] = [[[] for _ in range(item.state.num_rows)] for item in group]
+        samples: list[list] = [[None] * item.state.num_rows for item in group]
         for r in result:
-            per[r[packed.PART]][r[ROW]] = (r[RULES] or [], r[SAMPLE])
-        out += per
+            failed[r[packed.PART]][r[ROW]] = r[RULES] or []
+            samples[r[packed.PART]][r[ROW]] = r[SAMPLE]
+        for item, names, sample in zip(group, failed, samples, strict=True):
+            checked = item.state.append_column(RULES, pa.array(names, pa.list_(pa.string())))
+            out.append((checked, sample))
     return out
-
-
-def _operations(item: _Item, to_gold: list[tuple[list, int, int]]) -> pa.Table:
-    """``pgmedallion.gold.state.merge_operations`` on the driver: the MERGE source rows."""
-    t = item.t
-    positions = [t.names.index(k) for k in t.key]
-    new: dict[tuple, int] = {}
-    for v, m, _ in to_gold:
-        k = tuple(_norm(v[p]) for p in positions)
-        new[k] = new.get(k, 0) + m
-    multi = set()
-    records = []
-    for k, (key_values, old) in item.affected.items():
-        n = new.get(k, 0)
-        several = old > 1 or n > 1  # the key's old rows all go, its new ones are inserted
-        if several:
-            multi.add(k)
-        if (several and old >= 1) or (old == 1 and n == 0):
-            row = {name: None for name in t.names}
-            row.update(dict(zip(t.key, key_values, strict=True)))
-            records.append({**row, LSN: None, OP: DELETE})
-    for v, m, lsn in to_gold:
-        k = tuple(_norm(v[p]) for p in positions)
-        row = {**dict(zip(t.names, v, strict=True)), LSN: lsn}
-        if k in multi:
-            records += [{**row, OP: INSERT}] * m
-        else:
-            records.append({**row, OP: UPSERT})
-    schema = pa.schema([*item.arrow, pa.field(OP, pa.string())])
-    return pa.Table.from_pylist(records, schema=schema)
 
 
 def build_batched(
@@ -286,8 +242,7 @@ def build_batched(
     checked = _rules(spark, [items[i] for i in order])
 
     def finish(n: int) -> TableOutcome | None:
-        item = items[order[n]]
-        return _finish(item, checked[n])
+        return _finish(items[order[n]], *checked[n])
 
     done: dict[int, TableOutcome] = {}
     results = concurrently(finish, list(range(len(order))), workers)
@@ -300,32 +255,28 @@ def build_batched(
     return done, sorted(rest)
 
 
-def _finish(item: _Item, rules: Sequence[tuple[list[str], str | None]]) -> TableOutcome | None:
+def _finish(item: _Item, checked: pa.Table, samples: list) -> TableOutcome | None:
     """Counts, the MERGE and the outcome of one table; None: the per-table path takes it."""
     t, applied = item.t, item.applied
-    to_gold, records = [], []
-    held = 0
-    for (values, m, lsn), (failed, _) in zip(item.state, rules, strict=True):
-        goes = not (m < 0 or (t.policy == "quarantine" and failed))
-        if not goes:
-            held += 1
-        elif m > 0:
-            to_gold.append((values, m, lsn))
-    if held:
+    checked = rules_of.judge(checked, t.policy)
+    names = [r.name for r in t.rules]
+    (counts,) = rules_of.tallies(checked, names).to_pylist()
+    if counts[rules_of.HELD]:
         return None  # rows for the quarantine: the per-table path writes it
     errors_record = summary_record(t.info.qualified_name, NO_DEFINITE_ERRORS, t.policy, t.errors)
     counted = []
-    for rule in t.rules:
-        samples = [s for failed, s in rules if rule.name in failed]
-        sample = "[" + ",".join(samples[:SAMPLE_ROWS]) + "]"
-        passed = len(item.state) - len(samples)
+    for i, rule in enumerate(t.rules):
+        failed = counts[rules_of.rule_count(i)]
+        mine = [samples[r] for r in rules_of.failing(checked, rule.name).nonzero()[0]]
+        sample = "[" + ",".join(mine[:SAMPLE_ROWS]) + "]"
+        passed = counts[rules_of.COUNTED] - failed
         counted.append(
-            QualityRecord(t.info.qualified_name, rule.name, t.policy, len(samples), passed, sample)
+            QualityRecord(t.info.qualified_name, rule.name, t.policy, failed, passed, sample)
         )
     records = [errors_record, *counted]
     if t.policy == "fail" and any(r.failed for r in records):
         return outcome(t, applied, "held", records)
-    gold_rows = sum(m for _, m, _ in to_gold)
+    gold_rows = counts[rules_of.GOLD]
     full = item.mode == "full"
     rows = gold_rows if full else gold_rows + applied.rows - item.old_rows
     meta = {
@@ -337,9 +288,14 @@ def _finish(item: _Item, rules: Sequence[tuple[list[str], str | None]]) -> Table
         "mode": item.mode,
         "rows": rows,
     }
+    ops = item.arrow.append(pa.field(OP, pa.string()))
     try:
-        data = _gold_rows(item, to_gold) if full else _operations(item, to_gold)
-    except Exception as exc:  # a value Arrow cannot take as the driver holds it
+        data = (
+            _conformed(rules_of.gold_rows(checked, t.names), item.arrow)
+            if full
+            else _conformed(rules_of.merge_operations(checked, item.affected, t.key, t.names), ops)
+        )
+    except pa.ArrowException as exc:  # a value Arrow cannot take as the driver holds it
         log.warning("%s: built alone (%s)", t.gold, exc)
         return None
     if full:
@@ -357,12 +313,3 @@ def _finish(item: _Item, rules: Sequence[tuple[list[str], str | None]]) -> Table
         rows=rows,
     )
     return outcome(t, now, item.mode, records)
-
-
-def _gold_rows(item: _Item, to_gold: list[tuple[list, int, int]]) -> pa.Table:
-    """A full build's gold rows: a row of multiplicity m m times (``gold.state.expand``)."""
-    names = item.t.names
-    records = [
-        {**dict(zip(names, v, strict=True)), LSN: lsn} for v, m, lsn in to_gold for _ in range(m)
-    ]
-    return pa.Table.from_pylist(records, schema=item.arrow)

@@ -13,8 +13,8 @@ from pyspark.sql import types as T
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.gold.history import Applied, ErrorSummary
+from pgmedallion.gold.on_spark import c
 from pgmedallion.gold.quality import VALUES_ADJUSTED, QualityRecord, row_rules
-from pgmedallion.gold.state import c
 from pgmedallion.silver.contract import DIFF, LSN, METADATA, TableInfo
 from pgmedallion.silver.contract import RUN as SILVER_RUN
 

@@ -19,8 +19,8 @@ from pyspark.sql import types as T
 
 from pgmedallion.core.naming import quote
 from pgmedallion.gold.history import Reported
+from pgmedallion.gold.on_spark import c
 from pgmedallion.gold.plan import Table
-from pgmedallion.gold.state import c
 from pgmedallion.silver.contract import TableInfo
 
 ROWS_PER_FILE = 1_000_000  # a full build's file size, in rows
@@ -54,8 +54,7 @@ def untouched(
     if info.snapshot_run is not None and info.snapshot_run > reported.silver_run:
         return False
     return not any(
-        reported.silver_run < n and (oids is None or info.oid in oids)
-        for n, oids in silver_runs
+        reported.silver_run < n and (oids is None or info.oid in oids) for n, oids in silver_runs
     )
 
 

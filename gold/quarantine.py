@@ -12,9 +12,10 @@ from pyspark.sql import functions as F
 
 from pgmedallion.core.naming import quote
 from pgmedallion.gold.history import Applied
+from pgmedallion.gold.on_spark import c
 from pgmedallion.gold.plan import Table
 from pgmedallion.gold.pruning import small
-from pgmedallion.gold.state import LSN, MULT, OP, RULES, TO_GOLD, c
+from pgmedallion.gold.state import LSN, MULT, OP, RULES, TO_GOLD
 from pgmedallion.gold.table_io import (
     create_table,
     key_match,

@@ -18,9 +18,10 @@ from pgmedallion.core.config import Config
 from pgmedallion.core.expectations import QUALITY_SCHEMA, quality_frame
 from pgmedallion.core.spark import create_table
 from pgmedallion.gold.history import SAMPLE_ROWS, ErrorSummary
+from pgmedallion.gold.on_spark import c, tallies
 from pgmedallion.gold.plan import TableOutcome
 from pgmedallion.gold.quality import QualityRecord, Rule
-from pgmedallion.gold.state import RULES, TO_GOLD, c, tallies
+from pgmedallion.gold.state import COUNTED, GOLD, HELD, RULES, TO_GOLD, rule_count
 
 FRONTIER_SCHEMA = T.StructType(
     [
@@ -54,9 +55,9 @@ def count_rules(
 ) -> tuple[list[QualityRecord], int, int]:
     """Failed and passed row counts per rule, with up to five failing rows as JSON; how many
     rows stay out of gold, and how many rows gold gets."""
-    (counts,) = tallies(checked, [r.name for r in rules]).collect()
+    counts = tallies(checked, [r.name for r in rules])
     payload = F.to_json(F.struct(*[c(n) for n in checked.columns if n not in (RULES, TO_GOLD)]))
-    return rule_records(counts.asDict(), rules, table, policy, checked, payload)
+    return rule_records(counts, rules, table, policy, checked, payload)
 
 
 def rule_records(
@@ -72,7 +73,7 @@ def rule_records(
     ``row_json``, a row as JSON). Then how many rows stay out of gold, and how many gold gets."""
     records = []
     for i, rule in enumerate(rules):
-        failed = int(counts[f"_f{i}"])
+        failed = int(counts[rule_count(i)])
         sample = "[]"
         if failed:
             rows = (
@@ -83,9 +84,9 @@ def rule_records(
             )
             sample = "[" + ",".join(r["j"] for r in rows) + "]"
         records.append(
-            QualityRecord(table, rule.name, policy, failed, int(counts["_n"]) - failed, sample)
+            QualityRecord(table, rule.name, policy, failed, int(counts[COUNTED]) - failed, sample)
         )
-    return records, int(counts["_held"]), int(counts["_gold"] or 0)
+    return records, int(counts[HELD]), int(counts[GOLD] or 0)
 
 
 def ensure_report_tables(spark: SparkSession, cfg: Config) -> None:

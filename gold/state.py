@@ -1,4 +1,4 @@
-"""Diffs to state: the pure DataFrame transformations of gold (no reads, no writes).
+"""Diffs to state: gold's rules, each written once, over Arrow tables (no reads, no writes).
 
 A table's state is a multiset of rows. Gold keeps it as plain rows (a row of multiplicity m
 appears m times) and works on it in *consolidated* form: one row per distinct value with
@@ -10,173 +10,223 @@ one, the whole row (then a "key" is a distinct row value and its multiplicity sa
 copies exist). For every key the new diffs touch, the new state is the old state of that key
 (gold's copies, +1 each, plus any rows held in quarantine with their multiplicity) plus the
 new diffs, consolidated. Keys nothing touched keep their rows, so the work is proportional to
-the changes.
+the changes::
 
-The rules (``gold.quality``) are evaluated on that consolidated state; what each policy sends
-to gold and to quarantine is decided here, and so are the MERGE operations: per key, an
-``upsert`` (at most one row before and after: update in place or insert), a ``delete`` (the key
-is gone), or, when a key has several rows on either side (a key-less table's copies, or
-duplicate keys kept under ``warn``), a ``delete`` of all its old rows plus an ``insert`` of each
-new copy. Every target row then matches at most one source row, as MERGE requires.
+    silver diffs ─┐
+    gold's rows of the touched keys (+1) ─┼─ state_of ──> state ── rules (SQL, Spark) ──> judge
+    quarantined rows of those keys ───────┘                                              │
+                                            tallies <── counts per rule, rows held, gold rows
+                                            merge_operations ──> MERGE into gold   (increment)
+                                            gold_rows ──> overwrite of gold        (full build)
+
+The quality rules (``gold.quality``) are SQL conditions that Spark evaluates on the state;
+what each policy sends to gold and to quarantine is decided here (``judge``), and so are the
+MERGE operations: per key, an ``upsert`` (at most one row before and after: update in place or
+insert), a ``delete`` (the key is gone), or, when a key has several rows on either side (a
+key-less table's copies, or duplicate keys kept under ``warn``), a ``delete`` of all its old
+rows plus an ``insert`` of each new copy. Every target row then matches at most one source row,
+as MERGE requires.
+
+Every function here is correct on any set of rows that holds all the rows of each key it sees,
+so the same function serves a small table whole, in the driver (``gold.batch``), and a large
+one a bucket of keys at a time, in Spark's Python workers (``gold.on_spark``). Rows are equal
+by Spark's equality (``pgmedallion.core.multiset``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from pgmedallion.core.naming import quote
-from pgmedallion.gold.quality import Rule
-from pgmedallion.silver.contract import DIFF, LSN
+from pgmedallion.core.multiset import (
+    DIFF,
+    LSN,
+    MULT,
+    consolidate,
+    first_rows,
+    group_ids,
+    int_column,
+    sum_by,
+)
 
-MULT, RULES, TO_GOLD, OP = "_multiplicity", "_rules", "_to_gold", "_op"
+RULES, TO_GOLD, OP = "_rules", "_to_gold", "_op"
 OLD_GOLD, KEY_ROWS = "_old_gold", "_key_rows"
 UPSERT, DELETE, INSERT = "upsert", "delete", "insert"
+COUNTED, HELD, GOLD = "_n", "_held", "_gold"
+
+__all__ = [
+    "DIFF",
+    "LSN",
+    "MULT",
+    "consolidate",
+    "state_of",
+    "with_key_rows",
+    "old_state",
+    "affected_keys",
+    "judge",
+    "tallies",
+    "rule_count",
+    "failing",
+    "merge_operations",
+    "expand",
+    "gold_rows",
+]
 
 
-def c(name: str, alias: str | None = None) -> Column:
-    return F.col(f"{alias}.{quote(name)}" if alias else quote(name))
+def _key_columns(tables: Sequence[pa.Table], key: Sequence[str]) -> list[pa.ChunkedArray]:
+    """Each key column of ``tables`` one after the other (of the first table's types)."""
+    out = []
+    for k in key:
+        t = tables[0].schema.field(k).type
+        chunks = []
+        for table in tables:
+            chunks += table.column(k).cast(t).chunks
+        out.append(pa.chunked_array(chunks, t))
+    return out
 
 
-def consolidate(updates: DataFrame, columns: Sequence[str]) -> DataFrame:
-    """``(columns, _lsn, _diff)`` -> one row per distinct value: ``_multiplicity``, ``_lsn``.
-
-    Values whose diffs sum to zero are not in the state and are dropped.
-    """
-    return (
-        updates.groupBy(*[c(n) for n in columns])
-        .agg(F.sum(DIFF).alias(MULT), F.max(LSN).alias(LSN))
-        .filter(F.col(MULT) != 0)
-    )
-
-
-def null_safe_join(
-    left: DataFrame, right: DataFrame, key: Sequence[str], how: str, right_key: str = "__k"
-) -> DataFrame:
-    """Join on ``key`` with NULL equal to NULL (a NULL key is a key like any other here).
-
-    The right side's key columns are renamed so both sides' names stay unambiguous; for an
-    inner or left join they are dropped from the result.
-    """
-    renamed = right.select(
-        *[c(k).alias(f"{right_key}{i}") for i, k in enumerate(key)],
-        *[c(n) for n in right.columns if n not in key],
-    )
-    cond = None
-    for i, k in enumerate(key):
-        term = c(k).eqNullSafe(F.col(f"{right_key}{i}"))
-        cond = term if cond is None else cond & term
-    joined = left.join(renamed, cond if cond is not None else F.lit(True), how)
-    if how in ("left_semi", "left_anti"):
-        return joined
-    return joined.drop(*[f"{right_key}{i}" for i in range(len(key))])
-
-
-def with_key_rows(state: DataFrame, key: Sequence[str]) -> DataFrame:
+def with_key_rows(state: pa.Table, key: Sequence[str]) -> pa.Table:
     """Adds ``_key_rows``: how many copies (positive multiplicity) the row's key has. Without
     a key, the row is its own key (the state has one row per distinct value)."""
-    if not key:
-        return state.withColumn(KEY_ROWS, F.greatest(F.col(MULT), F.lit(0)))
-    by_key = state.groupBy(*[c(k) for k in key]).agg(
-        F.sum(F.greatest(F.col(MULT), F.lit(0))).alias(KEY_ROWS)
-    )
-    return null_safe_join(state, by_key, key, "left")
+    copies = np.maximum(int_column(state, MULT), 0)
+    if key:
+        ids = group_ids([state.column(k) for k in key], state.num_rows)
+        copies = sum_by(ids, int(ids.max(initial=-1)) + 1, copies)[ids]
+    return state.append_column(KEY_ROWS, pa.array(copies, pa.int64()))
 
 
-def check(state: DataFrame, rules: Sequence[Rule], key: Sequence[str], policy: str) -> DataFrame:
-    """Adds ``_rules`` (names of the rules the row fails) and ``_to_gold`` (``judge``), the
-    rules seeing ``_key_rows`` (``with_key_rows``)."""
-    return judge(with_key_rows(state, key), rules, policy).drop(KEY_ROWS)
+def state_of(diffs: pa.Table, columns: Sequence[str], key: Sequence[str]) -> pa.Table:
+    """``(columns, _lsn, _diff)`` -> the consolidated state with ``_key_rows``: what the rules
+    are evaluated on (``key``: the primary key, empty for a table without one)."""
+    return with_key_rows(consolidate(diffs, columns), key)
 
 
-def judge(keyed: DataFrame, rules: Sequence[Rule], policy: str) -> DataFrame:
-    """Adds ``_rules`` and ``_to_gold`` to consolidated rows with ``_key_rows``.
+def old_state(gold: pa.Table, keys: pa.Table, key: Sequence[str], columns: Sequence[str]):
+    """Gold's rows of the touched ``keys`` as diffs: ``(columns, _lsn, _diff = 1)``."""
+    ids = group_ids(_key_columns([keys, gold], key), keys.num_rows + gold.num_rows)
+    touched = np.isin(ids[keys.num_rows :], ids[: keys.num_rows])
+    old = gold.filter(pa.array(touched)).select([*columns, LSN])
+    return old.append_column(DIFF, pa.array(np.ones(old.num_rows, np.int64), pa.int64()))
+
+
+def affected_keys(keys: pa.Table, old: pa.Table, key: Sequence[str]) -> pa.Table:
+    """Every touched key once, with ``_old_gold``: how many rows gold has for it (``old``:
+    gold's rows, or those of the touched keys, see ``old_state``)."""
+    ids = group_ids(_key_columns([keys, old], key), keys.num_rows + old.num_rows)
+    groups = int(ids.max(initial=-1)) + 1
+    counts = np.bincount(ids[keys.num_rows :], minlength=groups).astype(np.int64)
+    touched, first = first_rows(ids[: keys.num_rows])
+    out = keys.select(list(key)).take(pa.array(first, pa.int64()))
+    return out.append_column(OLD_GOLD, pa.array(counts[touched], pa.int64()))
+
+
+def judge(checked: pa.Table, policy: str) -> pa.Table:
+    """Adds ``_to_gold`` to consolidated rows with ``_rules`` (the rules each fails).
 
     A row goes to gold unless it fails a rule under ``quarantine``. A negative multiplicity
     can never be rows of gold: under every policy such a row stays out of gold (in quarantine),
     where the next run finds it as part of the key's old state.
     """
-    checked = keyed.withColumn(RULES, failed_rules(rules))
-    held = F.col(MULT) < 0
+    held = int_column(checked, MULT) < 0
     if policy == "quarantine":
-        held = held | (F.size(F.col(RULES)) > 0)
-    return checked.withColumn(TO_GOLD, ~held)
+        failing = pc.fill_null(pc.list_value_length(checked.column(RULES)), 0)
+        held |= failing.to_numpy(zero_copy_only=False) > 0
+    return checked.append_column(TO_GOLD, pa.array(~held))
 
 
-def old_state(gold: DataFrame, keys: DataFrame, key: Sequence[str], columns: Sequence[str]):
-    """Gold's rows of the touched ``keys`` as diffs: ``(columns, _lsn, _diff = 1)``."""
-    old = null_safe_join(gold, keys, key, "left_semi")
-    return old.select(*[c(n) for n in columns], LSN, F.lit(1).cast("bigint").alias(DIFF))
+def _to_gold(checked: pa.Table) -> np.ndarray:
+    goes = pc.fill_null(checked.column(TO_GOLD), False).to_numpy(zero_copy_only=False)
+    return goes & (int_column(checked, MULT) > 0)
 
 
-def affected_keys(keys: DataFrame, old: DataFrame, key: Sequence[str]) -> DataFrame:
-    """Every touched key with ``_old_gold``: how many rows gold has for it (``old_state``)."""
-    counts = old.groupBy(*[c(k) for k in key]).agg(F.count(F.lit(1)).alias(OLD_GOLD))
-    return null_safe_join(keys, counts, key, "left").fillna(0, [OLD_GOLD])
-
-
-def tallies(checked: DataFrame, rule_names: Sequence[str], by: Sequence[str] = ()) -> DataFrame:
-    """Per group of ``by`` (one row without): ``_n`` rows, ``_held`` rows kept out of gold,
-    ``_gold`` rows gold gets, and per rule (in order) ``_f<i>``, the rows failing it."""
-    to_gold = F.when(F.col(TO_GOLD) & (F.col(MULT) > 0), F.col(MULT)).otherwise(0)
-    aggs = [
-        F.count(F.lit(1)).alias("_n"),
-        F.count_if(~F.col(TO_GOLD)).alias("_held"),
-        F.coalesce(F.sum(to_gold), F.lit(0)).cast("bigint").alias("_gold"),
-    ]
+def tallies(checked: pa.Table, rule_names: Sequence[str]) -> pa.Table:
+    """One row: ``_n`` rows, ``_held`` rows kept out of gold, ``_gold`` rows gold gets, and per
+    rule (in order) ``_f<i>``, the rows failing it. Tallies of parts add up to the whole's."""
+    goes = _to_gold(checked)
+    held = ~pc.fill_null(checked.column(TO_GOLD), False).to_numpy(zero_copy_only=False)
+    counts = {
+        COUNTED: checked.num_rows,
+        HELD: int(held.sum()),
+        GOLD: int(int_column(checked, MULT)[goes].sum()),
+    }
     for i, name in enumerate(rule_names):
-        aggs.append(F.count_if(F.array_contains(F.col(RULES), name)).alias(f"_f{i}"))
-    return checked.groupBy(*[c(n) for n in by]).agg(*aggs)
+        counts[rule_count(i)] = int(failing(checked, name).sum())
+    return pa.table({k: pa.array([v], pa.int64()) for k, v in counts.items()})
 
 
-def failed_rules(rules: Sequence[Rule]) -> Column:
-    """The names of the ``rules`` a row fails (its columns, ``_multiplicity``, ``_key_rows``)."""
-    failing = [F.when(~r.passes(), F.lit(r.name)) for r in rules]
-    names = F.filter(F.array(*failing), lambda x: x.isNotNull()) if failing else F.array()
-    return names.cast(T.ArrayType(T.StringType()))
+def failing(checked: pa.Table, rule: str) -> np.ndarray:
+    """Which rows of ``checked`` fail ``rule`` (its name is in their ``_rules``)."""
+    rules = checked.column(RULES).combine_chunks() if checked.num_rows else None
+    out = np.zeros(checked.num_rows, bool)
+    if rules is None:
+        return out
+    hits = pc.fill_null(pc.equal(pc.list_flatten(rules), rule), False)
+    hits = hits.to_numpy(zero_copy_only=False)
+    out[pc.list_parent_indices(rules).to_numpy()[hits]] = True
+    return out
 
 
-def expand(rows: DataFrame) -> DataFrame:
+def rule_count(i: int) -> str:
+    """The ``tallies`` column counting the rows that fail rule ``i``."""
+    return f"_f{i}"
+
+
+def expand(rows: pa.Table) -> pa.Table:
     """Consolidated rows -> plain rows: a row of multiplicity m appears m times."""
-    return rows.withColumn("_copy", F.explode(F.sequence(F.lit(1), F.col(MULT)))).drop(
-        "_copy", MULT
-    )
+    copies = np.maximum(int_column(rows, MULT), 0)
+    taken = rows.take(pa.array(np.repeat(np.arange(rows.num_rows), copies), pa.int64()))
+    return taken.drop_columns([MULT])
+
+
+def gold_rows(checked: pa.Table, columns: Sequence[str]) -> pa.Table:
+    """A full build's gold rows: the rows ``judge`` sends to gold, each as often as its
+    multiplicity, ``(columns, _lsn)``."""
+    return expand(checked.filter(pa.array(_to_gold(checked))).select([*columns, LSN, MULT]))
 
 
 def merge_operations(
-    checked: DataFrame, affected: DataFrame, key: Sequence[str], columns: Sequence[str]
-) -> DataFrame:
+    checked: pa.Table, affected: pa.Table, key: Sequence[str], columns: Sequence[str]
+) -> pa.Table:
     """MERGE source rows ``(columns, _lsn, _op)`` turning gold's old rows into the new ones.
 
-    ``checked``: the new consolidated state of the affected keys (``check``'s output);
+    ``checked``: the new consolidated state of the affected keys (``judge``'s output);
     ``affected``: every key the changes touch, with ``_old_gold``, how many rows gold has for
     it (a key whose rows all cancelled out is in ``affected`` but not in ``checked``).
     """
-    to_gold = checked.filter(F.col(TO_GOLD) & (F.col(MULT) > 0)).select(
-        *[c(n) for n in columns], LSN, MULT
+    columns = list(columns)
+    to_gold = checked.filter(pa.array(_to_gold(checked))).select([*columns, LSN, MULT])
+    n_affected = affected.num_rows
+    ids = group_ids(_key_columns([affected, to_gold], key), n_affected + to_gold.num_rows)
+    groups = int(ids.max(initial=-1)) + 1
+    mine, theirs = ids[:n_affected], ids[n_affected:]
+    old = np.zeros(groups, np.int64)
+    old[mine] = int_column(affected, OLD_GOLD)
+    new = sum_by(theirs, groups, int_column(to_gold, MULT))
+    several = (old > 1) | (new > 1)  # the key's old rows all go, its new ones are inserted
+    gone = (several & (old >= 1)) | ((old == 1) & (new == 0))
+
+    deleted = affected.filter(pa.array(gone[mine]))
+    types = {n: to_gold.schema.field(n).type for n in [*columns, LSN]}
+    deletes = pa.table(
+        {
+            **{
+                n: deleted.column(n).cast(types[n])
+                if n in key
+                else pa.nulls(deleted.num_rows, types[n])
+                for n in columns
+            },
+            LSN: pa.nulls(deleted.num_rows, pa.int64()),
+            OP: pa.array([DELETE] * deleted.num_rows, pa.string()),
+        }
     )
-    new_counts = to_gold.groupBy(*[c(k) for k in key]).agg(F.sum(MULT).alias("_new_gold"))
-    keys = null_safe_join(affected, new_counts, key, "left").fillna(0, ["_new_gold", OLD_GOLD])
-    single = keys.filter((F.col(OLD_GOLD) <= 1) & (F.col("_new_gold") <= 1))
-    multi = keys.filter((F.col(OLD_GOLD) > 1) | (F.col("_new_gold") > 1))
-
-    upserts = null_safe_join(to_gold, single, key, "left_semi").drop(MULT)
-    upserts = upserts.withColumn(OP, F.lit(UPSERT))
-    gone = single.filter((F.col(OLD_GOLD) == 1) & (F.col("_new_gold") == 0))
-    rewritten = multi.filter(F.col(OLD_GOLD) >= 1)
-    deletes = _key_only(gone.unionByName(rewritten), key, columns, to_gold.schema)
-    inserts = expand(null_safe_join(to_gold, multi, key, "left_semi"))
-    inserts = inserts.withColumn(OP, F.lit(INSERT))
-    return upserts.unionByName(deletes).unionByName(inserts)
-
-
-def _key_only(
-    keys: DataFrame, key: Sequence[str], columns: Sequence[str], schema: T.StructType
-) -> DataFrame:
-    """Delete markers: the key's values, NULL elsewhere."""
-    types = {f.name: f.dataType for f in schema.fields}
-    cols = [c(n) if n in key else F.lit(None).cast(types[n]).alias(n) for n in columns]
-    return keys.select(*cols, F.lit(None).cast("bigint").alias(LSN), F.lit(DELETE).alias(OP))
+    inserted = several[theirs]
+    upserts = to_gold.filter(pa.array(~inserted)).drop_columns([MULT])
+    upserts = upserts.append_column(OP, pa.array([UPSERT] * upserts.num_rows, pa.string()))
+    inserts = expand(to_gold.filter(pa.array(inserted)))
+    inserts = inserts.append_column(OP, pa.array([INSERT] * inserts.num_rows, pa.string()))
+    schema = pa.schema([pa.field(n, types[n]) for n in [*columns, LSN]] + [(OP, pa.string())])
+    parts = (upserts, deletes, inserts)
+    return pa.concat_tables([t.select(schema.names).cast(schema) for t in parts])

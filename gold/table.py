@@ -17,25 +17,22 @@ from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.gold.history import Applied, ErrorSummary, Reported, applied_state
+from pgmedallion.gold.on_spark import (
+    affected_keys,
+    c,
+    check,
+    gold_rows,
+    merge_operations,
+    null_safe_join,
+    old_state,
+    state_of,
+)
 from pgmedallion.gold.plan import Table, TableOutcome, plan
 from pgmedallion.gold.pruning import clustered, comparable, key_ranges, small
 from pgmedallion.gold.quality import NO_DEFINITE_ERRORS, VALUES_ADJUSTED, QualityRecord, row_rules
 from pgmedallion.gold.quarantine import write_quarantine
 from pgmedallion.gold.reports import count_rules, summary_record
-from pgmedallion.gold.state import (
-    DIFF,
-    LSN,
-    MULT,
-    TO_GOLD,
-    affected_keys,
-    c,
-    check,
-    consolidate,
-    expand,
-    merge_operations,
-    null_safe_join,
-    old_state,
-)
+from pgmedallion.gold.state import DIFF, LSN, MULT
 from pgmedallion.gold.table_io import (
     create_table,
     gold_schema,
@@ -101,11 +98,11 @@ def build_table(
         untouched = [QualityRecord(info.qualified_name, r.name, t.policy, 0, 0) for r in t.rules]
         return outcome(t, applied, mode, [errors_record, *untouched])
     state, affected, quarantine_old, old_rows = (
-        (consolidate(t.updates(None), t.names), None, 0, 0)
+        (state_of(t.updates(None), t.names, info.primary_key, t.key), None, 0, 0)
         if mode == "full"
         else incremental_state(t, applied)
     )
-    checked = check(state, t.rules, info.primary_key, t.policy)
+    checked = check(state, t.rules, t.policy)
     checked = (
         checked.localCheckpoint()
         if affected is not None
@@ -113,7 +110,7 @@ def build_table(
     )
     try:
         name = info.qualified_name
-        counted, quarantined, gold_rows = count_rules(checked, t.rules, name, t.policy)
+        counted, quarantined, rows_to_gold = count_rules(checked, t.rules, name, t.policy)
         records = [errors_record] + counted
         if t.policy == "fail" and any(r.failed for r in records):
             return outcome(t, applied, "held", records)
@@ -122,9 +119,9 @@ def build_table(
         q_version = write_quarantine(
             t, checked, affected, applied, quarantined, quarantine_old, version
         )
-        rows = gold_rows + (applied.rows - old_rows if affected is not None else 0)
+        rows = rows_to_gold + (applied.rows - old_rows if affected is not None else 0)
         old = applied.rows if affected is not None else None
-        _write_gold(t, checked, affected, mode, q_version, rows, gold_rows, version, old)
+        _write_gold(t, checked, affected, mode, q_version, rows, rows_to_gold, version, old)
     finally:
         checked.unpersist()
     now = Applied(  # what the commit just made (or, skipped as done, had made) records
@@ -173,7 +170,7 @@ def _write_gold(
     mode: str,
     q_version: int | None,
     rows: int,
-    gold_rows: int,
+    rows_to_gold: int,
     version: int | None,
     rows_before: int | None = None,
 ) -> None:
@@ -195,8 +192,7 @@ def _write_gold(
             return
     with tagged_commit(t.spark, meta, t.app_id, version):
         if affected is None:
-            new = expand(checked.filter(F.col(TO_GOLD) & (F.col(MULT) > 0)))
-            new = clustered(new.select(*[c(n) for n in t.names], LSN), t, gold_rows)
+            new = clustered(gold_rows(checked, t.names), t, rows_to_gold)
             new.writeTo(t.gold).overwrite(F.lit(True))
         else:
             merge_gold(t, merge_operations(checked, affected, t.key, t.names))
@@ -255,7 +251,7 @@ def incremental_state(t: Table, applied: Applied) -> tuple[DataFrame, DataFrame,
     union = parts[0]
     for p in parts[1:]:
         union = union.unionByName(p)
-    return consolidate(union, t.names), affected, quarantine_old, old_rows
+    return state_of(union, t.names, t.info.primary_key, t.key), affected, quarantine_old, old_rows
 
 
 def untouched_outcome(

@@ -22,9 +22,10 @@ from pgmedallion.core.config import Config
 from pgmedallion.core.naming import COLUMN_MAPPING, qualified, quote
 from pgmedallion.core.spark import create_table as create_managed
 from pgmedallion.gold.history import TAG
+from pgmedallion.gold.on_spark import c
 from pgmedallion.gold.plan import Table
 from pgmedallion.gold.pruning import small
-from pgmedallion.gold.state import DELETE, INSERT, LSN, MULT, OP, RULES, UPSERT, c
+from pgmedallion.gold.state import DELETE, INSERT, LSN, MULT, OP, RULES, UPSERT
 from pgmedallion.silver.contract import RUN as SILVER_RUN
 
 log = logging.getLogger(__name__)

@@ -1,10 +1,11 @@
 """Gold's state and MERGE operations against a plain reference, on random diffs (hypothesis).
 
-Gold computes a table's increment two ways: Spark's (``pgmedallion.gold.state``, one table's
-DataFrames) and, for small local tables, the batched path's (``pgmedallion.gold.batch``: rows
-read by delta-rs, the state in the driver, the quality rules of several tables packed into one
-Spark job). Both must turn gold's old rows and silver's new diffs into MERGE operations that
-leave gold holding exactly the reference state: for the keys the diffs touch, every row value
+Gold's rules (``pgmedallion.gold.state``, Arrow) run in two places: a large table's build applies
+them by buckets of keys in Spark's Python workers (``pgmedallion.gold.on_spark``), and the
+batched path of small local tables in the driver (``pgmedallion.gold.batch``: rows read by
+delta-rs, the quality rules of several tables packed into one Spark job). Both must turn gold's
+old rows and silver's new diffs into MERGE operations that leave gold holding exactly the
+reference state: for the keys the diffs touch, every row value
 whose diffs (old gold rows counting +1) sum to m > 0, m times, at the largest LSN among them;
 other keys as they were; and both must fail the same rules on the same rows. Keyed and
 key-less tables, NULL keys, NaN and -0.0, negative multiplicities, several tables at once.
@@ -24,19 +25,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import types as T
 
-from pgmedallion.gold.batch import _Item, _key_rows, _operations, _rules, _state
+from pgmedallion.gold import on_spark
+from pgmedallion.gold.batch import _Item, _rules, _state
 from pgmedallion.gold.quality import row_rules
 from pgmedallion.gold.state import (
     DELETE,
     INSERT,
+    KEY_ROWS,
     LSN,
+    MULT,
     OP,
     UPSERT,
-    affected_keys,
-    check,
-    consolidate,
+    judge,
     merge_operations,
-    old_state,
 )
 
 COLUMNS = [
@@ -167,13 +168,18 @@ def item_of(table: dict, where) -> _Item:
     return item
 
 
+def state_rows(item: _Item) -> list[tuple[list, int, int]]:
+    names = item.t.names
+    return [([r[n] for n in names], r[MULT], r[LSN]) for r in item.state.to_pylist()]
+
+
 def reference_rules(item: _Item, keyed: bool) -> list[set[str]]:
     """The rules each state row fails, computed plainly."""
     copies: Counter = Counter()
-    for values, m, _ in item.state:
+    for values, m, _ in state_rows(item):
         copies[key_of(values, keyed)] += max(m, 0)
     out = []
-    for values, m, _ in item.state:
+    for values, m, _ in state_rows(item):
         failed = set()
         if keyed and values[0] is None:
             failed.add("primary_key_not_null")
@@ -186,7 +192,7 @@ def reference_rules(item: _Item, keyed: bool) -> list[set[str]]:
 
 
 def per_table_ops(spark, table: dict) -> list[dict]:
-    """The per-table path's functions on one table's DataFrames."""
+    """The large-table path: the same rules applied by Spark, by buckets of keys."""
     updates, gold = arrow_of(table)
     schema = T.StructType(COLUMNS)
     diffs = spark.createDataFrame(updates, schema=T.StructType([*schema, *_DIFF_FIELDS]))
@@ -197,11 +203,12 @@ def per_table_ops(spark, table: dict) -> list[dict]:
     pk = ["id"] if table["keyed"] else []
     key = pk or NAMES
     touched = diffs.select(*key).distinct()
-    old = old_state(gold_df.drop("_diff"), touched, key, NAMES)
-    affected = affected_keys(touched, old, key)
-    state = consolidate(diffs.unionByName(old), NAMES)
-    checked = check(state, row_rules(pk, [], "warn"), pk, "warn")
-    return [r.asDict() for r in merge_operations(checked, affected, key, NAMES).collect()]
+    old = on_spark.old_state(gold_df.drop("_diff"), touched, key, NAMES)
+    affected = on_spark.affected_keys(touched, old, key)
+    state = on_spark.state_of(diffs.unionByName(old), NAMES, pk, key)
+    checked = on_spark.check(state, row_rules(pk, [], "warn"), "warn")
+    ops = on_spark.merge_operations(checked, affected, key, NAMES)
+    return [r.asDict() for r in ops.collect()]
 
 
 _DIFF_FIELDS = [T.StructField(LSN, T.LongType()), T.StructField("_diff", T.LongType())]
@@ -220,18 +227,22 @@ SETTINGS = settings(
 def test_merge_operations_leave_gold_at_the_reference_state(spark, tmp_path_factory, group):
     items = [item_of(table, tmp_path_factory.mktemp("t")) for table in group]
     checked = _rules(spark, items)  # several tables' rules in one packed Spark job
-    for table, item, rules in zip(group, items, checked, strict=True):
+    for table, item, (with_rules, _) in zip(group, items, checked, strict=True):
         keyed = table["keyed"]
         want = reference(table)
-        to_gold = [(v, m, lsn) for v, m, lsn in item.state if m > 0]
-        driver = _operations(item, to_gold).to_pylist()
+        judged = judge(with_rules, "warn")
+        driver = merge_operations(judged, item.affected, item.t.key, NAMES).to_pylist()
         assert apply_merge(table, driver) == want
         assert apply_merge(table, per_table_ops(spark, table)) == want
         touched = {key_of(row, keyed) for row, _, _ in table["diffs"]}
         old = sum(1 for row, _ in table["gold"] if key_of(row, keyed) in touched)
         assert item.old_rows == old
-        assert [set(failed) for failed, _ in rules] == reference_rules(item, keyed)
+        failed = [set(r) for r in with_rules.column("_rules").to_pylist()]
+        assert failed == reference_rules(item, keyed)
         copies = Counter()
-        for values, m, _ in item.state:
+        for values, m, _ in state_rows(item):
             copies[key_of(values, keyed)] += max(m, 0)
-        assert _key_rows(item) == [copies[key_of(v, keyed)] for v, _, _ in item.state]
+        rows = state_rows(item)
+        assert item.state.column(KEY_ROWS).to_pylist() == [
+            copies[key_of(v, keyed)] for v, _, _ in rows
+        ]

@@ -1,0 +1,107 @@
+"""Spark applies the Arrow rules of ``pgmedallion.core.multiset`` to a large table, a group of
+keys at a time.
+
+A rule that groups rows by a key (consolidation, key rows, MERGE operations) is a function
+``pa.Table -> pa.Table`` that is correct on any set of rows holding *all* the rows of each key
+it sees. Spark hashes each row's key into one of :data:`BUCKETS` buckets, shuffles, and hands
+each bucket's rows to the function in a Python worker (``applyInArrow``); two inputs are
+cogrouped the same way. The hash is computed on the key as Spark's equality sees it (-0.0 made
+0.0; NaN hashes as one value), and a nested column that may hold a float is left out of it, so
+rows Spark calls equal always meet in one bucket::
+
+    rows ──hash(key) mod BUCKETS──> bucket 0: rule(rows of its keys) ─┐
+                                    bucket 1: rule(...)               ├─> rows
+                                    ...                               ┘
+
+A rule that looks at one row at a time runs over each partition's batches (``mapInArrow``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pgmedallion.core.naming import quote
+
+BUCKETS = 64
+BUCKET = "_pgm_bucket"
+Rule = Callable[[pa.Table], pa.Table]
+
+
+def _has_float(t: T.DataType) -> bool:
+    if isinstance(t, T.FloatType | T.DoubleType):
+        return True
+    if isinstance(t, T.ArrayType):
+        return _has_float(t.elementType)
+    if isinstance(t, T.MapType):
+        return _has_float(t.keyType) or _has_float(t.valueType)
+    if isinstance(t, T.StructType):
+        return any(_has_float(f.dataType) for f in t.fields)
+    return False
+
+
+def bucket(df: DataFrame, key: Sequence[str]) -> Column:
+    """The bucket of each row's ``key`` (see the module doc)."""
+    types = {f.name: f.dataType for f in df.schema.fields}
+    hashed: list[Column] = []
+    for name in key:
+        col, t = F.col(quote(name)), types[name]
+        if isinstance(t, T.FloatType | T.DoubleType):
+            hashed.append(F.when(col == F.lit(0), F.lit(0).cast(t)).otherwise(col))
+        elif isinstance(t, T.MapType) or _has_float(t):
+            continue
+        else:
+            hashed.append(col)
+    if not hashed:
+        return F.lit(0)
+    return F.pmod(F.xxhash64(*hashed), F.lit(BUCKETS))
+
+
+def by_key(df: DataFrame, key: Sequence[str], rule: Rule, schema: T.StructType) -> DataFrame:
+    """``rule`` applied to the rows of each bucket of keys; its rows have ``schema``."""
+    return df.groupBy(bucket(df, key).alias(BUCKET)).applyInArrow(_drop_bucket(rule), schema)
+
+
+def cogrouped(
+    left: DataFrame,
+    right: DataFrame,
+    key: Sequence[str],
+    rule: Callable[[pa.Table, pa.Table], pa.Table],
+    schema: T.StructType,
+) -> DataFrame:
+    """``rule(left rows, right rows)`` for each bucket of keys either side has."""
+    # Both sides' key columns have the same types, so equal keys hash alike.
+    groups = [side.groupBy(bucket(side, key).alias(BUCKET)) for side in (left, right)]
+    return groups[0].cogroup(groups[1]).applyInArrow(_drop_buckets(rule), schema)
+
+
+def mapped(df: DataFrame, rule: Rule, schema: T.StructType) -> DataFrame:
+    """``rule`` applied to each batch of rows (a rule that looks at one row at a time)."""
+
+    def apply(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            yield from rule(pa.Table.from_batches([batch])).to_batches()
+
+    return df.mapInArrow(apply, schema)
+
+
+def _without_bucket(table: pa.Table) -> pa.Table:
+    return table.drop_columns([BUCKET]) if BUCKET in table.column_names else table
+
+
+def _drop_bucket(rule: Rule) -> Rule:
+    def apply(table: pa.Table) -> pa.Table:
+        return rule(_without_bucket(table))
+
+    return apply
+
+
+def _drop_buckets(rule: Callable[[pa.Table, pa.Table], pa.Table]):
+    def apply(left: pa.Table, right: pa.Table) -> pa.Table:
+        return rule(_without_bucket(left), _without_bucket(right))
+
+    return apply

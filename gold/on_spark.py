@@ -1,0 +1,139 @@
+"""``gold.state``'s rules on a large table: Spark reads and shuffles, the rules run as they are.
+
+Spark does what only Spark can at size: read silver and gold, select the touched keys' rows,
+evaluate the quality rules (SQL conditions), and write. Every rule of ``gold.state`` is applied
+unchanged, to one bucket of keys at a time (``pgmedallion.core.by_key``), so a large table and a
+small one are judged by one definition::
+
+    diffs ──by_key(state_of)──> state ──failed_rules (SQL)──mapped(judge)──> checked
+    checked ──mapped(tallies)──sum──> counts
+    checked, affected ──cogrouped(merge_operations)──> MERGE source   (increment)
+    checked ──mapped(gold_rows)──> gold's rows                        (full build)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pgmedallion.core.by_key import by_key, cogrouped, mapped
+from pgmedallion.core.naming import quote
+from pgmedallion.gold import state
+from pgmedallion.gold.quality import Rule
+from pgmedallion.gold.state import DIFF, KEY_ROWS, LSN, MULT, OLD_GOLD, OP, RULES, TO_GOLD
+
+_LONG = T.LongType()
+
+
+def c(name: str, alias: str | None = None) -> Column:
+    return F.col(f"{alias}.{quote(name)}" if alias else quote(name))
+
+
+def _fields(df: DataFrame, names: Sequence[str]) -> list[T.StructField]:
+    types = {f.name: f.dataType for f in df.schema.fields}
+    return [T.StructField(n, types[n]) for n in names]
+
+
+def _ordered(rule, names: Sequence[str]):
+    """``rule`` with its result's columns in the order of the declared schema."""
+
+    def apply(*tables):
+        return rule(*tables).select(list(names))
+
+    return apply
+
+
+def state_of(diffs: DataFrame, columns: Sequence[str], key: Sequence[str], group: Sequence[str]):
+    """:func:`gold.state.state_of` by buckets of ``group`` (the key, or every column)."""
+    schema = T.StructType(
+        [
+            *_fields(diffs, columns),
+            T.StructField(MULT, _LONG),
+            T.StructField(LSN, _LONG),
+            T.StructField(KEY_ROWS, _LONG),
+        ]
+    )
+    rule = partial(state.state_of, columns=list(columns), key=list(key))
+    return by_key(diffs, group, _ordered(rule, schema.names), schema)
+
+
+def check(states: DataFrame, rules: Sequence[Rule], policy: str) -> DataFrame:
+    """Adds ``_rules`` (the SQL rules each row fails) and ``_to_gold`` (:func:`gold.state.judge`);
+    ``_key_rows`` is dropped."""
+    with_rules = states.withColumn(RULES, failed_rules(rules))
+    schema = T.StructType([*with_rules.schema.fields, T.StructField(TO_GOLD, T.BooleanType())])
+    judged = mapped(with_rules, partial(state.judge, policy=policy), schema)
+    return judged.drop(KEY_ROWS)
+
+
+def failed_rules(rules: Sequence[Rule]) -> Column:
+    """The names of the ``rules`` a row fails (its columns, ``_multiplicity``, ``_key_rows``)."""
+    failing = [F.when(~r.passes(), F.lit(r.name)) for r in rules]
+    names = F.filter(F.array(*failing), lambda x: x.isNotNull()) if failing else F.array()
+    return names.cast(T.ArrayType(T.StringType()))
+
+
+def tallies(checked: DataFrame, rule_names: Sequence[str]) -> dict:
+    """:func:`gold.state.tallies` of the whole table: each partition's, summed."""
+    names = [state.COUNTED, state.HELD, state.GOLD] + [
+        state.rule_count(i) for i in range(len(rule_names))
+    ]
+    schema = T.StructType([T.StructField(n, _LONG) for n in names])
+    parts = mapped(checked, partial(state.tallies, rule_names=list(rule_names)), schema)
+    (row,) = parts.agg(*[F.coalesce(F.sum(n), F.lit(0)).alias(n) for n in names]).collect()
+    return row.asDict()
+
+
+def affected_keys(keys: DataFrame, old: DataFrame, key: Sequence[str]) -> DataFrame:
+    """:func:`gold.state.affected_keys` by buckets of the key."""
+    schema = T.StructType([*_fields(keys, key), T.StructField(OLD_GOLD, _LONG)])
+    rule = partial(state.affected_keys, key=list(key))
+    return cogrouped(keys.select(*[c(k) for k in key]), old, key, rule, schema)
+
+
+def merge_operations(
+    checked: DataFrame, affected: DataFrame, key: Sequence[str], columns: Sequence[str]
+) -> DataFrame:
+    """:func:`gold.state.merge_operations` by buckets of the key."""
+    schema = T.StructType([*_fields(checked, [*columns, LSN]), T.StructField(OP, T.StringType())])
+    rule = partial(state.merge_operations, key=list(key), columns=list(columns))
+    return cogrouped(checked, affected, key, _ordered(rule, schema.names), schema)
+
+
+def gold_rows(checked: DataFrame, columns: Sequence[str]) -> DataFrame:
+    """:func:`gold.state.gold_rows`, batch by batch."""
+    schema = T.StructType(_fields(checked, [*columns, LSN]))
+    return mapped(checked, partial(state.gold_rows, columns=list(columns)), schema)
+
+
+def old_state(gold: DataFrame, keys: DataFrame, key: Sequence[str], columns: Sequence[str]):
+    """Gold's rows of the touched ``keys`` as diffs ``(columns, _lsn, _diff = 1)``: the
+    selection of :func:`gold.state.old_state`, made by Spark's join where gold is read."""
+    old = null_safe_join(gold, keys, key, "left_semi")
+    return old.select(*[c(n) for n in columns], LSN, F.lit(1).cast("bigint").alias(DIFF))
+
+
+def null_safe_join(
+    left: DataFrame, right: DataFrame, key: Sequence[str], how: str, right_key: str = "__k"
+) -> DataFrame:
+    """Join on ``key`` with NULL equal to NULL (a NULL key is a key like any other here).
+
+    The right side's key columns are renamed so both sides' names stay unambiguous; for an
+    inner or left join they are dropped from the result.
+    """
+    renamed = right.select(
+        *[c(k).alias(f"{right_key}{i}") for i, k in enumerate(key)],
+        *[c(n) for n in right.columns if n not in key],
+    )
+    cond = None
+    for i, k in enumerate(key):
+        term = c(k).eqNullSafe(F.col(f"{right_key}{i}"))
+        cond = term if cond is None else cond & term
+    joined = left.join(renamed, cond if cond is not None else F.lit(True), how)
+    if how in ("left_semi", "left_anti"):
+        return joined
+    return joined.drop(*[f"{right_key}{i}" for i in range(len(key))])
