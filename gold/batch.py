@@ -145,21 +145,7 @@ def _state(item: _Item) -> None:
 
 
 def _nullable(schema: pa.Schema) -> pa.Schema:
-    """``schema`` with every field nullable and views as plain types (DataFusion reads
-    strings as ``string_view``, which Arrow's kernels do not all take)."""
-    return pa.schema([f.with_type(_plain(f.type)).with_nullable(True) for f in schema])
-
-
-def _plain(t: pa.DataType) -> pa.DataType:
-    if pa.types.is_string_view(t):
-        return pa.string()
-    if pa.types.is_binary_view(t):
-        return pa.binary()
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
-        return pa.list_(t.value_field.with_type(_plain(t.value_type)))
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_plain(f.type)) for f in t])
-    return t
+    return pa.schema([f.with_nullable(True) for f in schema])
 
 
 def _conformed(table: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -45,7 +45,15 @@ from pgmedallion.silver.cast_rows import ROW_DIFF, ROW_LSN, cast_base, typed_col
 from pgmedallion.silver.changes import PLAIN, RETRACT
 from pgmedallion.silver.contract import DIFF, LSN, RUN, TableInfo
 from pgmedallion.silver.errors import ErrorRecord
-from pgmedallion.silver.identity import COLUMNS, KIND, ORDINAL, Change, hashable, resolve
+from pgmedallion.silver.identity import (
+    COLUMNS,
+    KIND,
+    ORDINAL,
+    Change,
+    hashable,
+    resolve,
+    state_before,
+)
 from pgmedallion.silver.rewind import consolidated, with_rewinds
 
 log = logging.getLogger(__name__)
@@ -237,9 +245,7 @@ def _resolve(cand: Candidate, rows: pa.Table, names: list[str], run: int):
 
 
 def _prior_rows(path: str, names: list[str], run: int) -> list[list]:
-    """The table's state before run ``run``: its rows of earlier runs summed, those with a
-    positive multiplicity (once each, as the Spark path's state holds them)."""
-    quoted = delta_rs.sql_names(names)
-    sql = f"SELECT {quoted} FROM t WHERE _run < {int(run)} GROUP BY {quoted} HAVING SUM(_diff) > 0"
-    table = delta_rs.query(path, sql)
-    return [[r[n] for n in names] for r in table.to_pylist()]
+    """The table's state before run ``run`` (:func:`pgmedallion.silver.identity.state_before`
+    of its rows of earlier runs, read by delta-rs)."""
+    earlier = delta_rs.read_arrow(path, [*names, LSN, DIFF], f"{RUN} < {int(run)}")
+    return [[r[n] for n in names] for r in state_before(earlier, names).to_pylist()]

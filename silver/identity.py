@@ -45,8 +45,11 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pgmedallion.core.by_key import by_key
+from pgmedallion.core.multiset import MULT, consolidate, positive
 from pgmedallion.core.naming import quote
 from pgmedallion.silver.changes import FILL, PLAIN, RETRACT
+from pgmedallion.silver.contract import DIFF, LSN
 from pgmedallion.silver.errors import MissingToast, UnknownPreviousRow
 
 
@@ -292,7 +295,19 @@ def _previous_rows(
         base = base.where(_key_filter(wanted, key_names, key_types)).join(
             F.broadcast(wanted), on, "left_semi"
         )
-    return base.groupBy(*data).agg(F.sum(_DIFF).alias(_DIFF)).where(F.col(_DIFF) > 0)
+    schema = T.StructType([typed.schema[n] for n in names] + [T.StructField(DIFF, T.LongType())])
+    rule = functools.partial(state_before, names=list(names))
+    diffs = base.select(*data, F.col(_DIFF).alias(DIFF), F.lit(0).cast("bigint").alias(LSN))
+    return by_key(diffs, key_names or names, rule, schema).withColumnRenamed(DIFF, _DIFF)
+
+
+def state_before(diffs: pa.Table, names: Sequence[str]) -> pa.Table:
+    """A table's state before a run from ``(names, _lsn, _diff)``, the rows of its earlier runs
+    (and its snapshot rows): each row value of a positive multiplicity once, with that
+    multiplicity as ``_diff``. Spark applies it by buckets of keys, the batched path to a small
+    table whole: one definition of the state previous images are taken from."""
+    state = positive(consolidate(diffs, names))
+    return state.select(list(names)).append_column(DIFF, state.column(MULT))
 
 
 def _resolve_arrow(
