@@ -30,6 +30,7 @@ from pgmedallion.core.config import on_databricks
 
 log = logging.getLogger(__name__)
 
+
 def usable(path: str | None) -> bool:
     """Whether delta-rs may write the Delta table at ``path`` (a local table that exists)."""
     if DeltaTable is None or path is None:

@@ -1,0 +1,176 @@
+"""What of a table's columns changed since its snapshot, as the catalog tells it.
+
+A Relation message lists a table's columns by name in attnum order, but not their attnums, and
+it is sent before the table's next change, not when the DDL runs. Several migrations are
+therefore invisible or ambiguous in the stream, and each would leave gold silently different
+from the source:
+
+    ADD COLUMN c ... DEFAULT 1       existing rows read 1 (pg_attribute.attmissingval), and no
+                                     row of them is in the WAL
+    ADD COLUMN c ... DEFAULT random()  the table is rewritten, again without change messages
+    swap two columns' names          the Relation lists the same names, in another order
+    DROP c; ADD c (same type)        the Relation may look exactly as before
+    DROP NOT NULL, DROP/ADD the key  no Relation difference at all
+
+The catalog keeps what tells them apart: every column's attnum (never reused; a dropped column
+stays in ``pg_attribute`` with ``attisdropped``), ``atthasmissing``, ``attnotnull``, the
+primary key, and the table's ``relfilenode`` (a rewrite gives it a new one). A snapshot
+records that fingerprint (:func:`catalog_of`); capture compares it with the catalog now at the
+start of each attempt and after each stream (``capture.run``), and :func:`changes` says what
+moved. What it calls *followed* is exact without a new snapshot: a column added with no value
+for existing rows (they read NULL, as silver gives earlier rows of a new column). Everything
+else (``resync`` reasons) is made exact by snapshotting the table again, which the rewinds make
+correct at any LSN; the table's policy ``on_schema_change`` decides (``follow``: resync what
+cannot be followed, ``resync``: every change, ``error``: neither, changes stop at
+``SchemaIncompatible`` as before).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+from pgmedallion.capture.errors import server_errors
+
+FOLLOW, RESYNC, ERROR = "follow", "resync", "error"
+
+
+@dataclass(frozen=True)
+class CatalogColumn:
+    attnum: int
+    name: str
+    type_oid: int
+    typmod: int
+    not_null: bool
+    dropped: bool
+    has_missing: bool
+    """``atthasmissing``: rows written before the column was added read a stored value."""
+    generated: str
+    """``attgenerated``: ``''``, ``s`` stored, ``v`` virtual."""
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """A table's catalog fingerprint (see the module doc)."""
+
+    columns: tuple[CatalogColumn, ...]
+    primary_key: tuple[str, ...]
+    relfilenode: int
+    """0 for a partitioned table (its leaves hold the rows; attaching and detaching them is
+    ``capture.run``'s other check)."""
+
+    def to_record(self) -> dict:
+        return {
+            "columns": [list(vars(c).values()) for c in self.columns],
+            "primary_key": list(self.primary_key),
+            "relfilenode": self.relfilenode,
+        }
+
+    @staticmethod
+    def from_record(record: dict | None) -> Catalog | None:
+        if not record:
+            return None
+        return Catalog(
+            tuple(CatalogColumn(*c) for c in record["columns"]),
+            tuple(record["primary_key"]),
+            int(record["relfilenode"]),
+        )
+
+
+@dataclass
+class Changes:
+    followed: list[str] = field(default_factory=list)
+    """Changes exact without a new snapshot (described for people)."""
+    unfollowable: list[str] = field(default_factory=list)
+    """Changes only a new snapshot makes exact."""
+
+    def __bool__(self) -> bool:
+        return bool(self.followed or self.unfollowable)
+
+    def resync_reason(self, policy: str) -> str:
+        """Why the table must be snapshotted again under ``policy`` ("": it need not)."""
+        if policy == ERROR:
+            return ""
+        reasons = self.unfollowable if policy == FOLLOW else self.unfollowable + self.followed
+        return "; ".join(reasons)
+
+
+def catalog_of(conn: psycopg.Connection, oids: Sequence[int]) -> dict[int, Catalog]:
+    """The catalog fingerprint of each existing table among ``oids``, as ``conn`` sees it (in
+    a snapshot's transaction: as of the snapshot)."""
+    if not oids:
+        return {}
+    wanted = sql.SQL(", ").join(sql.Literal(int(oid)) for oid in oids)
+    with server_errors():
+        rows = conn.execute(
+            sql.SQL(
+                "SELECT a.attrelid::int8, a.attnum::int, a.attname, a.atttypid::int8,"
+                " a.atttypmod, a.attnotnull, a.attisdropped, a.atthasmissing,"
+                " a.attgenerated::text"
+                " FROM pg_attribute a WHERE a.attrelid = ANY(ARRAY[{}]::oid[]) AND a.attnum > 0"
+                " ORDER BY a.attrelid, a.attnum"
+            ).format(wanted)
+        ).fetchall()
+        tables = conn.execute(
+            sql.SQL(
+                "SELECT c.oid::int8, c.relfilenode::int8, ARRAY(SELECT a.attname::text"
+                "  FROM pg_index i"
+                "  CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, position)"
+                "  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+                "  WHERE i.indrelid = c.oid AND i.indisprimary ORDER BY k.position)"
+                " FROM pg_class c WHERE c.oid = ANY(ARRAY[{}]::oid[])"
+            ).format(wanted)
+        ).fetchall()
+    columns: dict[int, list[CatalogColumn]] = {}
+    for oid, *column in rows:
+        columns.setdefault(oid, []).append(CatalogColumn(*column))
+    return {
+        oid: Catalog(tuple(columns.get(oid, ())), tuple(key), int(relfilenode))
+        for oid, relfilenode, key in tables
+    }
+
+
+def changes(then: Catalog, now: Catalog) -> Changes:
+    """What changed from ``then`` (a snapshot's record) to ``now``, column by attnum."""
+    out = Changes()
+    before = {c.attnum: c for c in then.columns}
+    after = {c.attnum: c for c in now.columns}
+    for attnum, old in sorted(before.items()):
+        new = after.get(attnum)
+        if old.dropped:
+            continue
+        if new is None or new.dropped:
+            out.unfollowable.append(f"column {old.name} dropped")
+            continue
+        if new.name != old.name:
+            out.unfollowable.append(f"column {old.name} renamed to {new.name}")
+        if (new.type_oid, new.typmod) != (old.type_oid, old.typmod):
+            out.unfollowable.append(f"column {new.name} changed type")
+        if new.not_null != old.not_null:
+            verb = "set" if new.not_null else "dropped"
+            out.unfollowable.append(f"NOT NULL of column {new.name} {verb}")
+        if new.generated != old.generated:
+            out.unfollowable.append(f"column {new.name} changed generation")
+    added = [c for attnum, c in sorted(after.items()) if attnum not in before]
+    rewritten = then.relfilenode != now.relfilenode and then.relfilenode != 0
+    for column in added:
+        if column.dropped:
+            out.unfollowable.append("a column added since the snapshot was dropped")
+        elif column.has_missing:
+            out.unfollowable.append(f"column {column.name} added with a value for existing rows")
+        elif column.generated:
+            out.unfollowable.append(f"generated column {column.name} added")
+        elif rewritten:
+            out.unfollowable.append(
+                f"column {column.name} added and the table rewritten (a volatile default)"
+            )
+        else:
+            out.followed.append(f"column {column.name} added (NULL in existing rows)")
+    if now.primary_key != then.primary_key:
+        old_key = ", ".join(then.primary_key) or "none"
+        new_key = ", ".join(now.primary_key) or "none"
+        out.unfollowable.append(f"primary key changed ({old_key} -> {new_key})")
+    return out
