@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -180,13 +180,20 @@ class Bronze(ABC):
                 newest[r["table_oid"]] = r
         return {oid: json.loads(self._payload(r)) for oid, r in newest.items()}
 
-    def request_resync(self, tables: Sequence[tuple[int, str, str]], lsn: int) -> int:
+    def request_resync(
+        self,
+        tables: Sequence[tuple[int, str, str]],
+        lsn: int,
+        reasons: Mapping[int, str] | None = None,
+    ) -> int:
         """One batch of ``resync`` records for ``tables`` (``(oid, schema, name)``), at ``lsn``
-        (the bronze frontier): the next capture snapshots them again. Returns the batch id."""
+        (the bronze frontier): the next capture snapshots them again. ``reasons``: why, by
+        OID, where capture decided it (none: a person asked). Returns the batch id."""
         now = datetime.now(UTC)
         buffer = RecordBuffer(self.source, "resync-" + now.strftime("%Y%m%dT%H%M%S%f"))
-        payload = json_payload({"requested_at": now.isoformat()})
         for oid, schema, name in tables:
+            why = {"reason": reasons[oid]} if reasons and oid in reasons else {}
+            payload = json_payload({"requested_at": now.isoformat(), **why})
             buffer.add(
                 "resync", lsn, table_oid=oid, table_schema=schema, table_name=name, payload=payload
             )

@@ -19,9 +19,10 @@ Columns (documented in the README):
                  them); wal: one pgoutput message; schema: JSON;
                  error: JSON ``{"code", "message", "lsn"}``;
                  progress: JSON ``{"system_id", "timeline"}`` of the server the LSNs belong to;
-                 resync: JSON ``{"requested_at"}`` (``pgmedallion resync``: snapshot this table
-                 again; a table whose newest resync record is newer than its newest snapshot is
-                 snapshotted by the next capture)
+                 resync: JSON ``{"requested_at", "reason"?}`` (snapshot this table again:
+                 ``pgmedallion resync``, or capture's own decision and its reason, a schema
+                 change say; a table whose newest resync record is newer than its newest
+                 snapshot is snapshotted by the next capture)
     batch_id     the capture batch that committed the row (Delta txnVersion, per source)
     run_id       the capture attempt that produced it: one snapshot and one streaming session
                  (a retry after a transient error is a new run_id, so "one read" of a

@@ -19,6 +19,7 @@ from pgmedallion.bronze.store import Bronze
 from pgmedallion.capture.progress import (
     ProgressCallback,
 )
+from pgmedallion.capture.schema_changes import FOLLOW
 from pgmedallion.core.config import Config, on_databricks
 
 if TYPE_CHECKING:  # a capture without Spark never imports it
@@ -56,14 +57,25 @@ class CaptureTarget:
     pii: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     """``schema.table`` -> column -> ``exclude`` | ``hash`` (``pgmedallion.capture.published``)."""
     hash_key: bytes | None = field(default=None, repr=False)
+    """The key of hashed columns (a secret: never in a message or ``repr``)."""
     engine: str = "auto"
     """``[lakehouse] engine``: who commits bronze (``pgmedallion.core.engine``)."""
-    """The key of hashed columns (a secret: never in a message or ``repr``)."""
+    schema_changes: Mapping[str, str] = field(default_factory=dict)
+    """``schema.table`` -> its ``on_schema_change`` where not ``follow``
+    (``pgmedallion.capture.schema_changes``)."""
+
+    def on_schema_change(self, table: str) -> str:
+        return self.schema_changes.get(table, FOLLOW)
 
 
 def capture_target(cfg: Config) -> CaptureTarget:
     """The configured source's capture target (its column policies and hash key included)."""
     pii = {table: policy.pii() for table, policy in cfg.tables.items() if policy.pii()}
+    schema_changes = {
+        table: policy.on_schema_change
+        for table, policy in cfg.tables.items()
+        if policy.on_schema_change != FOLLOW
+    }
     hashed = any("hash" in columns.values() for columns in pii.values())
     return CaptureTarget(
         cfg.source.conninfo(),
@@ -75,6 +87,7 @@ def capture_target(cfg: Config) -> CaptureTarget:
         pii=pii,
         hash_key=cfg.source.hash_key() if hashed else None,
         engine=cfg.lakehouse.engine,
+        schema_changes=schema_changes,
     )
 
 

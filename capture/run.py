@@ -123,6 +123,7 @@ from pgmedallion.capture.options import (
 from pgmedallion.capture.pgoutput import format_lsn
 from pgmedallion.capture.published import Published, Shape
 from pgmedallion.capture.published import published as published_shapes
+from pgmedallion.capture.schema_changes import Catalog, catalog_of, changes
 from pgmedallion.capture.slot import (
     current_wal_lsn,
     ensure_slot,
@@ -195,19 +196,40 @@ def _changed_since_snapshot(
     bronze: Bronze, target: CaptureTarget, survey: _Survey, captured: dict[int, tuple[str, str]]
 ) -> dict[int, str]:
     """The captured tables that must be snapshotted again, and why: their leaf partitions
-    (attached or detached without a change message) or their shape (``capture.published``: the
-    publication's column list or row filter, a column policy, the hash key) are not those
-    their newest snapshot recorded."""
-    wanted = sorted(oid for oid in captured if oid in survey.shapes or oid in survey.leaves)
+    (attached or detached without a change message), their shape (``capture.published``: the
+    publication's column list or row filter, a column policy, the hash key) or their columns
+    (``capture.schema_changes``, as the table's ``on_schema_change`` policy decides) are not
+    those their newest snapshot recorded."""
+    wanted = sorted(
+        oid
+        for oid in captured
+        if oid in survey.shapes or oid in survey.leaves or oid in survey.catalogs
+    )
     moved = {}
     for oid, record in bronze.snapshot_schemas(wanted).items():
         if oid in survey.leaves and tuple(record.get("partitions", ())) != survey.leaves[oid]:
             moved[oid] = "partitions attached or detached"
-        elif oid in survey.shapes:
-            why = _reshaped(target, captured[oid], survey.shapes[oid], record)
-            if why:
-                moved[oid] = why
+            continue
+        why = []
+        if oid in survey.shapes:
+            why.append(_reshaped(target, captured[oid], survey.shapes[oid], record))
+        if oid in survey.catalogs:
+            why.append(_migrated(target, captured[oid], survey.catalogs[oid], record))
+        if any(why):
+            moved[oid] = "; ".join(w for w in why if w)
     return moved
+
+
+def _migrated(target: CaptureTarget, table: tuple[str, str], catalog: Catalog, record: dict) -> str:
+    """Why a schema change since ``table``'s snapshot ``record`` needs a new snapshot under
+    its ``on_schema_change`` policy ("": none does; see ``capture.schema_changes``)."""
+    then = Catalog.from_record(record.get("catalog"))
+    if then is None:  # a snapshot taken before snapshots recorded the catalog
+        return ""
+    found = changes(then, catalog)
+    for change in found.followed:
+        log.debug("%s: %s: followed", ".".join(table), change)
+    return found.resync_reason(target.on_schema_change(".".join(table)))
 
 
 def _reshaped(
@@ -336,7 +358,9 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
         # request, so a crash before the snapshot still does it)
         for oid, why in sorted(moved.items()):
             log.info("%s: %s: snapshotting it again", ".".join(captured[oid]), why)
-        bronze.request_resync([(oid, *captured[oid]) for oid in moved], state.frontier or 0)
+        bronze.request_resync(
+            [(oid, *captured[oid]) for oid in moved], state.frontier or 0, reasons=moved
+        )
         resync = resync | set(moved)
     for table in survey.gone:
         error = TableDropped(f"table {table_name(table)} (oid {table.oid}) was dropped")
@@ -396,12 +420,17 @@ def _reshaped_meanwhile(
     conn = connect(target.conninfo)
     try:
         shapes = published_shapes(conn, target.publication, list(captured))
+        catalogs = catalog_of(conn, sorted(captured))
     finally:
         conn.close()
-    recorded = bronze.snapshot_schemas(sorted(shapes))
+    recorded = bronze.snapshot_schemas(sorted(set(shapes) | set(catalogs)))
     return any(
         _reshaped(target, captured[oid], shapes[oid], recorded[oid])
         for oid in shapes
+        if oid in recorded
+    ) or any(
+        _migrated(target, captured[oid], catalogs[oid], recorded[oid])
+        for oid in catalogs
         if oid in recorded
     )
 
@@ -438,6 +467,8 @@ class _Survey:
     """Leaf partitions of the captured partitioned tables."""
     shapes: dict[int, Published]
     """How the publication publishes the captured tables (column list, row filter)."""
+    catalogs: dict[int, Catalog]
+    """The captured tables' catalog fingerprints now (``capture.schema_changes``)."""
 
 
 def _survey(
@@ -454,9 +485,11 @@ def _survey(
         noticed_at = current_wal_lsn(conn) if gone else 0
         leaves = leaf_partitions(conn, [t.oid for t in published if t.oid in captured])
         shapes = published_shapes(conn, target.publication, [t.oid for t in published])
+        catalogs = catalog_of(conn, [t.oid for t in published if t.oid in captured])
     finally:
         conn.close()
-    return _Survey(published, [known[oid] for oid in gone], noticed_at, leaves, shapes)
+    gone_tables = [known[oid] for oid in gone]
+    return _Survey(published, gone_tables, noticed_at, leaves, shapes, catalogs)
 
 
 def _snapshot(

@@ -61,6 +61,7 @@ from pgmedallion.capture.errors import (
 )
 from pgmedallion.capture.pgoutput import parse_lsn
 from pgmedallion.capture.published import EXCLUDE, HASH, TEXT_OID, Shape
+from pgmedallion.capture.schema_changes import catalog_of
 
 TID_RANGE_SCAN_MIN_VERSION = 140000
 
@@ -116,6 +117,9 @@ class TableSchema:
     shape: Shape | None = None
     """What of the table lands (``capture.published``): column list, row filter, policies. The
     columns above are then the landed ones; None: the catalog's, unshaped."""
+    catalog: dict | None = None
+    """The table's catalog fingerprint at the snapshot (``capture.schema_changes.Catalog``):
+    what later checks compare the catalog with, to see migrations the stream cannot show."""
 
 
 @dataclass(frozen=True)
@@ -260,6 +264,7 @@ def table_schema_at_snapshot(
         primary_key=tuple(key for (key,) in primary_key),
         replica_identity=replica_identity,
         partitions=leaf_partitions(conn, [int(oid)]).get(int(oid), ()),
+        catalog=catalog_of(conn, [int(oid)])[int(oid)].to_record(),
     )
 
 

@@ -31,6 +31,9 @@
     [tables."public.orders"]
     on_error = "fail"              # fail | quarantine | warn  (gold's policy for definite errors)
     truncate = "error"             # error | delete  (TRUNCATE: an error, or delete every row)
+    on_schema_change = "follow"    # follow | resync | error  (ALTER TABLE on the source: follow
+                                   # what is exact as it is, snapshot the table again for the
+                                   # rest; resync on every change; or stop at an error)
     infinity = "clamp"             # clamp | null | error  (±infinity dates and timestamps)
 
     [tables."public.orders".columns]
@@ -87,6 +90,7 @@ DEFAULT_FILE = "pgmedallion.toml"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 ON_ERROR = ("fail", "quarantine", "warn")
 TRUNCATE = ("error", "delete")
+ON_SCHEMA_CHANGE = ("follow", "resync", "error")
 INFINITY = ("clamp", "null", "error")
 PII = ("exclude", "hash")
 HASH_KEY_MIN_BYTES = 16
@@ -124,6 +128,7 @@ class ColumnPolicy:
 class TablePolicy:
     on_error: str = "fail"
     truncate: str = "error"
+    on_schema_change: str = "follow"
     infinity: str = "clamp"
     columns: Mapping[str, ColumnPolicy] = field(default_factory=dict)
 
@@ -386,6 +391,10 @@ def load_config(path: Path | str | None = None, env: Mapping[str, str] | None = 
             raise ConfigError(f"[tables.{table!r}] on_error must be one of {ON_ERROR}")
         if p.truncate not in TRUNCATE:
             raise ConfigError(f"[tables.{table!r}] truncate must be one of {TRUNCATE}")
+        if p.on_schema_change not in ON_SCHEMA_CHANGE:
+            raise ConfigError(
+                f"[tables.{table!r}] on_schema_change must be one of {ON_SCHEMA_CHANGE}"
+            )
         if p.infinity not in INFINITY:
             raise ConfigError(f"[tables.{table!r}] infinity must be one of {INFINITY}")
         tables[table] = replace(p, columns=_column_policies(table, p.columns))

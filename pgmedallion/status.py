@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -66,7 +68,27 @@ def status_report(spark: SparkSession, cfg: Config) -> tuple[str, bool]:
             )
     elif bronze is None:
         lines.append("nothing captured yet: run `pgmedallion run`")
+    if bronze is not None:
+        lines += _resynced(bronze, source)
     return "\n".join(lines), ok
+
+
+def _resynced(bronze: DataFrame, source: str, newest: int = 10) -> list[str]:
+    """The newest tables capture snapshotted again by itself, with why (a schema change, a
+    changed publication shape, partitions moved)."""
+    records = (
+        bronze.where((F.col("source") == source) & (F.col("kind") == "resync"))
+        .select("table_schema", "table_name", "lsn", "payload")
+        .orderBy(F.col("batch_id").desc())
+        .collect()
+    )
+    lines = []
+    for r in records:
+        reason = json.loads(bytes(r["payload"]).decode()).get("reason")
+        if reason and len(lines) < newest:
+            table = f"{r['table_schema']}.{r['table_name']}"
+            lines.append(f"  {table} at {format_lsn(r['lsn'])}: {reason}")
+    return ["snapshotted again by capture (newest first):", *lines] if lines else []
 
 
 def format_rows(columns: list[str], rows: list[tuple]) -> str:

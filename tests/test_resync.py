@@ -45,13 +45,18 @@ def _gold(spark, cfg, name: str):
 
 
 def test_resync_recovers_every_definite_error_and_touches_nothing_else(spark, db):
-    """A dropped column (``SchemaIncompatible``), a truncate under ``error``
+    """A dropped column (``SchemaIncompatible`` under ``on_schema_change = "error"``), a
+    truncate under ``error``
     (``TableTruncated``) and a value that does not cast (``CastError``, fixed by a type
     override): one resync brings all three back to exact, the errors stay as history, and the
     bystander's gold table gets no new commit."""
     with psycopg.connect(**db, autocommit=True) as conn:
         conn.execute(SCHEMA)
-    cfg = make_config(db, "rs", **{"public.odd": TablePolicy(on_error="warn")})
+    # dropped: a migration stops at SchemaIncompatible (``error``) instead of resyncing itself
+    stop = TablePolicy(on_schema_change="error")
+    cfg = make_config(
+        db, "rs", **{"public.odd": TablePolicy(on_error="warn"), "public.dropped": stop}
+    )
     drop_schemas(spark, cfg)
     run_stages(spark, cfg)
     with pytest.raises(NotCaptured, match="public.nope"):
@@ -80,7 +85,7 @@ def test_resync_recovers_every_definite_error_and_touches_nothing_else(spark, db
 
     # the fix for odd: read its ratio as double (NaN and 1e30 are doubles)
     override = TablePolicy(on_error="warn", columns={"ratio": ColumnPolicy(type="double")})
-    cfg = replace(cfg, tables={"public.odd": override})
+    cfg = replace(cfg, tables={"public.odd": override, "public.dropped": stop})
     assert request_resync(spark, cfg, ["dropped", "public.truncated", "odd"]) == [
         "public.dropped",
         "public.odd",

@@ -1,0 +1,197 @@
+"""Schema migrations while the pipeline runs: gold stays exact, or the table is snapshotted
+again by itself, never silently different. PostgreSQL is the oracle (``verify`` after every run).
+
+Each migration runs on a table under REPLICA IDENTITY DEFAULT and one under FULL, with a change
+after it (the stream then carries the new Relation), as application frameworks write them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+
+from pgmedallion.core.config import TablePolicy
+from pgmedallion.pipeline import run_stages
+from pgmedallion.status import status_report
+from pgmedallion.verify import verify
+from tests.workload import assert_exact, drop_schemas, make_config
+
+TABLES = ("d", "f")
+SCHEMA = """
+CREATE TABLE d (id int PRIMARY KEY, f1 int NOT NULL, f2 int, note text);
+CREATE TABLE f (id int PRIMARY KEY, f1 int NOT NULL, f2 int, note text);
+ALTER TABLE f REPLICA IDENTITY FULL;
+INSERT INTO d SELECT g, g, 100 + g, 'n' || g FROM generate_series(1, 40) g;
+INSERT INTO f SELECT g, g, 100 + g, 'n' || g FROM generate_series(1, 40) g;
+CREATE PUBLICATION pub FOR ALL TABLES;
+"""
+
+
+def _both(conn, statement: str) -> None:
+    for table in TABLES:
+        conn.execute(statement.format(t=table))
+
+
+def _counts(conninfo) -> dict[str, int]:
+    with psycopg.connect(**conninfo) as conn:
+        return {
+            f"public.{t}": conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES
+        }
+
+
+def _snapshots(spark, cfg) -> int:
+    """How many snapshots bronze holds (batches with copy rows)."""
+    bronze = spark.table(cfg.qualified("bronze", "bronze"))
+    return bronze.where("kind = 'copy'").select("batch_id").distinct().count()
+
+
+def _reasons(spark, cfg) -> list[str]:
+    bronze = spark.table(cfg.qualified("bronze", "bronze")).where("kind = 'resync'")
+    payloads = [bytes(r["payload"]).decode() for r in bronze.select("payload").collect()]
+    return sorted({json.loads(p).get("reason", "") for p in payloads})
+
+
+def _gold_columns(spark, cfg, table: str) -> list[str]:
+    gold = spark.table(cfg.qualified("gold", "public_" + table))
+    return [c for c in gold.columns if not c.startswith("_")]
+
+
+MIGRATIONS = [
+    # (name, statements, followed without a new snapshot)
+    (
+        "add with a constant default",
+        ["ALTER TABLE {t} ADD COLUMN f3 int DEFAULT 1 NOT NULL"],
+        False,
+    ),
+    (
+        "swap two columns' names",
+        [
+            "ALTER TABLE {t} RENAME f1 TO tmp",
+            "ALTER TABLE {t} RENAME f2 TO f1",
+            "ALTER TABLE {t} RENAME tmp TO f2",
+        ],
+        False,
+    ),
+    (
+        "drop and add again",
+        ["ALTER TABLE {t} DROP COLUMN f3", "ALTER TABLE {t} ADD COLUMN f3 int"],
+        False,
+    ),
+    ("add without a default", ["ALTER TABLE {t} ADD COLUMN f4 text"], True),
+    ("widen a type", ["ALTER TABLE {t} ALTER COLUMN f1 TYPE bigint"], False),
+    (
+        "drop not null",
+        [
+            "ALTER TABLE {t} ALTER COLUMN f2 DROP NOT NULL",
+            "INSERT INTO {t} (id, f1, f2) VALUES (5000, 1, NULL)",
+        ],
+        False,
+    ),
+    ("drop a column", ["ALTER TABLE {t} DROP COLUMN note"], False),
+    (
+        "add with a volatile default",
+        ["ALTER TABLE {t} ADD COLUMN r float8 DEFAULT random()"],
+        False,
+    ),
+]
+
+
+def test_every_migration_leaves_gold_exact(spark, db):
+    """Each migration, then an update, an insert and a delete, then a run: exact (and no rule of
+    a dropped constraint fails the run). Only a column
+    added without a value for existing rows is followed without a new snapshot; every other
+    migration snapshots the two tables again, by itself, in the same run, with its reason
+    recorded."""
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    cfg = make_config(db, "sc")
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    assert_exact(verify(spark, cfg), _counts(db))
+    next_id = 1000
+    for name, statements, followed in MIGRATIONS:
+        before = _snapshots(spark, cfg)
+        with psycopg.connect(**db, autocommit=True) as conn:
+            for statement in statements:
+                _both(conn, statement)
+            _both(conn, "UPDATE {t} SET f1 = f1 + 1 WHERE id % 7 = 0")
+            _both(conn, f"INSERT INTO {{t}} (id, f1, f2) VALUES ({next_id}, 1, 2)")
+            _both(conn, "DELETE FROM {t} WHERE id = (SELECT min(id) FROM {t})")
+        next_id += 1
+        run_stages(spark, cfg)
+        assert_exact(verify(spark, cfg), _counts(db))
+        assert (_snapshots(spark, cfg) == before) == followed, name
+    assert _gold_columns(spark, cfg, "d") == ["id", "f2", "f1", "f3", "f4", "r"]
+    reasons = _reasons(spark, cfg)
+    assert "column f3 added with a value for existing rows" in reasons
+    assert "column f1 renamed to tmp" not in reasons  # the catalog compares the end states
+    assert any("renamed to" in r for r in reasons), reasons
+    assert any("NOT NULL of column f2 dropped" in r for r in reasons), reasons
+    report, _ = status_report(spark, cfg)
+    assert "public.d at " in report and "a volatile default" in report, report
+
+
+def test_a_dropped_primary_key_and_a_migration_in_a_transaction_with_rows(spark, db):
+    """``DROP CONSTRAINT ..._pkey`` then a duplicate row: the table is a multiset now, and the
+    run does not fail on the old key's rule. Then a migration inside a transaction that also
+    writes rows, and two migrations between two runs."""
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    cfg = make_config(db, "sk")
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("ALTER TABLE d DROP CONSTRAINT d_pkey")
+        conn.execute("ALTER TABLE d REPLICA IDENTITY FULL")
+        conn.execute("INSERT INTO d SELECT * FROM d WHERE id = 3")
+    run_stages(spark, cfg)
+    assert_exact(verify(spark, cfg), _counts(db))
+    with psycopg.connect(**db) as conn:  # one transaction: rows, DDL, rows
+        _both(conn, "UPDATE {t} SET f2 = -1 WHERE id = 5")
+        _both(conn, "ALTER TABLE {t} ADD COLUMN g int DEFAULT 7")
+        _both(conn, "UPDATE {t} SET g = 8 WHERE id = 6")
+    with psycopg.connect(**db, autocommit=True) as conn:
+        _both(conn, "ALTER TABLE {t} RENAME note TO remark")
+        _both(conn, "ALTER TABLE {t} ALTER COLUMN f2 TYPE numeric(10,2)")
+        _both(conn, "UPDATE {t} SET remark = 'after' WHERE id = 7")
+    run_stages(spark, cfg)
+    assert_exact(verify(spark, cfg), _counts(db))
+    assert "remark" in _gold_columns(spark, cfg, "f")
+
+
+@pytest.mark.parametrize(
+    ("policy", "snapshots_after"),
+    [("resync", 2), ("error", 1)],
+)
+def test_the_policy_decides_what_a_migration_does(spark, db, policy, snapshots_after):
+    """``resync``: even a column added without a default snapshots the table again;
+    ``error``: nothing is snapshotted again, and a change the stream cannot follow stays a
+    ``SchemaIncompatible`` error of the table (as before this policy existed)."""
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    name = "sp" + policy[0]
+    policies = {
+        f"public.{t}": TablePolicy(on_error="warn", on_schema_change=policy) for t in TABLES
+    }
+    cfg = make_config(db, name, **policies)
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    with psycopg.connect(**db, autocommit=True) as conn:
+        _both(conn, "ALTER TABLE {t} ADD COLUMN extra text")
+        _both(conn, "UPDATE {t} SET extra = 'x' WHERE id = 1")
+    run_stages(spark, cfg)
+    assert _snapshots(spark, cfg) == snapshots_after
+    assert_exact(verify(spark, cfg), _counts(db))
+    if policy == "error":
+        with psycopg.connect(**db, autocommit=True) as conn:
+            _both(conn, "ALTER TABLE {t} DROP COLUMN note")
+            _both(conn, "UPDATE {t} SET f2 = 0 WHERE id = 2")
+        run_stages(spark, cfg)
+        errors = spark.table(cfg.qualified("silver", "_errors")).collect()
+        assert {(r["table_name"], r["code"]) for r in errors} == {
+            ("d", "SchemaIncompatible"),
+            ("f", "SchemaIncompatible"),
+        }
+        assert _snapshots(spark, cfg) == 1
