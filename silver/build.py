@@ -49,6 +49,7 @@ from pyspark.sql import types as T
 from pgmedallion.capture.pgoutput import decode, format_lsn
 from pgmedallion.core import delta_rs, engine
 from pgmedallion.core.config import Config
+from pgmedallion.core.naming import quote
 from pgmedallion.core.parallel import concurrently
 from pgmedallion.silver import batch, catalog
 from pgmedallion.silver.cast_rows import (
@@ -80,6 +81,7 @@ from pgmedallion.silver.write import (
 __all__ = ["SilverResult", "run_silver", "table_run"]
 
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class _Run:
@@ -452,4 +454,13 @@ def _prior(
     if delta_rs.small(path, [*names, "_diff"]):
         fields = [typed[n] for n in names] + [T.StructField("_diff", T.LongType())]
         return delta_rs.read(spark, path, T.StructType(fields), f"_run < {int(run)}")
-    return spark.table(target).where(F.col("_run") < run)
+    earlier = spark.table(target).where(F.col("_run") < run)
+    # A column added since those runs (followed, see capture.schema_changes) is NULL in them.
+    have = set(earlier.columns)
+    return earlier.select(
+        *[
+            F.col(quote(n)) if n in have else F.lit(None).cast(typed[n].dataType).alias(n)
+            for n in names
+        ],
+        F.col("_diff"),
+    )
