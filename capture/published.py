@@ -300,21 +300,30 @@ class StreamPolicies:
         return tuple(out)
 
 
+def check_protected_present(
+    name: str, rules: Mapping[str, str], present: set[str], listed: tuple[str, ...] | None
+) -> None:
+    """Fail closed: a protected column that is not among the ``present`` ones under its name
+    (and not withheld by the publication's column list ``listed``) was renamed or dropped, and
+    a renamed one would land unprotected. The stream's Relation messages and a snapshot's
+    columns are both held to it."""
+    missing = [c for c in rules if c not in present and (listed is None or c in listed)]
+    if missing:
+        raise PolicyNotApplicable(
+            f"{name}: column(s) {', '.join(missing)} that a pii policy protects are no longer "
+            "there (renamed or dropped): capture stops so that no personal data lands under "
+            'another name; name the column as it is now in [tables."...".columns] (or remove '
+            "the policy) and run again"
+        )
+
+
 def _check_applicable(
     name: str, relation: Relation, rules: Mapping[str, str], listed: tuple[str, ...] | None
 ) -> None:
     """Fail closed: a protected column missing from the Relation under its name (and not
     withheld by the publication's column list) was renamed or dropped, and a renamed one would
     land unprotected; an excluded key column would leave changes without their key."""
-    sent = {c.name for c in relation.columns}
-    missing = [c for c in rules if c not in sent and (listed is None or c in listed)]
-    if missing:
-        raise PolicyNotApplicable(
-            f"{name}: the stream no longer sends column(s) {', '.join(missing)} that a pii "
-            "policy protects (renamed or dropped): capture stops so that no personal data lands "
-            'under another name; name the column as it is now in [tables."...".columns] (or '
-            "remove the policy) and run again"
-        )
+    check_protected_present(name, rules, {c.name for c in relation.columns}, listed)
     keys = [c.name for c in relation.columns if c.is_key and rules.get(c.name) == EXCLUDE]
     if keys:
         raise PolicyNotApplicable(

@@ -60,7 +60,13 @@ from pgmedallion.capture.errors import (
     server_errors,
 )
 from pgmedallion.capture.pgoutput import parse_lsn
-from pgmedallion.capture.published import EXCLUDE, HASH, TEXT_OID, Shape
+from pgmedallion.capture.published import (
+    EXCLUDE,
+    HASH,
+    TEXT_OID,
+    Shape,
+    check_protected_present,
+)
 from pgmedallion.capture.schema_changes import catalog_of
 
 TID_RANGE_SCAN_MIN_VERSION = 140000
@@ -274,6 +280,12 @@ def shaped(schema: TableSchema, shape: Shape) -> TableSchema:
     A stored generated column named in a column list is published (PostgreSQL 18), so it is
     captured. A primary key that lost a column is no key of what lands.
     """
+    check_protected_present(
+        f"{schema.schema}.{schema.name}",
+        dict(shape.policies),
+        {column.name for column in schema.columns},
+        shape.column_list,
+    )
     listed = None if shape.column_list is None else set(shape.column_list)
     columns = []
     for column in schema.columns:
