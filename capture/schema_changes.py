@@ -35,7 +35,7 @@ from psycopg import sql
 
 from pgmedallion.capture.errors import server_errors
 
-FOLLOW, RESYNC, ERROR = "follow", "resync", "error"
+FOLLOW, ERROR = "follow", "error"
 
 
 @dataclass(frozen=True)
@@ -86,9 +86,6 @@ class Changes:
     """Changes exact without a new snapshot (described for people)."""
     unfollowable: list[str] = field(default_factory=list)
     """Changes only a new snapshot makes exact."""
-
-    def __bool__(self) -> bool:
-        return bool(self.followed or self.unfollowable)
 
     def resync_reason(self, policy: str) -> str:
         """Why the table must be snapshotted again under ``policy`` ("": it need not)."""

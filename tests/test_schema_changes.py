@@ -12,6 +12,7 @@ import json
 import psycopg
 import pytest
 
+from pgmedallion.capture.schema_changes import Catalog, CatalogColumn, changes
 from pgmedallion.core.config import TablePolicy
 from pgmedallion.pipeline import run_stages
 from pgmedallion.status import status_report
@@ -195,3 +196,70 @@ def test_the_policy_decides_what_a_migration_does(spark, db, policy, snapshots_a
             ("f", "SchemaIncompatible"),
         }
         assert _snapshots(spark, cfg) == 1
+
+
+def _catalog(*columns, key=("id",), relfilenode=100):
+    """A catalog fingerprint: columns as (attnum, name, type oid[, dropped, has_missing])."""
+    out = []
+    for attnum, name, type_oid, *flags in columns:
+        dropped, has_missing = (flags + [False, False])[:2]
+        out.append(CatalogColumn(attnum, name, type_oid, -1, False, dropped, has_missing, ""))
+    return Catalog(tuple(out), tuple(key), relfilenode)
+
+
+BEFORE = _catalog((1, "id", 23), (2, "f1", 23), (3, "f2", 23))
+
+
+@pytest.mark.parametrize(
+    ("now", "followed", "unfollowable"),
+    [
+        (BEFORE, [], []),
+        (
+            _catalog((1, "id", 23), (2, "f1", 23), (3, "f2", 23), (4, "c", 25)),
+            ["column c added (NULL in existing rows)"],
+            [],
+        ),
+        (
+            _catalog((1, "id", 23), (2, "f1", 23), (3, "f2", 23), (4, "c", 23, False, True)),
+            [],
+            ["column c added with a value for existing rows"],
+        ),
+        (
+            _catalog((1, "id", 23), (2, "f1", 23), (3, "f2", 23), (4, "c", 25), relfilenode=101),
+            [],
+            ["column c added and the table rewritten (a volatile default)"],
+        ),
+        (
+            _catalog((1, "id", 23), (2, "f2", 23), (3, "f1", 23)),
+            [],
+            ["column f1 renamed to f2", "column f2 renamed to f1"],
+        ),
+        (  # dropped and added again under the same name: the Relation looks the same
+            _catalog((1, "id", 23), (2, "f1", 23), (3, "x", 23, True), (4, "f2", 23)),
+            ["column f2 added (NULL in existing rows)"],
+            ["column f2 dropped"],
+        ),
+        (
+            _catalog((1, "id", 23), (2, "f1", 20), (3, "f2", 23)),
+            [],
+            ["column f1 changed type"],
+        ),
+        (
+            _catalog((1, "id", 23), (2, "f1", 23), (3, "f2", 23), (4, "x", 23, True)),
+            [],
+            ["a column added since the snapshot was dropped"],
+        ),
+        (
+            _catalog((1, "id", 23), (2, "f1", 23), (3, "f2", 23), key=()),
+            [],
+            ["primary key changed (id -> none)"],
+        ),
+    ],
+)
+def test_changes_are_told_apart_by_attnum(now, followed, unfollowable):
+    found = changes(BEFORE, now)
+    assert found.followed == followed
+    assert found.unfollowable == unfollowable
+    assert found.resync_reason("error") == ""
+    assert bool(found.resync_reason("follow")) == bool(unfollowable)
+    assert bool(found.resync_reason("resync")) == bool(unfollowable or followed)
