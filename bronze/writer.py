@@ -48,6 +48,7 @@ from pgmedallion.bronze.table import ARROW_SCHEMA, STATS_COLUMNS, SealedBatch
 
 log = logging.getLogger(__name__)
 
+
 class BatchWriter(Protocol):
     name: str
 

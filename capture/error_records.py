@@ -50,7 +50,9 @@ def record_error(
     batch_id = bronze.next_batch_id()
     bronze.append(buffer.to_arrow(batch_id), batch_id)
     where = "" if table is None else f" for {table_name(table)}"
-    log.error("recorded %s%s at %s: %s", code, where, format_lsn(lsn), error)
+    # a table dropped at the source is not a failure: silver and gold drop its tables next
+    level = logging.WARNING if code == "TableDropped" else logging.ERROR
+    log.log(level, "recorded %s%s at %s: %s", code, where, format_lsn(lsn), error)
     return True
 
 

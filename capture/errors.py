@@ -70,6 +70,11 @@ class PolicyNotApplicable(DefiniteError):
     key column to exclude. Capture stops before anything of the table lands unprotected."""
 
 
+class SnapshotWaiting(TransientError):
+    """A snapshot gave up waiting for transactions open on the server to end (see
+    ``capture.snapshot.export_snapshot``): the tables it was for are left to the next run."""
+
+
 class TableDropped(DefiniteError):
     """A table we capture no longer exists."""
 

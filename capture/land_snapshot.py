@@ -132,7 +132,7 @@ def land_snapshot(
     ]
     temp_slot = f"pgm_snap_{uuid.uuid4().hex[:16]}"
     dropped: dict[PublishedTable, TableDropped] = {}
-    with exported_snapshot(target.conninfo, temp_slot) as point:
+    with exported_snapshot(target.conninfo, temp_slot, target.snapshot_wait_s) as point:
         conn = connect(target.conninfo)
         try:
             use_snapshot(conn, point.snapshot_name)

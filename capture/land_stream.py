@@ -209,7 +209,9 @@ def _stream_loop(
                 )
                 writer.result.new_tables = stopping = True
         idle_due = now - writer.last_commit >= limits.idle_commit_interval_s
-        if len(buffer) or (stream.position > writer.sealed and (stopping or idle_due)):
+        moved = stream.position - writer.sealed
+        worth = continuous or moved >= limits.idle_commit_bytes
+        if len(buffer) or (moved > 0 and ((stopping and worth) or idle_due)):
             writer.commit()
         writer.poll()
         if stopping:

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 COPY_CHUNK_BYTES = 1 << 20
 """Raw COPY bytes per bronze ``copy`` record (a record holds whole rows, so it can be larger)."""
 ARROW_BATCH_BYTES = 16 << 20
+IDLE_COMMIT_BYTES = 16 << 20
+"""One WAL segment: what a slot may hold back at most because no change of ours came."""
 STREAM_BATCH_MESSAGES = 500_000
 STREAM_BATCH_BYTES = 48 << 20
 """Payload bytes per stream batch committed through Spark. Two batches live at once (one
@@ -64,6 +66,10 @@ class CaptureTarget:
     """``schema.table`` -> its ``on_schema_change`` where not ``follow``
     (``pgmedallion.capture.schema_changes``)."""
 
+    snapshot_wait_s: float | None = 300.0
+    """How long a snapshot waits for open transactions before leaving its tables to the next
+    run (None: as long as they take)."""
+
     def on_schema_change(self, table: str) -> str:
         return self.schema_changes.get(table, FOLLOW)
 
@@ -88,6 +94,7 @@ def capture_target(cfg: Config) -> CaptureTarget:
         hash_key=cfg.source.hash_key() if hashed else None,
         engine=cfg.lakehouse.engine,
         schema_changes=schema_changes,
+        snapshot_wait_s=cfg.source.snapshot_wait_seconds or None,
     )
 
 
@@ -120,6 +127,12 @@ class StreamLimits:
     """Continuous mode: commit what arrived at least this often."""
     idle_commit_interval_s: float = 60.0
     """Continuous mode: commit a frontier moved only by keepalives at least this often."""
+    idle_commit_bytes: int = IDLE_COMMIT_BYTES
+    """Triggered: a frontier moved only by WAL the publication does not carry (other tables,
+    other databases, checkpoints) is committed and acknowledged once it moved this far since
+    bronze's frontier; less is left for a later run, so a run with nothing new lands nothing
+    and costs no Spark (``pgmedallion.current``). 0: always (``verify`` needs bronze past its
+    snapshot)."""
     publication_check_interval_s: float = 10.0
     """Continuous mode: look for a dropped publication or newly published tables."""
 
@@ -148,6 +161,9 @@ class CaptureResult:
     table_errors: dict[str, str] = field(default_factory=dict)
     """``schema.table`` -> the definite error recorded for it by this run (e.g. dropped)."""
     retries: int = 0
+    deferred: list[str] = field(default_factory=list)
+    """``schema.table`` of the tables whose snapshot waited too long on open transactions and
+    is left to the next run."""
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,7 @@ from pgmedallion.capture.errors import (
     SlotCompacted,
     SlotInvalidated,
     SlotMissing,
+    SnapshotWaiting,
     TableDropped,
     TimelineChanged,
     TransientError,
@@ -123,7 +124,7 @@ from pgmedallion.capture.options import (
 from pgmedallion.capture.pgoutput import format_lsn
 from pgmedallion.capture.published import Published, Shape
 from pgmedallion.capture.published import published as published_shapes
-from pgmedallion.capture.schema_changes import Catalog, catalog_of, changes
+from pgmedallion.capture.schema_changes import ERROR, Catalog, catalog_of, changes
 from pgmedallion.capture.slot import (
     current_wal_lsn,
     ensure_slot,
@@ -173,6 +174,7 @@ class _Totals:
     stream: StreamResult = field(default_factory=StreamResult)
     table_errors: dict[str, str] = field(default_factory=dict)
     retries: int = 0
+    deferred: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -217,7 +219,22 @@ def _changed_since_snapshot(
             why.append(_migrated(target, captured[oid], survey.catalogs[oid], record))
         if any(why):
             moved[oid] = "; ".join(w for w in why if w)
+    for table in survey.published:
+        renamed = _renamed(target, captured.get(table.oid), table)
+        if renamed:
+            moved[table.oid] = "; ".join(w for w in (moved.get(table.oid), renamed) if w)
     return moved
+
+
+def _renamed(target: CaptureTarget, then: tuple[str, str] | None, now: PublishedTable) -> str:
+    """Why a table renamed (or moved to another schema) since its snapshot is snapshotted
+    again: silver and gold then take its new name ("": not renamed, or its policy is
+    ``error``, under which its tables keep the old name)."""
+    if then is None or then == (now.schema, now.name):
+        return ""
+    if target.on_schema_change(".".join(then)) == ERROR:
+        return ""
+    return f"table renamed from {'.'.join(then)} to {now.schema}.{now.name}"
 
 
 def _migrated(target: CaptureTarget, table: tuple[str, str], catalog: Catalog, record: dict) -> str:
@@ -341,6 +358,7 @@ def capture_once(
         batches=stream.batches,
         table_errors=totals.table_errors,
         retries=totals.retries,
+        deferred=sorted(set(totals.deferred)),
     )
 
 
@@ -377,8 +395,21 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
     published = [t for t in survey.published if is_wanted(t)]
     pending = [t for t in published if t.oid not in captured or t.oid in resync]
     if pending and not stop.is_set():
-        _snapshot(bronze, target, run, run_id, pending)
-        state = None  # the snapshot added a batch
+        try:
+            _snapshot(bronze, target, run, run_id, pending)
+            state = None  # the snapshot added a batch
+        except SnapshotWaiting as exc:
+            names = ", ".join(table_name(t) for t in pending)
+            for t in pending:
+                run.expected.pop(t.oid, None)
+            if any(t.oid in captured for t in pending):
+                # a table snapshotted again waits for it before its changes are read on (they
+                # may not follow its old columns): the others' changes wait with them
+                log.warning("capture: snapshot of %s: %s; nothing more is captured now", names, exc)
+                run.totals.deferred.extend(table_name(t) for t in pending)
+                return False
+            log.warning("capture: snapshot of %s: %s; the other tables go on", names, exc)
+            run.totals.deferred.extend(table_name(t) for t in pending)
     if stop.is_set():
         return False
     watched = {t.oid for t in published}

@@ -43,6 +43,9 @@ replication session does not support).
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -54,7 +57,9 @@ from psycopg import sql
 from pgmedallion.capture.connection import connect, connect_replication
 from pgmedallion.capture.copy_stream import asyncpg_params, copy_chunks
 from pgmedallion.capture.errors import (
+    PipelineError,
     PublicationDropped,
+    SnapshotWaiting,
     TableDropped,
     TransientError,
     server_errors,
@@ -68,6 +73,8 @@ from pgmedallion.capture.published import (
     check_protected_present,
 )
 from pgmedallion.capture.schema_changes import catalog_of
+
+log = logging.getLogger(__name__)
 
 TID_RANGE_SCAN_MIN_VERSION = 140000
 
@@ -139,7 +146,8 @@ def export_snapshot(repl_conn: psycopg.Connection, temp_slot_name: str) -> Snaps
     """Open the exporting transaction on ``repl_conn`` and name its view.
 
     The transaction stays open; committing it (or closing the session) ends the chance for
-    anyone to import the snapshot and drops the temporary slot.
+    anyone to import the snapshot and drops the temporary slot. Creating the slot waits until
+    every transaction open on the server (with a transaction id) has ended.
     """
     with server_errors():
         repl_conn.execute("BEGIN READ ONLY ISOLATION LEVEL REPEATABLE READ")
@@ -152,12 +160,106 @@ def export_snapshot(repl_conn: psycopg.Connection, temp_slot_name: str) -> Snaps
     return SnapshotPoint(snapshot_name, parse_lsn(row[1]))
 
 
+WAIT_REPORT_S = 5.0
+"""How long a snapshot waits on open transactions before it names them (then every minute)."""
+
+
+@dataclass(frozen=True)
+class OpenTransaction:
+    pid: int
+    xid: str
+    open_s: float
+    state: str
+    application: str
+
+    def __str__(self) -> str:
+        app = f", application {self.application!r}" if self.application else ""
+        return f"pid {self.pid} (xid {self.xid}, open {self.open_s:.0f} s, {self.state}{app})"
+
+
+def open_transactions(conn: psycopg.Connection, exclude: Sequence[int]) -> list[OpenTransaction]:
+    """The transactions open on the server that hold a transaction id, oldest first (what a new
+    snapshot's slot waits for); prepared transactions are listed with pid 0."""
+    with server_errors():
+        rows = conn.execute(
+            "SELECT pid, backend_xid::text, extract(epoch FROM now() - xact_start)::float8,"
+            " coalesce(state, ''), coalesce(application_name, '')"
+            " FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> ALL(%s)"
+            " UNION ALL SELECT 0, transaction::text,"
+            " extract(epoch FROM now() - prepared)::float8, 'prepared ' || quote_literal(gid), ''"
+            " FROM pg_prepared_xacts ORDER BY 3 DESC",
+            (list(exclude),),
+        ).fetchall()
+    return [OpenTransaction(int(p), x, float(s or 0), st, app) for p, x, s, st, app in rows]
+
+
 @contextmanager
-def exported_snapshot(conninfo: Mapping[str, Any], temp_slot_name: str) -> Iterator[SnapshotPoint]:
-    """Hold an exported snapshot open for the ``with`` block, then end it and drop its slot."""
+def _watched(conninfo: Mapping[str, Any], repl_conn: psycopg.Connection, wait_s: float | None):
+    """While the ``with`` block creates the snapshot's slot: name the transactions it waits on
+    (after :data:`WAIT_REPORT_S`, then every minute) and, after ``wait_s``, cancel it with
+    :class:`SnapshotWaiting`."""
+    done = threading.Event()
+    gave_up = threading.Event()
+    waiting_pid = repl_conn.info.backend_pid
+
+    def watch() -> None:
+        started = time.monotonic()
+        next_report = started + WAIT_REPORT_S
+        conn = None
+        try:
+            while not done.wait(0.5):
+                now = time.monotonic()
+                late = wait_s is not None and now - started >= wait_s
+                if now < next_report and not late:
+                    continue
+                conn = conn or connect(conninfo)
+                open_now = open_transactions(conn, [waiting_pid, conn.info.backend_pid])
+                if open_now and not late:
+                    log.warning(
+                        "snapshot: waiting %.0f s for open transactions to end: %s",
+                        now - started,
+                        "; ".join(str(t) for t in open_now[:5]),
+                    )
+                next_report = now + 60
+                if late:
+                    gave_up.set()
+                    with server_errors():
+                        conn.execute("SELECT pg_cancel_backend(%s)", (waiting_pid,))
+                    return
+        except PipelineError as exc:  # watching is advice; the snapshot goes on without it
+            log.debug("snapshot: could not list open transactions: %s", exc)
+        finally:
+            if conn is not None:
+                conn.close()
+
+    watcher = threading.Thread(target=watch, name="snapshot-wait", daemon=True)
+    watcher.start()
+    try:
+        yield
+    except PipelineError as exc:
+        if gave_up.is_set():
+            raise SnapshotWaiting(
+                f"gave up after {wait_s:.0f} s waiting for transactions open on the server to "
+                "end (see the warnings above for their pids); the tables are left to the next run"
+            ) from exc
+        raise
+    finally:
+        done.set()
+        watcher.join()
+
+
+@contextmanager
+def exported_snapshot(
+    conninfo: Mapping[str, Any], temp_slot_name: str, wait_s: float | None = None
+) -> Iterator[SnapshotPoint]:
+    """Hold an exported snapshot open for the ``with`` block, then end it and drop its slot.
+
+    The snapshot waits for transactions open on the server to end, naming them as it waits;
+    ``wait_s``: give up after that long (:class:`SnapshotWaiting`; None: wait on)."""
     repl_conn = connect_replication(conninfo)
     try:
-        point = export_snapshot(repl_conn, temp_slot_name)
+        with _watched(conninfo, repl_conn, wait_s):
+            point = export_snapshot(repl_conn, temp_slot_name)
         yield point
         with server_errors():
             repl_conn.execute("COMMIT")

@@ -157,6 +157,9 @@ class SourceConfig:
     slot: str = "pgmedallion"
     tables: tuple[str, ...] = ()
     create_publication: bool = True
+    snapshot_wait_seconds: float = 300.0
+    """How long a snapshot (a new table, a resync) waits for transactions open on the server
+    to end before it leaves its tables to the next run (0: wait as long as they take)."""
     hash_key_env: str = "PGMEDALLION_HASH_KEY"
     hash_key_secret_scope: str = ""
     hash_key_secret_key: str = ""

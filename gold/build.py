@@ -53,6 +53,7 @@ compared (a map) is recomputed in full every run, at the cost of reading all its
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from queue import Queue
 
@@ -81,6 +82,8 @@ from pgmedallion.gold.reports import ensure_report_tables, write_reports
 from pgmedallion.gold.table import build_table, untouched_outcome
 from pgmedallion.gold.table_io import gold_table_names, layer_schema, plain_name
 from pgmedallion.silver.contract import TableInfo
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -229,6 +232,21 @@ def _reports_changed(cfg: Config, inputs: _Inputs, built: int, done: list[TableO
     return False
 
 
+def _drop_orphans(spark: SparkSession, cfg: Config, inputs: _Inputs) -> None:
+    """Gold holds the source's live tables under their names of now: the gold tables ``_frontier``
+    reports for a table silver no longer has (the source dropped it) or under another name (the
+    source renamed it, or a table dropped and created again took the name) are dropped, with
+    their quarantine, before anything is built. A table that takes such a name is then built in
+    full; nobody reads a dropped table's rows under a live table's name."""
+    live = {(t.oid, plain_name(cfg, "gold", t.silver_table)) for t in inputs.tables}
+    for oid, name in sorted(set(inputs.reported) - live):
+        table = name.rsplit(".", 1)[-1]
+        log.info("gold: dropping %s (table oid %d: dropped or renamed at the source)", name, oid)
+        for dropped in (table, table + "__quarantine"):
+            spark.sql(f"DROP TABLE IF EXISTS {cfg.qualified('gold', dropped)}")
+            inputs.existing.discard(dropped.lower())
+
+
 def run_gold(spark: SparkSession, cfg: Config) -> GoldResult:
     """One gold run over every snapshotted table of the configured source.
 
@@ -245,6 +263,7 @@ def run_gold(spark: SparkSession, cfg: Config) -> GoldResult:
     inputs = _read_inputs(spark, cfg)
     if inputs is None:
         return GoldResult(cfg.source.name, None, None)
+    _drop_orphans(spark, cfg, inputs)
     outcomes: list[TableOutcome | None] = [None] * len(inputs.tables)
     work: list[tuple[int, TableInfo, ErrorSummary]] = []
     for i, info in enumerate(inputs.tables):

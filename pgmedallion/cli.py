@@ -134,6 +134,10 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
         for table, rows in sorted(c.snapshotted.items()):
             print(f"capture: snapshot {table}: {rows} rows at {format_lsn(c.snapshot_lsn)}")
         print(f"capture: {c.messages} messages, frontier {format_lsn(c.frontier)}")
+        for table in c.deferred:
+            print(f"capture: snapshot {table}: left to the next run (transactions open)")
+    if result.current:
+        print("silver, gold: nothing new since the last run; current (Spark not started)")
     if result.silver is not None:
         s = result.silver
         if s.run is None:
@@ -287,6 +291,8 @@ def cmd_capture(config: Config, args: argparse.Namespace) -> int:
         f"{result.messages} messages in {result.batches} batch(es); "
         f"frontier {format_lsn(result.frontier)}"
     )
+    for table in result.deferred:
+        print(f"snapshot {table}: left to the next run (transactions open on the server)")
     for table, message in sorted(result.table_errors.items()):
         print(f"capture error: {table}: {message}", file=sys.stderr)
     return 1 if result.table_errors else 0

@@ -38,6 +38,9 @@ class RunResult:
     stages: list[str] = field(default_factory=list)
     resynced: list[str] = field(default_factory=list)
     """The tables a ``resync`` asked to snapshot again (``run``)."""
+    current: bool = False
+    """Capture landed nothing and silver and gold held everything before: they did not run
+    (no Spark was started; ``pgmedallion.current``)."""
 
 
 def ensure_schemas(spark: SparkSession, cfg: Config) -> None:
@@ -113,18 +116,36 @@ def run(
     tables to snapshot again (:func:`request_resync`, before capture; raises
     :class:`NotCaptured`, having changed nothing, for a table not captured)."""
     from pgmedallion.capture.run import capture_needs_spark
+    from pgmedallion.current import bronze_batch, lakehouse_current
 
     if resync and "capture" not in stages:
         raise NotCaptured("--resync needs the capture stage")
+    engine.use(cfg.lakehouse)
     spark: SparkSession | None = None
     later: Callable[[], SparkSession] | None = None
+    quiet = False
     if "capture" in stages and not capture_needs_spark(cfg):
-        if stages != ("capture",):
+        # Silver and gold current before capture: Spark waits to see whether capture lands
+        # anything (a run with nothing new then starts no JVM at all).
+        quiet = not resync and stages != ("capture",) and lakehouse_current(cfg)
+        if stages != ("capture",) and not quiet:
             later = SparkStarter(cfg.state_dir)
     elif stages != ("marts",):
         spark = open_lakehouse(cfg)
     resynced = request_resync(spark, cfg, list(resync)) if resync else []
     session = spark or later or (lambda: open_lakehouse(cfg))
+    if quiet:
+        before = bronze_batch(cfg)
+        result = run_stages(session, cfg, ("capture",), show=show, **capture_kwargs)
+        if bronze_batch(cfg) == before:
+            log.info("nothing new since the last run: silver and gold are current")
+            result.current = True
+            return result
+        rest = tuple(s for s in stages if s != "capture")
+        more = run_stages(session, cfg, rest, show=show)
+        result.silver, result.gold, result.marts = more.silver, more.gold, more.marts
+        result.stages += more.stages
+        return result
     result = run_stages(session, cfg, stages, show=show, **capture_kwargs)
     result.resynced = resynced
     return result

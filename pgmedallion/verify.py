@@ -33,6 +33,7 @@ from pyspark.sql import types as T
 
 from pgmedallion.capture.connection import connect
 from pgmedallion.capture.copy_text import decode_copy_row
+from pgmedallion.capture.options import StreamLimits
 from pgmedallion.capture.pgoutput import format_lsn
 from pgmedallion.capture.published import EVERYTHING, HASH, Shape, hash_copy_lines, published
 from pgmedallion.capture.snapshot import (
@@ -250,7 +251,10 @@ def verify(
             if frontier > lsn:
                 break
             run_stages(
-                spark, cfg, ("capture", "silver", "gold") if check_gold else ("capture", "silver")
+                spark,
+                cfg,
+                ("capture", "silver", "gold") if check_gold else ("capture", "silver"),
+                limits=StreamLimits(idle_commit_bytes=0),  # past the verify LSN, changes or not
             )
     frontier = _silver_frontier(spark, cfg)
     if frontier <= lsn:

@@ -100,13 +100,29 @@ class _Run:
 
 
 def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
-    """One silver run over whatever bronze committed since the last one."""
+    """Silver brought up to whatever bronze committed: one run over everything since the last
+    one; after a crash, the interrupted run (its planned window) first, then one over the rest,
+    so that a call that returns leaves silver at bronze's frontier."""
     engine.use(cfg.lakehouse)
-    n, source = Names(cfg), cfg.source.name
     ensure_silver_tables(spark, cfg)
+    result, redone = _run_once(spark, cfg)
+    while redone:
+        more, redone = _run_once(spark, cfg)
+        if more.run is None or more.run <= (result.run or 0):
+            break  # nothing after it (or the same run again: never loop on it)
+        rows = dict(result.rows)
+        for table, count in more.rows.items():
+            rows[table] = rows.get(table, 0) + count
+        result = SilverResult(more.run, more.frontier, rows, result.errors + more.errors)
+    return result
+
+
+def _run_once(spark: SparkSession, cfg: Config) -> tuple[SilverResult, bool]:
+    """One silver run (the planned one again after a crash); whether it was such a redo."""
+    n, source = Names(cfg), cfg.source.name
     plan = plan_run(spark, cfg)
     if plan is None:
-        return SilverResult(None, last_frontier(spark, n, source), {}, 0)
+        return SilverResult(None, last_frontier(spark, n, source), {}, 0), False
     log.info(
         "silver run %d: wal [%s, %s), bronze batches (%d, %d]",
         plan.run,
@@ -120,7 +136,7 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
     r = _Run(plan, load_tables(spark, cfg))
     known_before = set(r.tables)
     taken = {t.silver_table for t in r.tables.values()}
-    _read_control(r, cfg, in_batches, taken)
+    _read_control(spark, n, r, cfg, in_batches, taken)
     wal = _read_wal(r, bronze, known_before).persist(StorageLevel.MEMORY_AND_DISK)
     layouts, copy_widths = _read_relations(spark, cfg, n, r, wal, taken)
     wal_diffs = decoded_changes(wal, layouts)
@@ -142,16 +158,27 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
         format_lsn(plan.f_to),
         len(r.errors),
     )
-    return SilverResult(plan.run, plan.f_to, rows, len(r.errors))
+    return SilverResult(plan.run, plan.f_to, rows, len(r.errors)), plan.redo
 
 
-def _read_control(r: _Run, cfg: Config, in_batches: DataFrame, taken: set[str]) -> None:
-    """The batch window's control records into the run: tables' columns, snapshots, errors."""
+def _read_control(
+    spark: SparkSession, n: Names, r: _Run, cfg: Config, in_batches: DataFrame, taken: set[str]
+) -> None:
+    """The batch window's control records into the run: tables' columns, snapshots, errors;
+    the tables the source dropped (``TableDropped``) leave silver."""
     control = control_records(in_batches)
-    r.copied = {c["table_oid"] for c in control if c["kind"] == "copy"}
-    catalog.apply_schemas(r.tables, control, cfg, taken)
-    r.new_snapshots = catalog.apply_rewinds(r.tables, control, r.plan.run)
     r.errors += control_errors(control, list(r.tables))
+    dropped = catalog.dropped_tables(control)
+    left = catalog.retire(r.tables, dropped, taken)
+    control = [c for c in control if c["table_oid"] not in dropped]
+    r.copied = {c["table_oid"] for c in control if c["kind"] == "copy"}
+    left += catalog.apply_schemas(r.tables, control, cfg, taken)
+    r.new_snapshots = catalog.apply_rewinds(r.tables, control, r.plan.run)
+    for name in left:
+        # dropped at the source, or renamed (its new snapshot is rebuilt under the new name):
+        # a crash before this run's _progress row drops nothing more on the run again
+        log.info("silver: dropping %s (%s)", name, "table dropped at the source or renamed")
+        spark.sql(f"DROP TABLE IF EXISTS {n.table(name)}")
 
 
 def _read_wal(r: _Run, bronze: DataFrame, known_before: set[int]) -> DataFrame:
@@ -173,7 +200,7 @@ def _read_relations(
     """The window's Relations and truncates; tables seen only in the stream; the layouts."""
     r.window_relations, truncates = catalog.window_messages(wal)
     relations = catalog.known_relations(spark, n, cfg.source.name, r.plan.run, r.window_relations)
-    catalog.add_stream_tables(r.tables, relations, cfg, taken)
+    catalog.add_stream_tables(r.tables, relations, cfg, taken, r.window_relations)
     layouts, copy_widths, errors = catalog.plan_layouts(r.tables, relations, cfg, r.plan.f_from)
     r.errors += errors
     r.truncate_at = catalog.truncates_by_table(truncates, r.tables)

@@ -119,10 +119,38 @@ def write_tables(spark: SparkSession, n: Names, source: str, tables: dict[int, T
     )
 
 
+def dropped_tables(control: list) -> set[int]:
+    """The tables bronze's ``TableDropped`` error records say the source dropped."""
+    return {
+        r["table_oid"]
+        for r in control
+        if r["kind"] == "error"
+        and r["table_oid"] is not None
+        and json.loads(r["payload"] or "{}").get("code") == "TableDropped"
+    }
+
+
+def retire(tables: dict[int, TableInfo], oids: set[int], taken: set[str]) -> list[str]:
+    """Take the tables the source dropped out of ``tables`` (silver and gold hold the source's
+    live tables; bronze keeps what was captured of them) and free their names, so a table
+    created again under the same name takes them. Returns their silver tables, to drop."""
+    names = []
+    for oid in sorted(oids & set(tables)):
+        info = tables.pop(oid)
+        taken.discard(info.silver_table)
+        names.append(info.silver_table)
+    return names
+
+
 def apply_schemas(
     tables: dict[int, TableInfo], control: list, cfg: Config, taken: set[str]
-) -> None:
-    """Bronze's ``schema`` records (a table's columns at its snapshot) into ``tables``."""
+) -> list[str]:
+    """Bronze's ``schema`` records (a table's columns at its snapshot) into ``tables``.
+
+    A table snapshotted again under another name (capture resyncs a renamed table) takes the
+    silver table name of its new one: returns the silver tables so left behind, to drop (the
+    new snapshot rebuilds the table anyway)."""
+    left: list[str] = []
     for r in control:
         if r["kind"] != "schema":
             continue
@@ -134,19 +162,26 @@ def apply_schemas(
             [column_entry(c) for c in s["columns"] if not c.get("generated")],
         )
         old = tables.get(r["table_oid"])
+        silver_table = old.silver_table if old else None
+        if old and (old.schema, old.name) != (s["schema"], s["name"]):
+            taken.discard(old.silver_table)
+            silver_table = None
+        if silver_table is None:
+            silver_table = silver_table_name(s["schema"], s["name"], r["table_oid"], taken)
+            if old and old.silver_table != silver_table:
+                left.append(old.silver_table)
         tables[r["table_oid"]] = TableInfo(
             oid=r["table_oid"],
             schema=s["schema"],
             name=s["name"],
-            silver_table=old.silver_table
-            if old
-            else silver_table_name(s["schema"], s["name"], r["table_oid"], taken),
+            silver_table=silver_table,
             snapshot_lsn=old.snapshot_lsn if old else None,
             snapshot_run=old.snapshot_run if old else None,
             primary_key=list(s["primary_key"]),
             not_null=[c["name"] for c in s["columns"] if c["not_null"]],
             columns=cols,  # a table snapshotted again is rebuilt with its columns of now
         )
+    return left
 
 
 def apply_rewinds(tables: dict[int, TableInfo], control: list, run: int) -> dict[int, int]:
@@ -218,11 +253,18 @@ def _new_column(name: str, type_oid: int, typmod: int, policy) -> dict:
 
 
 def add_stream_tables(
-    tables: dict[int, TableInfo], relations: Relations, cfg: Config, taken: set[str]
+    tables: dict[int, TableInfo],
+    relations: Relations,
+    cfg: Config,
+    taken: set[str],
+    window: list[tuple[int, int, bytes]],
 ) -> None:
-    """Tables seen only through the stream (added to the publication, not yet snapshotted)."""
+    """Tables seen only through the stream (added to the publication, not yet snapshotted):
+    first seen in this run's ``window`` (one seen before is in ``tables`` already, unless the
+    source dropped it since)."""
+    new = {decode(payload).relid for _, _, payload in window}
     for relid, rels in relations.items():
-        if relid in tables:
+        if relid in tables or relid not in new:
             continue
         rels.sort(key=lambda e: (e[0], e[1]))
         first = rels[0][2]

@@ -35,6 +35,8 @@ class Plan:
     f_to: int
     b_from: int
     b_to: int
+    redo: bool = False
+    """The run planned before a crash, done again: bronze may hold more after its window."""
 
 
 def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
@@ -57,7 +59,9 @@ def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
     if planned:
         p = planned[0]
         log.info("silver run %d: redoing the planned run", run)
-        return Plan(run, p["frontier_from"], p["frontier"], p["batch_from"], p["batch_to"])
+        return Plan(
+            run, p["frontier_from"], p["frontier"], p["batch_from"], p["batch_to"], redo=True
+        )
     frontier = bronze_frontier(spark, n.bronze, source)
     frontier = f_prev if frontier is None else max(frontier, f_prev)
     row = spark.table(n.bronze).where(F.col("source") == source).agg(F.max("batch_id")).first()

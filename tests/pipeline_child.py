@@ -8,7 +8,8 @@ far it got before it was killed:
 
 - ``{"do": "recover", "verify": true}``: run the pipeline to completion (failpoints disarmed)
   and verify; prints ``{"step": "recover", "verified": true, "ok": ..., "tables": {name:
-  [source, silver, gold, exact]}, "report": ...}``; with ``"verify": false`` only the run;
+  [source, silver, gold, exact]}, "report": ...}``; with ``"verify": false`` only the run,
+  printing the frontiers capture, silver and gold reached (``"frontiers"``);
 - ``{"do": "wait"}``: read one line from stdin (the parent applies a workload burst first);
 - ``{"do": "crash", "failpoints": "silver.after_append=1"}``: arm the failpoints (they are read
   from the environment at every hit) and run the pipeline; prints ``{"step": "armed"}`` first
@@ -49,8 +50,16 @@ def main(spec_path: str) -> int:
         if step["do"] == "recover":
             os.environ.pop(ENV, None)
             if not step.get("verify", True):
-                run_stages(spark, cfg, **capture)
-                emit(step="recover", verified=False)
+                run = run_stages(spark, cfg, **capture)
+                emit(
+                    step="recover",
+                    verified=False,
+                    frontiers={
+                        "capture": run.capture.frontier,
+                        "silver": run.silver.frontier,
+                        "gold": run.gold.frontier,
+                    },
+                )
                 continue
             # verify's catch-up run is the rerun: it brings capture, silver and gold past a
             # fresh snapshot of the source, then compares every table

@@ -262,3 +262,32 @@ def test_incremental_runs_end_to_end(bench_env, capsys, identity):
     assert updated.count() == 200
     renamed = updated.where("name LIKE '% v1'").count()
     assert renamed == (200 if identity == "full" else 0)
+
+
+@pytest.mark.slow
+def test_load_runs_end_to_end(bench_env, capsys):
+    """Whole ``pgmedallion run`` processes and the JDBC peer's, each with a JVM of its own (the
+    tests' session is not used). The benchmark itself checks gold's row count and sampled
+    values after the update wave, and the JDBC table's; here the record and the slot."""
+    result, last, records = _run(bench_env, "load", ["--rows", "3000", "--skip-noop"], capsys)
+    match = RESULT_LINE.match(last)
+    assert match, last
+    assert match.group(1) == "load" and match.group(2) == "spark.read.jdbc"
+    assert match.group(3) == "goal >= 1"
+    details = result.details
+    assert details["updated_rows"] == 30 and details["noop_s"] is None
+    assert details["update_ratio"] == pytest.approx(
+        details["jdbc_reload_s"] / details["update_s"], rel=0.01
+    )
+    assert set(details["stages_s"]["first"]) == {"capture", "silver", "gold"}
+    assert set(details["peak_rss_tree_kib"]) == {"first", "update", "jdbc_first", "jdbc_reload"}
+    assert all(kib > 0 for kib in details["peak_rss_tree_kib"].values())
+    [record] = records
+    assert record["name"] == "load" and record["params"] == {"rows": 3000, "skip_noop": True}
+    config = (bench_env.state_dir / "load" / "pgmedallion.toml").read_text()
+    assert bench_env.conninfo["password"] not in config  # through the environment only
+    with psycopg.connect(**bench_env.conninfo) as conn:
+        slots = conn.execute(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'bench_load_slot'"
+        ).fetchone()[0]
+    assert slots == 0  # no slot is left behind to retain WAL

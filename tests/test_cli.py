@@ -192,3 +192,46 @@ def test_doctor_capture_and_status_run_without_pyspark(db, tmp_path):
     assert "slot nospark_slot (pgoutput, idle): confirmed" in status.stdout
     assert "PySpark is not installed here" in status.stdout
     assert "Traceback" not in doctor.stderr + capture.stderr + staged.stderr + status.stderr
+
+
+def test_a_run_with_nothing_new_starts_no_jvm(db, tmp_path):
+    """After a complete run, ``run`` with nothing new decides from the bookkeeping (read by
+    delta-rs) that silver and gold are current, and starts no Spark: it passes where PySpark
+    cannot even be imported. A change then makes the next run go through Spark."""
+    import os
+    import sys
+    from pathlib import Path
+
+    import psycopg
+
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE quiet (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO quiet SELECT g, 'v' || g FROM generate_series(1, 30) g")
+        conn.execute("CREATE PUBLICATION quiet_pub FOR TABLE quiet")
+    config = tmp_path / "pgmedallion.toml"
+    config.write_text(source_config(db, "quiet", tmp_path / "state"))
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, QUIET_PW=db["password"], PYTHONPATH=str(repo))
+
+    def run(*command: str) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [sys.executable, *command, "-c", str(config), "run"],
+            capture_output=True,
+            text=True,
+            cwd=repo,
+            env=env,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    with_spark, without = ("-m", "pgmedallion.cli"), (str(repo / "tests" / "nospark_child.py"),)
+    first = run(*with_spark)
+    assert "gold: public.quiet: 30 rows" in first.stdout
+    quiet = run(*without)
+    assert "current (Spark not started)" in quiet.stdout, quiet.stdout
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("INSERT INTO quiet VALUES (31, 'new')")
+    changed = run(*with_spark)
+    assert "gold: public.quiet: 31 rows" in changed.stdout, changed.stdout
+    assert "Spark not started" not in changed.stdout

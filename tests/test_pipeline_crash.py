@@ -278,3 +278,37 @@ def test_sigkill_the_pipeline_at_random_points(spark, db, tmp_path):
     )
     assert kills >= (20 if trials == TRIALS else 1), outcomes
     assert lost == 0 and duplicated == 0
+
+
+@pytest.mark.parametrize("point", ["silver.after_append", "gold.after_table"])
+def test_a_run_after_a_crash_is_current(spark, db, tmp_path, point):
+    """A run killed in silver (or in gold), more changes, then ONE run: it finishes the
+    interrupted silver run and goes on, so silver and gold end at what capture captured."""
+    wl = Workload(db, SEED + 1, tables=TABLES, initial_rows=40)
+    wl.create()
+    spec, log = tmp_path / "spec.json", tmp_path / "child.log"
+
+    def child(steps: list[dict]) -> Child:
+        config = {"conninfo": db, "name": "current" + point.split(".")[0]}
+        state = str(tmp_path / "child-spark")
+        spec.write_text(json.dumps({"config": config, "state_dir": state, "steps": steps}))
+        return Child(spec, log)
+
+    first = child(
+        [{"do": "recover", "verify": False}, {"do": "wait"}, {"do": "crash", "failpoints": point}]
+    )
+    assert first.next()["step"] == "recover", f"child died, see {log}"
+    wl.burst(transactions=4)
+    first.go()
+    assert first.next() == {"step": "armed"}
+    assert first.end() == -signal.SIGKILL, f"{point} did not fire, see {log}"
+    wl.burst(transactions=4)  # more after the crash: the next run must reach it too
+    again = child([{"do": "recover", "verify": False}, {"do": "recover"}])
+    line = again.next()
+    assert line is not None and line["step"] == "recover", f"child died, see {log}"
+    frontiers = line["frontiers"]
+    assert frontiers["capture"] > 0
+    assert frontiers["silver"] == frontiers["gold"] == frontiers["capture"], frontiers
+    verified = again.next()
+    assert verified["ok"], verified["report"]
+    assert again.end() == 0

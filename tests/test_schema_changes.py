@@ -8,6 +8,7 @@ after it (the stream then carries the new Relation), as application frameworks w
 from __future__ import annotations
 
 import json
+import signal
 
 import psycopg
 import pytest
@@ -263,3 +264,63 @@ def test_changes_are_told_apart_by_attnum(now, followed, unfollowable):
     assert found.resync_reason("error") == ""
     assert bool(found.resync_reason("follow")) == bool(unfollowable)
     assert bool(found.resync_reason("resync")) == bool(unfollowable or followed)
+
+
+# (migration, the failpoint that kills the run after it): each point where a crash can fall
+# between a migration's records (the resync request, the new snapshot) and the rows after it
+CRASHES = [
+    ("ALTER TABLE {t} ADD COLUMN k1 int DEFAULT 1 NOT NULL", "snapshot.before_commit"),
+    (
+        "ALTER TABLE {t} RENAME f1 TO tmp; ALTER TABLE {t} RENAME f2 TO f1;"
+        " ALTER TABLE {t} RENAME tmp TO f2",
+        "snapshot.after_commit",
+    ),
+    ("ALTER TABLE {t} ADD COLUMN k2 text", "bronze.before_commit"),
+    ("ALTER TABLE {t} DROP COLUMN k1; ALTER TABLE {t} ADD COLUMN k1 int", "bronze.after_commit"),
+    ("ALTER TABLE {t} ALTER COLUMN f1 TYPE bigint", "silver.after_append"),
+    ("ALTER TABLE {t} DROP COLUMN note", "gold.after_table"),
+]
+
+
+@pytest.mark.slow
+def test_a_kill_between_a_migration_and_the_rows_after_it(spark, db, tmp_path):
+    """The whole pipeline SIGKILLed after each migration, at a point between the migration's
+    records and the rows written after it (``tests/pipeline_child.py``), then run again: every
+    table exact against PostgreSQL (0 rows lost, 0 duplicated)."""
+    from tests.test_pipeline_crash import Child
+
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    spec, log = tmp_path / "spec.json", tmp_path / "child.log"
+
+    def child(steps: list[dict]) -> Child:
+        config = {"conninfo": db, "name": "skill"}
+        state = str(tmp_path / "child-spark")
+        spec.write_text(json.dumps({"config": config, "state_dir": state, "steps": steps}))
+        return Child(spec, log)
+
+    def recovered(line: dict | None) -> None:
+        assert line is not None and line["step"] == "recover", f"child died, see {log}"
+        assert line["ok"], line["report"]
+        counts = _counts(db)
+        for table, (src, silver, gold, exact) in line["tables"].items():
+            assert exact and src == silver == gold == counts[table], line["report"]
+
+    first = child([{"do": "recover", "verify": False}])
+    assert first.next()["step"] == "recover"
+    assert first.end() == 0
+    kills = 0
+    for n, (migration, point) in enumerate(CRASHES):
+        c = child([{"do": "wait"}, {"do": "crash", "failpoints": point}])
+        with psycopg.connect(**db, autocommit=True) as conn:
+            _both(conn, migration)
+            _both(conn, f"INSERT INTO {{t}} (id, f1, f2) VALUES ({2000 + n}, {n}, {n})")
+            _both(conn, f"UPDATE {{t}} SET f2 = {-n} WHERE id % 5 = {n % 5}")
+            _both(conn, f"DELETE FROM {{t}} WHERE id = {10 + n}")
+        c.go()
+        assert c.next() == {"step": "armed"}, f"child died before its crash run, see {log}"
+        kills += c.end() == -signal.SIGKILL
+        again = child([{"do": "recover"}])
+        recovered(again.next())
+        assert again.end() == 0
+    assert kills == len(CRASHES), f"every failpoint fires, see {log}"

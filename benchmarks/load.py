@@ -1,0 +1,570 @@
+"""load: what a user pays: whole cold ``pgmedallion run`` processes vs. ``spark.read.jdbc``.
+
+Every other benchmark times a stage inside a warm process. A scheduled job pays more: each run
+is a new process that imports Python, starts a JVM, runs ``doctor``, then capture, silver and
+gold. This one times exactly that, against what a Spark user would schedule instead, a fresh
+process that reloads the table with ``spark.read.jdbc`` into Delta.
+
+Setup (untimed)
+    One table ``bench_load_<rows>`` of ``--rows`` rows (default 4,000,000; about 665 MB of
+    ``pg_relation_size``) in the benchmark database: ``id bigint`` primary key, three ints,
+    ``numeric(12,2)``, a 40-character text, ``timestamptz``, a small ``jsonb``, PostgreSQL's
+    default replica identity. It is generated server-side, ``VACUUM ANALYZE``d, marked with a
+    table comment and reused by a later run that finds the mark (the update waves of earlier
+    runs stay in it). A publication of that table only; a fresh state directory
+    ``<state dir>/load`` holding a pgmedallion config file (``pgmedallion.toml``: [source] with
+    host, port, dbname, user, ``password_env``, publication, slot; [lakehouse] with the state
+    directory and the three schemas). The password reaches every child process through the
+    variable ``password_env`` names, never a command line. Before timing: one ``psql COPY`` of
+    the table to /dev/null (the page cache), one Spark start in a throwaway process (Ivy, if
+    the jars were never resolved, and the jars in the page cache), and ``pgmedallion doctor``
+    (the checks pass before anything is timed).
+
+What is timed, each a child process from start to exit (``benchmarks.process``)
+    ``jdbc first``  ``python -m benchmarks.load`` (as ``BENCH_LOAD_JDBC`` tells it): a local
+                    Spark session as pgmedallion starts one (``core.spark.get_spark``, its own
+                    state directory, ``packages=(POSTGRES_JDBC,)``), ``spark.read.jdbc`` on
+                    ``id`` from min(id) to max(id)+1 in 2 partitions (fetchsize 10000), written
+                    as a Delta table (``save`` to a path, overwrite). Its row count is checked
+                    afterwards with delta-rs, untimed.
+    ``first``       ``python -m pgmedallion.cli --config pgmedallion.toml run``: doctor, the
+                    snapshot of the whole table, silver, gold.
+    then an update wave, untimed: 1% of the rows (random keys, seeded), ``UPDATE ... SET b =
+    <a negative marker>`` in transactions of 100 rows, committed.
+    ``update``      the next ``pgmedallion run``.
+    ``jdbc reload`` the JDBC process again (overwriting the same Delta table).
+    ``noop``        one more ``pgmedallion run``, with nothing new (``--skip-noop``: not run).
+    Each must exit 0. After ``first`` and ``update`` gold (read with delta-rs from the gold
+    table's directory) holds ``--rows`` rows, and after ``update`` and ``jdbc reload`` a sample
+    of updated and untouched keys holds PostgreSQL's values. The peak memory of each process
+    tree (JVM and Python workers included) is sampled from /proc alongside (see
+    ``benchmarks.process``); ``pgmedallion run``'s own per-stage times (its stderr) are
+    printed and recorded.
+
+The goals (ratio = JDBC seconds / pgmedallion seconds, both cold processes)
+    primary, the summary line: ``jdbc first / first >= 1.0``, a first load at least as fast as
+    the JDBC load; and ``jdbc reload / update >= 4``, an update run at most a quarter of a JDBC
+    reload (in ``details``, printed above the summary). ``noop`` seconds and the peaks are
+    reported without a goal. The slot is dropped at the end (the state directory is kept for
+    a look: its lakehouse cannot continue without the slot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from psycopg import sql
+
+from benchmarks.common import MB, BenchEnv, Result, Stopwatch, Timing, format_mb, jdbc_url, say
+from benchmarks.process import ProcessRun, run_process
+
+NAME = "load"
+DESCRIPTION = "whole cold `pgmedallion run` processes (first, update, noop) vs. spark.read.jdbc"
+GOAL_FIRST = 1.0
+GOAL_UPDATE = 4.0
+
+PUBLICATION = "bench_load_pub"
+SLOT = "bench_load_slot"
+SOURCE = "bench_load"
+SCHEMAS = {"bronze": "bench_load_bronze", "silver": "bench_load_silver", "gold": "bench_load_gold"}
+PASSWORD_ENV = "BENCH_LOAD_PGPASSWORD"
+JDBC_ENV = "BENCH_LOAD_JDBC"
+JDBC_FETCH_SIZE = 10_000
+JDBC_PARTITIONS = 2
+CHUNK_ROWS = 500_000
+UPDATE_FRACTION = 0.01
+UPDATE_TXN_ROWS = 100
+SAMPLE_KEYS = 20
+SEED = 20260101
+PROCESS_TIMEOUT_S = 3 * 3600
+REPO = Path(__file__).resolve().parent.parent
+COLUMNS = ("id", "a", "b", "c", "amount", "note", "at", "doc")
+STAGE_LINE = re.compile(r"^(capture|silver|gold|marts): ([\d.]+) s$", re.MULTILINE)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rows", type=int, default=4_000_000, help="table rows (%(default)s)")
+    parser.add_argument(
+        "--skip-noop", action="store_true", help="do not time a last run with nothing new"
+    )
+
+
+def table_name(rows: int) -> str:
+    return f"bench_load_{rows}"
+
+
+def run(args: argparse.Namespace) -> Result:
+    env: BenchEnv = args.env
+    if args.rows < 100:
+        raise ValueError("need --rows >= 100")
+    name = table_name(args.rows)
+    root = env.state_dir / "load"
+    with env.connect() as conn:
+        drop_slot(conn)
+        table = ensure_table(conn, name, args.rows)
+        conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(PUBLICATION)))
+        conn.execute(
+            sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+                sql.Identifier(PUBLICATION), sql.Identifier("public", name)
+            )
+        )
+    say(
+        f"table public.{name}: {table['rows']} rows, {table['bytes'] / MB:.1f} MB "
+        f"(pg_relation_size), ids {table['min_id']}..{table['max_id']}"
+    )
+    shutil.rmtree(root, ignore_errors=True)  # a fresh lakehouse, metastore and JDBC target
+    root.mkdir(parents=True)
+    lake = root / "lakehouse"
+    config = write_config(env, root / "pgmedallion.toml", lake)
+    gold_schema_dir = lake / "warehouse" / f"{SCHEMAS['gold']}.db"
+    jdbc_path = root / "jdbc-delta" / name
+    job = {
+        "conninfo": {k: v for k, v in env.conninfo.items() if k != "password"},
+        "table": f"public.{name}",
+        "lower": table["min_id"],
+        "upper": table["max_id"] + 1,
+        "partitions": JDBC_PARTITIONS,
+        "path": str(jdbc_path),
+        "state_dir": str(root / "jdbc-spark"),
+    }
+    procs = Processes(env, root, config, job)
+    try:
+        warm = warm_up(env, procs, name)
+        ours, peer = {}, {}
+
+        peer["first"] = procs.jdbc("jdbc-first")
+        check_jdbc(jdbc_path, table["rows"])
+        ours["first"] = procs.pgmedallion("first")
+        check_first(ours["first"], name, table["rows"])
+        gold_path = gold_table_dir(gold_schema_dir)
+        check_gold_count(gold_path, table["rows"])
+
+        wave = update_wave(env, name, table, SEED + int(time.time()))
+        ours["update"] = procs.pgmedallion("update")
+        check_gold_count(gold_path, table["rows"])
+        check_sample(env, name, gold_path, wave, "gold")
+        peer["reload"] = procs.jdbc("jdbc-reload")
+        check_jdbc(jdbc_path, table["rows"])
+        check_sample(env, name, jdbc_path, wave, "the JDBC table")
+        if not args.skip_noop:
+            ours["noop"] = procs.pgmedallion("noop")
+    finally:
+        with env.connect() as conn:
+            drop_slot(conn)
+    return report(args, table, ours, peer, warm, wave)
+
+
+class Processes:
+    """The commands the benchmark times, with their environments."""
+
+    def __init__(self, env: BenchEnv, root: Path, config: Path, job: dict[str, Any]) -> None:
+        self.root, self.config, self.job = root, config, job
+        base = {k: v for k, v in os.environ.items() if not _overrides_config(k)}
+        base[PASSWORD_ENV] = env.conninfo["password"]
+        self.ours_env = base
+        python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        self.peer_env = {**base, "PYTHONPATH": python_path}
+
+    def pgmedallion(self, label: str, command: str = "run") -> ProcessRun:
+        argv = [sys.executable, "-m", "pgmedallion.cli", "--config", str(self.config), command]
+        return self._run(argv, label, self.ours_env, self.root)
+
+    def jdbc(self, label: str, *, start_only: bool = False, packages: bool = True) -> ProcessRun:
+        job = {**self.job, "start_only": start_only, "packages": packages}
+        spark_dir = Path(job["state_dir"])
+        spark_dir.mkdir(parents=True, exist_ok=True)
+        environ = {**self.peer_env, JDBC_ENV: json.dumps(job)}
+        return self._run([sys.executable, "-m", "benchmarks.load"], label, environ, spark_dir)
+
+    def _run(self, argv: list[str], label: str, environ: dict, cwd: Path) -> ProcessRun:
+        run = run_process(
+            argv,
+            label=label,
+            env=environ,
+            cwd=cwd,
+            log_dir=self.root / "logs",
+            timeout=PROCESS_TIMEOUT_S,
+        ).check()
+        stages = stage_seconds(run)
+        shown = ", ".join(f"{k} {v:.1f} s" for k, v in stages.items())
+        say(
+            f"{label}: {run.seconds:.1f} s{f' ({shown})' if shown else ''}; peak RSS: tree "
+            f"{_mb(run.tree_peak_kib)}, largest process {_mb(run.largest_kib)}, "
+            f"{run.processes} processes"
+            + (f", {run.stragglers} killed after it exited" if run.stragglers else "")
+        )
+        return run
+
+
+def _overrides_config(variable: str) -> bool:
+    """libpq's PG* variables and ``PGMEDALLION_SOURCE_*``/``_LAKEHOUSE_*`` would change what
+    the config file says; ``PGMEDALLION_SPARK_*`` apply to both sides alike and stay."""
+    if variable.startswith("PGMEDALLION_"):
+        return variable.startswith(("PGMEDALLION_SOURCE_", "PGMEDALLION_LAKEHOUSE_"))
+    return variable.startswith("PG")
+
+
+def stage_seconds(run: ProcessRun) -> dict[str, float]:
+    """The per-stage times ``pgmedallion run`` prints on stderr (``capture: 12.3 s``)."""
+    return {m[1]: float(m[2]) for m in STAGE_LINE.finditer(run.stderr)}
+
+
+def _mb(kib: int) -> str:
+    return format_mb(kib * 1024 / MB)
+
+
+# ---------------------------------------------------------------------------------------------
+# Setup
+
+
+def ensure_table(conn, name: str, rows: int) -> dict[str, int]:
+    """The benchmark table of ``rows`` rows: reused when its mark says it is complete."""
+    ident = sql.Identifier(name)
+    mark = f"pgmedallion load benchmark table: {rows} rows, complete"
+    if _comment(conn, name) != mark:
+        say(f"building public.{name} ({rows} rows, server-side) ...")
+        with Stopwatch() as watch:
+            build_table(conn, ident, rows)
+            conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(ident, sql.Literal(mark)))
+        say(f"built in {watch.seconds:.1f} s")
+    size, count, low, high = conn.execute(
+        sql.SQL(
+            "SELECT pg_relation_size({name}::regclass), count(*), min(id), max(id) FROM {table}"
+        ).format(name=sql.Literal(name), table=ident)
+    ).fetchone()
+    if count != rows:
+        raise RuntimeError(f"public.{name} holds {count} rows, not {rows}")
+    return {"bytes": size, "rows": count, "min_id": low, "max_id": high}
+
+
+def build_table(conn, ident: sql.Identifier, rows: int) -> None:
+    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(ident))
+    conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id bigint NOT NULL, a int, b int, c int, amount numeric(12,2),"
+            " note text, at timestamptz, doc jsonb)"
+        ).format(ident)
+    )
+    for first in range(1, rows + 1, CHUNK_ROWS):
+        last = min(rows, first + CHUNK_ROWS - 1)
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} SELECT g, (g % 1000)::int, ((g * 7) % 100000)::int,"
+                " (g % 7)::int, ((g % 10000000) / 100.0)::numeric(12,2),"
+                " md5(g::text) || lpad(g::text, 8, '0'),"
+                " timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second',"
+                " jsonb_build_object('k', g, 'tag', 'tag' || (g % 100), 'ok', g % 2 = 0)"
+                " FROM generate_series({}::int8, {}::int8) g"
+            ).format(ident, sql.Literal(first), sql.Literal(last))
+        )
+    conn.execute(sql.SQL("ALTER TABLE {} ADD PRIMARY KEY (id)").format(ident))
+    conn.execute(sql.SQL("VACUUM ANALYZE {}").format(ident))
+
+
+def _comment(conn, name: str) -> str | None:
+    return conn.execute(
+        "SELECT obj_description(to_regclass(%s), 'pg_class')", (f"public.{name}",)
+    ).fetchone()[0]
+
+
+def drop_slot(conn) -> None:
+    conn.execute(
+        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+        " WHERE slot_name = %s AND active_pid IS NOT NULL",
+        (SLOT,),
+    )
+    deadline = time.monotonic() + 30
+    exists = "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s"
+    while conn.execute(exists, (SLOT,)).fetchone():
+        try:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (SLOT,))
+        except Exception:  # still active: its walsender has not exited yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def write_config(env: BenchEnv, path: Path, lake: Path) -> Path:
+    info = env.conninfo
+    text = "\n".join(
+        [
+            "# Written by `python -m benchmarks load`; the password is in $" + PASSWORD_ENV,
+            "[source]",
+            f"name = {json.dumps(SOURCE)}",
+            f"host = {json.dumps(info['host'])}",
+            f"port = {int(info['port'])}",
+            f"dbname = {json.dumps(info['dbname'])}",
+            f"user = {json.dumps(info['user'])}",
+            f"password_env = {json.dumps(PASSWORD_ENV)}",
+            f"publication = {json.dumps(PUBLICATION)}",
+            f"slot = {json.dumps(SLOT)}",
+            "create_publication = false",
+            "",
+            "[lakehouse]",
+            f"state_dir = {json.dumps(str(lake))}",
+            *(f"{layer}_schema = {json.dumps(schema)}" for layer, schema in SCHEMAS.items()),
+            "",
+        ]
+    )
+    path.write_text(text)
+    return path
+
+
+def warm_up(env: BenchEnv, procs: Processes, name: str) -> dict[str, float]:
+    """Untimed: the table in the page cache, the Spark jars resolved and read once, the
+    source's checks passed."""
+    from pgmedallion.core.spark import POSTGRES_JDBC, delta_package, resolved_jars
+
+    warm: dict[str, float] = {}
+    query = f"COPY (SELECT * FROM public.{name}) TO STDOUT"
+    with Stopwatch() as watch:
+        subprocess.run(
+            [str(env.client("psql")), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", query],
+            env=env.client_env(),
+            stdout=subprocess.DEVNULL,
+            check=True,
+        )
+    warm["psql_copy_s"] = watch.seconds
+    say(f"warm-up: psql COPY of the table to /dev/null in {watch.seconds:.1f} s (untimed)")
+    if resolved_jars(delta_package()) is None:  # pgmedallion's own set, never resolved here
+        run = procs.jdbc("warmup-delta-jars", start_only=True, packages=False)
+        warm["spark_delta_start_s"] = run.seconds
+    packages = ",".join((delta_package(), POSTGRES_JDBC))
+    resolved = resolved_jars(packages) is not None
+    run = procs.jdbc("warmup-spark", start_only=True)
+    warm["spark_start_s"] = run.seconds
+    if not resolved:
+        say("(that start resolved the JDBC driver with Ivy: the timed ones will not)")
+    run = procs.pgmedallion("warmup-doctor", "doctor")
+    warm["doctor_s"] = run.seconds
+    return warm
+
+
+def update_wave(env: BenchEnv, name: str, table: dict[str, int], seed: int) -> dict[str, Any]:
+    """1% of the rows, random keys: ``b`` set to a negative marker no generated row holds, in
+    transactions of :data:`UPDATE_TXN_ROWS` rows."""
+    rng = random.Random(seed)
+    count = max(1, int(table["rows"] * UPDATE_FRACTION))
+    keys = rng.sample(range(table["min_id"], table["max_id"] + 1), count)
+    marker = -1 - seed % 1_000_000_000
+    statement = sql.SQL("UPDATE {} SET b = %s WHERE id = ANY(%s)").format(
+        sql.Identifier("public", name)
+    )
+    with env.connect() as conn, Stopwatch() as watch:
+        updated = 0
+        for i in range(0, count, UPDATE_TXN_ROWS):
+            with conn.transaction():
+                cur = conn.execute(statement, (marker, keys[i : i + UPDATE_TXN_ROWS]))
+                updated += cur.rowcount
+    if updated != count:
+        raise RuntimeError(f"the update wave updated {updated} rows, not {count}")
+    say(
+        f"update wave: {count} rows ({UPDATE_FRACTION:.0%}) in "
+        f"{-(-count // UPDATE_TXN_ROWS)} transactions, {watch.seconds:.1f} s (untimed)"
+    )
+    untouched = set(keys)
+    others = []
+    while len(others) < min(SAMPLE_KEYS, table["rows"] - count):
+        key = rng.randint(table["min_id"], table["max_id"])
+        if key not in untouched:
+            others.append(key)
+            untouched.add(key)
+    return {
+        "rows": count,
+        "marker": marker,
+        "updated_sample": keys[:SAMPLE_KEYS],
+        "other_sample": others,
+        "seconds": watch.seconds,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks (untimed)
+
+
+def _delta_query(path: Path, query: str):
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+
+    reader = QueryBuilder().register("t", DeltaTable(str(path))).execute(query)
+    return pa.RecordBatchReader.from_stream(reader).read_all()
+
+
+def check_first(run: ProcessRun, name: str, rows: int) -> None:
+    snap = re.search(rf"^capture: snapshot public\.{name}: (\d+) rows", run.stdout, re.MULTILINE)
+    if snap is None or int(snap[1]) != rows:
+        raise RuntimeError(f"the first run did not snapshot {rows} rows of public.{name}")
+
+
+def gold_table_dir(schema_dir: Path) -> Path:
+    """The directory of the one gold table in the gold schema's (the others, ``_frontier``
+    and ``_quality``, begin with ``_``)."""
+    found = [d for d in schema_dir.iterdir() if not d.name.startswith("_")]
+    if len(found) != 1 or not (found[0] / "_delta_log").is_dir():
+        raise RuntimeError(f"not one gold table in {schema_dir}: {sorted(d.name for d in found)}")
+    return found[0]
+
+
+def check_gold_count(path: Path, rows: int) -> None:
+    [n] = _delta_query(path, "SELECT count(*) AS n FROM t").column("n").to_pylist()
+    if n != rows:
+        raise RuntimeError(f"gold at {path} holds {n} rows, not {rows}")
+
+
+def check_jdbc(path: Path, rows: int) -> None:
+    [n] = _delta_query(path, "SELECT count(*) AS n FROM t").column("n").to_pylist()
+    if n != rows:
+        raise RuntimeError(f"spark.read.jdbc landed {n} rows of {rows} at {path}")
+
+
+def check_sample(env: BenchEnv, name: str, path: Path, wave: dict[str, Any], what: str) -> None:
+    """The sampled keys hold PostgreSQL's values of ``b`` (the marker for the updated ones)."""
+    keys = [*wave["updated_sample"], *wave["other_sample"]]
+    with env.connect() as conn:
+        source = dict(
+            conn.execute(
+                sql.SQL("SELECT id, b FROM {} WHERE id = ANY(%s)").format(
+                    sql.Identifier("public", name)
+                ),
+                (keys,),
+            ).fetchall()
+        )
+    listed = ", ".join(str(int(k)) for k in keys)
+    found = _delta_query(path, f"SELECT id, b FROM t WHERE id IN ({listed})").to_pylist()
+    lake = {r["id"]: r["b"] for r in found}
+    wrong = {k: (lake.get(k), source.get(k)) for k in keys if lake.get(k) != source.get(k)}
+    stale = [k for k in wave["updated_sample"] if source.get(k) != wave["marker"]]
+    if wrong or stale:
+        raise RuntimeError(
+            f"{what} does not hold the source's values: (lake, source) by id "
+            f"{dict(list(wrong.items())[:5])}; updated in the source but not marked: {stale[:5]}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The result
+
+
+def report(
+    args: argparse.Namespace,
+    table: dict[str, int],
+    ours: dict[str, ProcessRun],
+    peer: dict[str, ProcessRun],
+    warm: dict[str, float],
+    wave: dict[str, Any],
+) -> Result:
+    first, update, noop = ours["first"], ours["update"], ours.get("noop")
+    jdbc_first, jdbc_reload = peer["first"], peer["reload"]
+    first_ratio = jdbc_first.seconds / first.seconds
+    update_ratio = jdbc_reload.seconds / update.seconds
+
+    def verdict(ratio: float, goal: float) -> str:
+        return "met" if ratio >= goal else "MISSED"
+
+    say(
+        f"first load: pgmedallion run {first.seconds:.1f} s, JDBC load {jdbc_first.seconds:.1f} s:"
+        f" ratio {first_ratio:.2f} (goal >= {GOAL_FIRST:g}) {verdict(first_ratio, GOAL_FIRST)}"
+    )
+    say(
+        f"update run ({wave['rows']} rows changed): pgmedallion run {update.seconds:.1f} s, "
+        f"JDBC reload {jdbc_reload.seconds:.1f} s: ratio {update_ratio:.2f} "
+        f"(goal >= {GOAL_UPDATE:g}) {verdict(update_ratio, GOAL_UPDATE)}"
+    )
+    if noop is not None:
+        say(f"nothing new: pgmedallion run {noop.seconds:.1f} s")
+    runs = {**{k: v for k, v in ours.items()}, **{f"jdbc_{k}": v for k, v in peer.items()}}
+    say(
+        "peak RSS of the process trees: "
+        + ", ".join(f"{k} {_mb(v.tree_peak_kib)}" for k, v in runs.items())
+    )
+    return Result(
+        name=NAME,
+        work={"MB/s": table["bytes"] / MB, "krows/s": table["rows"] / 1000},
+        ours=Timing("pgmedallion", first.seconds),
+        peer=Timing("spark.read.jdbc", jdbc_first.seconds),
+        goal=GOAL_FIRST,
+        params={"rows": args.rows, "skip_noop": args.skip_noop},
+        details={
+            "table": table_name(args.rows),
+            "table_bytes": table["bytes"],
+            "first_s": round(first.seconds, 2),
+            "update_s": round(update.seconds, 2),
+            "noop_s": None if noop is None else round(noop.seconds, 2),
+            "jdbc_first_s": round(jdbc_first.seconds, 2),
+            "jdbc_reload_s": round(jdbc_reload.seconds, 2),
+            "first_ratio": round(first_ratio, 3),
+            "update_ratio": round(update_ratio, 3),
+            "update_goal": GOAL_UPDATE,
+            "update_goal_met": update_ratio >= GOAL_UPDATE,
+            "updated_rows": wave["rows"],
+            "update_wave_s": round(wave["seconds"], 2),
+            "stages_s": {k: stage_seconds(v) for k, v in ours.items()},
+            "peak_rss_tree_kib": {k: v.tree_peak_kib for k, v in runs.items()},
+            "peak_rss_largest_process_kib": {k: v.largest_kib for k, v in runs.items()},
+            "wait4_maxrss_kib": {k: v.wait4_maxrss_kib for k, v in runs.items()},
+            "peer_inside_s": {k: _peer_inside(v) for k, v in peer.items()},
+            "warmup_s": {k: round(v, 2) for k, v in warm.items()},
+        },
+    )
+
+
+def _peer_inside(run: ProcessRun) -> dict[str, float] | None:
+    """What the JDBC process reported of its own time (Spark's start, the read and write)."""
+    lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The peer's process: python -m benchmarks.load, its job in BENCH_LOAD_JDBC
+
+
+def _jdbc_child() -> int:
+    """Start Spark as pgmedallion does, read the table with ``spark.read.jdbc`` and write it as
+    Delta (overwrite); print its own timings as JSON. ``start_only``: only start Spark."""
+    started = time.perf_counter()
+    from pgmedallion.core.spark import POSTGRES_JDBC, get_spark
+
+    job = json.loads(os.environ[JDBC_ENV])
+    packages = (POSTGRES_JDBC,) if job.get("packages", True) else ()
+    spark = get_spark(job["state_dir"], packages=packages)
+    spark_s = time.perf_counter() - started
+    if job.get("start_only"):
+        print(json.dumps({"spark_start_s": round(spark_s, 2)}))
+        return 0
+    t = time.perf_counter()
+    info = job["conninfo"]
+    frame = spark.read.jdbc(
+        jdbc_url(info),
+        job["table"],
+        column="id",
+        lowerBound=job["lower"],
+        upperBound=job["upper"],
+        numPartitions=job["partitions"],
+        properties={
+            "user": info["user"],
+            "password": os.environ[PASSWORD_ENV],
+            "driver": "org.postgresql.Driver",
+            "fetchsize": str(JDBC_FETCH_SIZE),
+        },
+    )
+    frame.write.format("delta").mode("overwrite").save(job["path"])
+    print(
+        json.dumps(
+            {"spark_start_s": round(spark_s, 2), "read_write_s": round(time.perf_counter() - t, 2)}
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_jdbc_child())

@@ -1,0 +1,69 @@
+"""Whether silver and gold already hold everything bronze holds, decided without Spark.
+
+A scheduled run with nothing new should cost the capture and nothing more: starting Spark (a
+JVM, the metastore, the plans) is most of what such a run paid. Locally every table is a Delta
+directory, so the bookkeeping that tells it can be read with delta-rs:
+
+- bronze's newest batch id (``Bronze.state``, read as capture reads it),
+- silver's last completed run (``_progress``: the bronze batch it read up to) and no run planned
+  after it (``_plans``: a run interrupted by a crash is redone first),
+- gold's ``_frontier``: one row per snapshotted table of ``_tables``, every one at silver's last
+  run (a table gold failed to update, a table new to silver, a report lost in a crash: not
+  current).
+
+Anything unreadable or missing answers "not current", and the run goes on as before: this only
+ever saves work that would have changed nothing. On Databricks, or with ``[lakehouse] engine =
+"spark"``, the answer is always "not current" (Spark reads the tables there).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pgmedallion.core import delta_rs
+from pgmedallion.core.config import Config, on_databricks
+
+log = logging.getLogger(__name__)
+
+
+def _rows(cfg: Config, layer: str, table: str, columns: str) -> list[dict] | None:
+    path = cfg.local_table_path(layer, table)
+    if not delta_rs.usable(path):
+        return None
+    source = cfg.source.name.replace("'", "''")
+    answer = delta_rs.query(path, f"SELECT {columns} FROM t WHERE source = '{source}'")
+    return answer.to_pylist()
+
+
+def bronze_batch(cfg: Config) -> int | None:
+    """The source's newest bronze batch id (None: no bronze yet, or not readable here)."""
+    from pgmedallion.capture.options import bronze_of, capture_target
+
+    target = capture_target(cfg)
+    if not delta_rs.usable(target.bronze_path):
+        return None
+    return bronze_of(None, target).state().next_batch_id - 1
+
+
+def lakehouse_current(cfg: Config, batch: int | None = None) -> bool:
+    """Whether silver and gold hold everything up to bronze's newest batch (``batch``: that id,
+    when the caller read it already). False whenever unsure."""
+    if on_databricks() or cfg.lakehouse.engine == "spark" or cfg.lakehouse.marts:
+        return False
+    try:
+        batch = bronze_batch(cfg) if batch is None else batch
+        progress = _rows(cfg, "silver", "_progress", "run, bronze_batch")
+        plans = _rows(cfg, "silver", "_plans", "run")
+        tables = _rows(cfg, "silver", "_tables", "table_oid, snapshot_lsn")
+        frontier = _rows(cfg, "gold", "_frontier", "table_oid, silver_run")
+    except Exception as exc:  # a table being created, a version vacuumed: let Spark decide
+        log.debug("bookkeeping not readable without Spark: %s", exc)
+        return False
+    if batch is None or not progress or plans is None or tables is None or frontier is None:
+        return False
+    last = max(progress, key=lambda r: r["run"])
+    if last["bronze_batch"] != batch or any(p["run"] > last["run"] for p in plans):
+        return False
+    snapshotted = {t["table_oid"] for t in tables if t["snapshot_lsn"] is not None}
+    reported = {f["table_oid"]: f["silver_run"] for f in frontier}
+    return set(reported) == snapshotted and all(run == last["run"] for run in reported.values())
