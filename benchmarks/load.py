@@ -1,9 +1,9 @@
 """load: what a user pays: whole cold ``pgmedallion run`` processes vs. ``spark.read.jdbc``.
 
-Every other benchmark times a stage inside a warm process. A scheduled job pays more: each run
-is a new process that imports Python, starts a JVM, runs ``doctor``, then capture, silver and
-gold. This one times exactly that, against what a Spark user would schedule instead, a fresh
-process that reloads the table with ``spark.read.jdbc`` into Delta.
+The other benchmarks time a stage inside a process that runs already. A scheduled job pays
+more: each run is a new process that imports Python, starts a JVM, runs ``doctor``, then
+capture, silver and gold. This one times exactly that, against what a Spark user would
+schedule instead: a fresh process that reloads the table with ``spark.read.jdbc`` into Delta.
 
 Setup (untimed)
     One table ``bench_load_<rows>`` of ``--rows`` rows (default 4,000,000; about 665 MB of

@@ -322,6 +322,14 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
             return int(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{where} must be an integer, got {value!r}") from None
+    if isinstance(default, float):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where} must be a number, got {value!r}") from None
+        if isinstance(value, bool) or number < 0 or number != number:
+            raise ConfigError(f"{where} must be a number of 0 or more, got {value!r}")
+        return number
     if isinstance(default, Mapping):
         return value
     if isinstance(default, tuple):

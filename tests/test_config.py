@@ -69,12 +69,26 @@ def test_password_comes_from_its_variable_and_is_never_shown(tmp_path, monkeypat
         ("[sourc]\nname = 'x'", "unknown section(s): sourc"),
         ("[tables.'public.t']\non_error = 'ignore'", "on_error must be one of"),
         ("[source]\ntables = 'a,b'\ncreate_publication = 'maybe'", "must be true or false"),
+        ("[source]\nsnapshot_wait_seconds = 'soon'", "snapshot_wait_seconds must be a number"),
+        ("[source]\nsnapshot_wait_seconds = -1", "must be a number of 0 or more"),
     ],
 )
 def test_malformed_config_names_the_problem(tmp_path, text, message):
     with pytest.raises(ConfigError) as info:
         load_config(_write(tmp_path, text), env={})
     assert message in str(info.value)
+
+
+def test_numbers_from_file_and_environment(tmp_path):
+    """A number of seconds may be written as an integer or a decimal, in the file or the
+    environment."""
+    for text, env, expected in (
+        ("[source]\nsnapshot_wait_seconds = 0", {}, 0.0),
+        ("[source]\nsnapshot_wait_seconds = 1.5", {}, 1.5),
+        ("", {"PGMEDALLION_SOURCE_SNAPSHOT_WAIT_SECONDS": "10"}, 10.0),
+    ):
+        cfg = load_config(_write(tmp_path, text), env=env)
+        assert cfg.source.snapshot_wait_seconds == expected
 
 
 def test_missing_file(tmp_path):
