@@ -98,6 +98,7 @@ from pgmedallion.capture.connection import connect, connect_replication
 from pgmedallion.capture.error_records import error_lsn, record_error, table_name
 from pgmedallion.capture.errors import (
     DefiniteError,
+    PolicyNotApplicable,
     PublicationDropped,
     SlotCompacted,
     SlotInvalidated,
@@ -232,9 +233,16 @@ def _renamed(target: CaptureTarget, then: tuple[str, str] | None, now: Published
     ``error``, under which its tables keep the old name)."""
     if then is None or then == (now.schema, now.name):
         return ""
-    if target.on_schema_change(".".join(then)) == ERROR:
+    old, new = ".".join(then), f"{now.schema}.{now.name}"
+    if old in target.pii and new not in target.pii:
+        # its snapshot under the new name would not find the column policies: fail closed
+        raise PolicyNotApplicable(
+            f'table {old} was renamed to {new}; its column policies ([tables."{old}"]) '
+            f'must be named [tables."{new}"] before it is captured again'
+        )
+    if target.on_schema_change(old) == ERROR:
         return ""
-    return f"table renamed from {'.'.join(then)} to {now.schema}.{now.name}"
+    return f"table renamed from {old} to {new}"
 
 
 def _migrated(target: CaptureTarget, table: tuple[str, str], catalog: Catalog, record: dict) -> str:
@@ -370,7 +378,11 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
     _provide_slot(target, state.frontier, bool(captured))
     survey = _survey(target, captured, run.expected)
     resync = state.resync
-    moved = _changed_since_snapshot(bronze, target, survey, captured)
+    moved = {  # a request already pending is not made again (each would be a bronze batch)
+        oid: why
+        for oid, why in _changed_since_snapshot(bronze, target, survey, captured).items()
+        if oid not in state.resync
+    }
     if moved:
         # these tables' rows changed without change messages: snapshot them again (a durable
         # request, so a crash before the snapshot still does it)
@@ -394,25 +406,34 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
 
     published = [t for t in survey.published if is_wanted(t)]
     pending = [t for t in published if t.oid not in captured or t.oid in resync]
+    deferred: set[int] = set()
+    snapshotted = False
     if pending and not stop.is_set():
         try:
             _snapshot(bronze, target, run, run_id, pending)
             state = None  # the snapshot added a batch
+            snapshotted = True
         except SnapshotWaiting as exc:
             names = ", ".join(table_name(t) for t in pending)
             for t in pending:
                 run.expected.pop(t.oid, None)
+            run.totals.deferred.extend(table_name(t) for t in pending)
             if any(t.oid in captured for t in pending):
                 # a table snapshotted again waits for it before its changes are read on (they
-                # may not follow its old columns): the others' changes wait with them
+                # may not follow its old columns): the others' changes wait with them; a
+                # continuous capture tries again (and waits again) in its next attempt
                 log.warning("capture: snapshot of %s: %s; nothing more is captured now", names, exc)
-                run.totals.deferred.extend(table_name(t) for t in pending)
-                return False
+                return options.continuous and not stop.is_set()
             log.warning("capture: snapshot of %s: %s; the other tables go on", names, exc)
-            run.totals.deferred.extend(table_name(t) for t in pending)
+            deferred = {t.oid for t in pending}
     if stop.is_set():
         return False
-    watched = {t.oid for t in published}
+    watched = {t.oid for t in published} - deferred  # continuous: a deferred one is tried again
+    if snapshotted or (state is not None and state.frontier is None):
+        # the stream's frontier lands after a snapshot even if nothing of ours came since:
+        # silver's frontier then passes the snapshot in this run
+        limits = replace(options.limits, idle_commit_bytes=0)
+        options = replace(options, limits=limits)
 
     def new_tables(current: list[PublishedTable]) -> bool:
         """Continuous mode, now and then: tables to snapshot first (new, or reshaped)."""

@@ -212,22 +212,24 @@ def _watched(conninfo: Mapping[str, Any], repl_conn: psycopg.Connection, wait_s:
                 late = wait_s is not None and now - started >= wait_s
                 if now < next_report and not late:
                     continue
-                conn = conn or connect(conninfo)
-                open_now = open_transactions(conn, [waiting_pid, conn.info.backend_pid])
-                if open_now and not late:
+                next_report = now + 60
+                try:
+                    conn = conn if conn is not None and not conn.closed else connect(conninfo)
+                    if late:
+                        gave_up.set()
+                        with server_errors():
+                            conn.execute("SELECT pg_cancel_backend(%s)", (waiting_pid,))
+                        return
+                    open_now = open_transactions(conn, [waiting_pid, conn.info.backend_pid])
+                except PipelineError as exc:  # advice only: the next round tries again
+                    log.debug("snapshot: could not list or cancel: %s", exc)
+                    continue
+                if open_now:
                     log.warning(
                         "snapshot: waiting %.0f s for open transactions to end: %s",
                         now - started,
                         "; ".join(str(t) for t in open_now[:5]),
                     )
-                next_report = now + 60
-                if late:
-                    gave_up.set()
-                    with server_errors():
-                        conn.execute("SELECT pg_cancel_backend(%s)", (waiting_pid,))
-                    return
-        except PipelineError as exc:  # watching is advice; the snapshot goes on without it
-            log.debug("snapshot: could not list open transactions: %s", exc)
         finally:
             if conn is not None:
                 conn.close()
@@ -237,7 +239,7 @@ def _watched(conninfo: Mapping[str, Any], repl_conn: psycopg.Connection, wait_s:
     try:
         yield
     except PipelineError as exc:
-        if gave_up.is_set():
+        if gave_up.is_set() and exc.sqlstate == "57014":  # our cancel, not another failure
             raise SnapshotWaiting(
                 f"gave up after {wait_s:.0f} s waiting for transactions open on the server to "
                 "end (see the warnings above for their pids); the tables are left to the next run"

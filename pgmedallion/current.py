@@ -9,7 +9,8 @@ directory, so the bookkeeping that tells it can be read with delta-rs:
   after it (``_plans``: a run interrupted by a crash is redone first),
 - gold's ``_frontier``: one row per snapshotted table of ``_tables``, every one at silver's last
   run (a table gold failed to update, a table new to silver, a report lost in a crash: not
-  current).
+  current), and no rule under the ``fail`` policy failed at that run in ``_quality`` (such a
+  run exits 1 every time until the table is fixed, with nothing new or not).
 
 Anything unreadable or missing answers "not current", and the run goes on as before: this only
 ever saves work that would have changed nothing. On Databricks, or with ``[lakehouse] engine =
@@ -56,14 +57,17 @@ def lakehouse_current(cfg: Config, batch: int | None = None) -> bool:
         plans = _rows(cfg, "silver", "_plans", "run")
         tables = _rows(cfg, "silver", "_tables", "table_oid, snapshot_lsn")
         frontier = _rows(cfg, "gold", "_frontier", "table_oid, silver_run")
+        quality = _rows(cfg, "gold", "_quality", "run, policy, failed")
     except Exception as exc:  # a table being created, a version vacuumed: let Spark decide
         log.debug("bookkeeping not readable without Spark: %s", exc)
         return False
-    if batch is None or not progress or plans is None or tables is None or frontier is None:
+    if batch is None or not progress or None in (plans, tables, frontier, quality):
         return False
     last = max(progress, key=lambda r: r["run"])
     if last["bronze_batch"] != batch or any(p["run"] > last["run"] for p in plans):
         return False
+    if any(q["run"] == last["run"] and q["policy"] == "fail" and q["failed"] for q in quality):
+        return False  # gold refused a table at that run: the run fails again, as it should
     snapshotted = {t["table_oid"] for t in tables if t["snapshot_lsn"] is not None}
     reported = {f["table_oid"]: f["silver_run"] for f in frontier}
     return set(reported) == snapshotted and all(run == last["run"] for run in reported.values())

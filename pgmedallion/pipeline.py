@@ -127,7 +127,8 @@ def run(
     if "capture" in stages and not capture_needs_spark(cfg):
         # Silver and gold current before capture: Spark waits to see whether capture lands
         # anything (a run with nothing new then starts no JVM at all).
-        quiet = not resync and stages != ("capture",) and lakehouse_current(cfg)
+        before = bronze_batch(cfg)
+        quiet = not resync and stages != ("capture",) and lakehouse_current(cfg, before)
         if stages != ("capture",) and not quiet:
             later = SparkStarter(cfg.state_dir)
     elif stages != ("marts",):
@@ -135,7 +136,6 @@ def run(
     resynced = request_resync(spark, cfg, list(resync)) if resync else []
     session = spark or later or (lambda: open_lakehouse(cfg))
     if quiet:
-        before = bronze_batch(cfg)
         result = run_stages(session, cfg, ("capture",), show=show, **capture_kwargs)
         if bronze_batch(cfg) == before:
             log.info("nothing new since the last run: silver and gold are current")

@@ -237,32 +237,40 @@ def verify(
         raise NothingToVerify(
             f"silver holds no table of source {cfg.source.name!r} yet: run `pgmedallion run` first"
         )
-    tables = {
-        oid: info for oid, info in load_tables(spark, cfg).items() if info.snapshot_lsn is not None
-    }
-    lsn, rows = source_rows_at_snapshot(
-        spark,
-        cfg,
-        {oid: [c["name"] for c in info.columns] for oid, info in tables.items()},
-    )
-    if catch_up:
-        for _ in range(5):
-            frontier = _silver_frontier(spark, cfg)
-            if frontier > lsn:
-                break
-            run_stages(
-                spark,
-                cfg,
-                ("capture", "silver", "gold") if check_gold else ("capture", "silver"),
-                limits=StreamLimits(idle_commit_bytes=0),  # past the verify LSN, changes or not
+
+    def columns(tables: dict) -> dict[int, list[str]]:
+        return {oid: [c["name"] for c in info.columns] for oid, info in tables.items()}
+
+    for _ in range(3):
+        read = {
+            oid: info
+            for oid, info in load_tables(spark, cfg).items()
+            if info.snapshot_lsn is not None
+        }
+        lsn, rows = source_rows_at_snapshot(spark, cfg, columns(read))
+        if catch_up:
+            for _ in range(5):
+                frontier = _silver_frontier(spark, cfg)
+                if frontier > lsn:
+                    break
+                run_stages(
+                    spark,
+                    cfg,
+                    ("capture", "silver", "gold") if check_gold else ("capture", "silver"),
+                    limits=StreamLimits(idle_commit_bytes=0),  # past the verify LSN, changes or not
+                )
+        frontier = _silver_frontier(spark, cfg)
+        if frontier <= lsn:
+            raise NothingToVerify(
+                f"silver's frontier {format_lsn(frontier)} did not pass "
+                f"the verify LSN {format_lsn(lsn)}"
             )
-    frontier = _silver_frontier(spark, cfg)
-    if frontier <= lsn:
-        raise NothingToVerify(
-            f"silver's frontier {format_lsn(frontier)} did not pass "
-            f"the verify LSN {format_lsn(lsn)}"
-        )
-    tables = {oid: info for oid, info in load_tables(spark, cfg).items() if oid in tables}
+        tables = {oid: info for oid, info in load_tables(spark, cfg).items() if oid in read}
+        if columns(tables) == columns({oid: read[oid] for oid in tables}):
+            break
+        # the catch-up run followed a schema change (or snapshotted a table again with its
+        # columns of now): read the source again with the columns silver holds now
+        log.info("verify: columns changed during the catch-up run; reading the source again")
     gold_frontiers = _gold_frontiers(spark, cfg) if check_gold else {}
     checks = []
     for oid, info in sorted(tables.items(), key=lambda kv: kv[1].qualified_name):

@@ -97,6 +97,8 @@ class _Run:
     changed: set[int] = field(default_factory=set)
     identity_keys: dict[int, tuple[int, ...]] = field(default_factory=dict)
     change_rows: dict[int, int] = field(default_factory=dict)
+    retired: set[int] = field(default_factory=set)
+    """Tables the source dropped (their last changes may still arrive after the record)."""
 
 
 def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
@@ -168,7 +170,8 @@ def _read_control(
     the tables the source dropped (``TableDropped``) leave silver."""
     control = control_records(in_batches)
     r.errors += control_errors(control, list(r.tables))
-    dropped = catalog.dropped_tables(control)
+    dropped = catalog.dropped_tables(control) | catalog.dropped_before(spark, n, cfg.source.name)
+    r.retired = dropped
     left = catalog.retire(r.tables, dropped, taken)
     control = [c for c in control if c["table_oid"] not in dropped]
     r.copied = {c["table_oid"] for c in control if c["kind"] == "copy"}
@@ -200,7 +203,7 @@ def _read_relations(
     """The window's Relations and truncates; tables seen only in the stream; the layouts."""
     r.window_relations, truncates = catalog.window_messages(wal)
     relations = catalog.known_relations(spark, n, cfg.source.name, r.plan.run, r.window_relations)
-    catalog.add_stream_tables(r.tables, relations, cfg, taken, r.window_relations)
+    catalog.add_stream_tables(r.tables, relations, cfg, taken, r.window_relations, r.retired)
     layouts, copy_widths, errors = catalog.plan_layouts(r.tables, relations, cfg, r.plan.f_from)
     r.errors += errors
     r.truncate_at = catalog.truncates_by_table(truncates, r.tables)

@@ -130,6 +130,18 @@ def dropped_tables(control: list) -> set[int]:
     }
 
 
+def dropped_before(spark: SparkSession, n: Names, source: str) -> set[int]:
+    """The tables earlier runs found dropped (their ``TableDropped`` errors in ``_errors``)."""
+    rows = (
+        spark.table(n.errors)
+        .where((F.col("source") == source) & (F.col("code") == "TableDropped"))
+        .select("table_oid")
+        .distinct()
+        .collect()
+    )
+    return {r["table_oid"] for r in rows if r["table_oid"] is not None}
+
+
 def retire(tables: dict[int, TableInfo], oids: set[int], taken: set[str]) -> list[str]:
     """Take the tables the source dropped out of ``tables`` (silver and gold hold the source's
     live tables; bronze keeps what was captured of them) and free their names, so a table
@@ -258,13 +270,14 @@ def add_stream_tables(
     cfg: Config,
     taken: set[str],
     window: list[tuple[int, int, bytes]],
+    retired: set[int],
 ) -> None:
     """Tables seen only through the stream (added to the publication, not yet snapshotted):
-    first seen in this run's ``window`` (one seen before is in ``tables`` already, unless the
-    source dropped it since)."""
+    first seen in this run's ``window`` (one seen before is in ``tables`` already), and not
+    dropped at the source (``retired``: its last changes can land after its drop record)."""
     new = {decode(payload).relid for _, _, payload in window}
     for relid, rels in relations.items():
-        if relid in tables or relid not in new:
+        if relid in tables or relid not in new or relid in retired:
             continue
         rels.sort(key=lambda e: (e[0], e[1]))
         first = rels[0][2]

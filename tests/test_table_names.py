@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 
 import psycopg
+import pytest
 
+from pgmedallion.capture.errors import PolicyNotApplicable
+from pgmedallion.core.config import ColumnPolicy, TablePolicy
 from pgmedallion.pipeline import run_stages
 from pgmedallion.verify import verify
 from tests.workload import assert_exact, drop_schemas, make_config
@@ -18,6 +21,15 @@ def _gold_tables(spark, cfg) -> set[str]:
     return {r["tableName"] for r in spark.sql(f"SHOW TABLES IN {schema}").collect()} - {
         "_frontier",
         "_quality",
+    }
+
+
+def _silver_tables(spark, cfg) -> set[str]:
+    schema = cfg.qualified("silver", "x").rsplit(".", 1)[0]
+    return {
+        r["tableName"]
+        for r in spark.sql(f"SHOW TABLES IN {schema}").collect()
+        if not r["tableName"].startswith("_")
     }
 
 
@@ -42,6 +54,7 @@ def test_renamed_and_recreated_tables_take_their_names_of_now(spark, db):
     run_stages(spark, cfg)
     assert _gold_tables(spark, cfg) == {"public_a", "public_b"}
     with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("UPDATE a SET v = 'last' WHERE id = 1")  # lands after its drop record
         conn.execute("DROP TABLE a")  # and created again, another shape, fewer rows
         conn.execute("CREATE TABLE a (id int PRIMARY KEY, w int NOT NULL)")
         conn.execute("INSERT INTO a SELECT g, g FROM generate_series(1, 3) g")
@@ -50,6 +63,7 @@ def test_renamed_and_recreated_tables_take_their_names_of_now(spark, db):
     run_stages(spark, cfg)  # exits without a quality failure: a drop is not an error
     assert_exact(verify(spark, cfg), _counts(db, ("a", "c")))
     assert _gold_tables(spark, cfg) == {"public_a", "public_c"}
+    assert _silver_tables(spark, cfg) == {"public_a", "public_c"}
     gold_a = spark.table(cfg.qualified("gold", "public_a"))
     assert [c for c in gold_a.columns if not c.startswith("_")] == ["id", "w"]
     assert gold_a.count() == 3
@@ -68,3 +82,29 @@ def test_renamed_and_recreated_tables_take_their_names_of_now(spark, db):
     run_stages(spark, cfg)
     assert_exact(verify(spark, cfg), _counts(db, ("a",)))
     assert _gold_tables(spark, cfg) == {"public_a"}
+    assert _silver_tables(spark, cfg) == {"public_a"}
+
+
+def test_a_renamed_table_keeps_its_column_policies_or_stops(spark, db):
+    """A table whose columns are kept out of bronze (``pii``) renamed: capture stops, naming
+    the policy to rename, rather than snapshot it under a name the policy does not cover; with
+    the policy renamed, the new snapshot keeps the column out."""
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE p (id int PRIMARY KEY, email text);"
+            "INSERT INTO p SELECT g, 'u' || g || '@x' FROM generate_series(1, 5) g;"
+            "CREATE PUBLICATION pub FOR ALL TABLES;"
+        )
+    secret = TablePolicy(columns={"email": ColumnPolicy(pii="exclude")})
+    cfg = make_config(db, "tp", **{"public.p": secret})
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("ALTER TABLE p RENAME TO people")
+    with pytest.raises(PolicyNotApplicable, match=r'\[tables."public.people"\]'):
+        run_stages(spark, cfg)
+    renamed = make_config(db, "tp", **{"public.people": secret})
+    run_stages(spark, renamed)
+    assert_exact(verify(spark, renamed), _counts(db, ("people",)))
+    bronze = spark.table(cfg.qualified("bronze", "bronze")).where("kind = 'copy'")
+    assert not [r for r in bronze.collect() if b"@x" in bytes(r["payload"])]
