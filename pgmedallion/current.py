@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 
+from pgmedallion.capture.options import bronze_of, capture_target
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config, on_databricks
 
@@ -38,8 +39,6 @@ def _rows(cfg: Config, layer: str, table: str, columns: str) -> list[dict] | Non
 
 def bronze_batch(cfg: Config) -> int | None:
     """The source's newest bronze batch id (None: no bronze yet, or not readable here)."""
-    from pgmedallion.capture.options import bronze_of, capture_target
-
     target = capture_target(cfg)
     if not delta_rs.usable(target.bronze_path):
         return None
