@@ -65,7 +65,7 @@ CopyTask = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 ``copy`` records of those tasks' ctid ranges, in :data:`~pgmedallion.bronze.table.ARROW_SCHEMA`."""
 
 CONTROL_KINDS = ("progress", "rewind", "error", "resync")
-PAYLOAD_KINDS = ("progress", "error", "schema")
+PAYLOAD_KINDS = ("progress", "error", "schema", "schema_change")
 """The records whose payload a question reads."""
 
 
@@ -179,6 +179,42 @@ class Bronze(ABC):
             if r["table_oid"] not in newest or newest[r["table_oid"]]["batch_id"] < r["batch_id"]:
                 newest[r["table_oid"]] = r
         return {oid: json.loads(self._payload(r)) for oid, r in newest.items()}
+
+    def followed_changes(self) -> set[tuple[int, str, int]]:
+        """``(table_oid, change, snapshot LSN)`` of every schema change recorded as followed."""
+        found = set()
+        for r in self._records():
+            if r["kind"] == "schema_change":
+                p = json.loads(self._payload(r))
+                found.add((r["table_oid"], p["change"], int(p["snapshot_lsn"])))
+        return found
+
+    def record_followed(self, changes: Sequence[tuple[int, str, str, str, int]], lsn: int) -> int:
+        """One batch of ``schema_change`` records: ``(oid, schema, name, change, snapshot
+        LSN)``, each a schema change since the table's snapshot that capture follows without a
+        new one, noticed at ``lsn`` (the bronze frontier). Returns the batch id."""
+        now = datetime.now(UTC)
+        buffer = RecordBuffer(self.source, "schema-" + now.strftime("%Y%m%dT%H%M%S%f"))
+        for oid, schema, name, change, snapshot_lsn in changes:
+            payload = json_payload(
+                {
+                    "change": change,
+                    "done": "followed",
+                    "snapshot_lsn": snapshot_lsn,
+                    "noticed_at": now.isoformat(),
+                }
+            )
+            buffer.add(
+                "schema_change",
+                lsn,
+                table_oid=oid,
+                table_schema=schema,
+                table_name=name,
+                payload=payload,
+            )
+        batch_id = self.next_batch_id()
+        self.append(buffer.to_arrow(batch_id), batch_id, self.app + "-schema")
+        return batch_id
 
     def request_resync(
         self,

@@ -82,7 +82,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -125,7 +125,7 @@ from pgmedallion.capture.options import (
 from pgmedallion.capture.pgoutput import format_lsn
 from pgmedallion.capture.published import Published, Shape
 from pgmedallion.capture.published import published as published_shapes
-from pgmedallion.capture.schema_changes import ERROR, Catalog, catalog_of, changes
+from pgmedallion.capture.schema_changes import ERROR, RESYNC, Catalog, catalog_of, changes
 from pgmedallion.capture.slot import (
     current_wal_lsn,
     ensure_slot,
@@ -195,6 +195,37 @@ class _Run:
         return self.options.stop
 
 
+def _record_followed(
+    bronze: Bronze,
+    target: CaptureTarget,
+    survey: _Survey,
+    state: BronzeState,
+    moved: Mapping[int, str],
+) -> bool:
+    """Record each schema change capture follows without a new snapshot (a column added
+    without a value for existing rows), once per table and snapshot, at bronze's frontier, so
+    ``status`` can say what was followed and when. Returns whether it recorded any."""
+    wanted = sorted(oid for oid in survey.catalogs if oid in state.snapshots and oid not in moved)
+    if not wanted:
+        return False
+    known = bronze.followed_changes()
+    new = []
+    for oid, record in bronze.snapshot_schemas(wanted).items():
+        lsn, schema, name = state.snapshots[oid]
+        if target.on_schema_change(f"{schema}.{name}") == RESYNC:
+            continue  # every change resyncs the table (its reason is recorded with it)
+        then = Catalog.from_record(record.get("catalog"))
+        if then is None:
+            continue
+        for change in changes(then, survey.catalogs[oid]).followed:
+            if (oid, change, lsn) not in known:
+                log.info("%s.%s: %s: followed", schema, name, change)
+                new.append((oid, schema, name, change, lsn))
+    if new:
+        bronze.record_followed(new, state.frontier or 0)
+    return bool(new)
+
+
 def _changed_since_snapshot(
     bronze: Bronze, target: CaptureTarget, survey: _Survey, captured: dict[int, tuple[str, str]]
 ) -> dict[int, str]:
@@ -251,10 +282,7 @@ def _migrated(target: CaptureTarget, table: tuple[str, str], catalog: Catalog, r
     then = Catalog.from_record(record.get("catalog"))
     if then is None:  # a snapshot taken before snapshots recorded the catalog
         return ""
-    found = changes(then, catalog)
-    for change in found.followed:
-        log.debug("%s: %s: followed", ".".join(table), change)
-    return found.resync_reason(target.on_schema_change(".".join(table)))
+    return changes(then, catalog).resync_reason(target.on_schema_change(".".join(table)))
 
 
 def _reshaped(
@@ -392,13 +420,14 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
             [(oid, *captured[oid]) for oid in moved], state.frontier or 0, reasons=moved
         )
         resync = resync | set(moved)
+    followed = _record_followed(bronze, target, survey, state, moved)
     for table in survey.gone:
         error = TableDropped(f"table {table_name(table)} (oid {table.oid}) was dropped")
         if record_error(bronze, error, lsn=survey.noticed_at, run_id=run_id, table=table):
             totals.table_errors[table_name(table)] = str(error)
         run.expected.pop(table.oid, None)
-    if moved or survey.gone:
-        state = None  # a resync request or an error record took a batch id
+    if moved or survey.gone or followed:
+        state = None  # a resync request, an error or a schema change record took a batch id
     wanted = set(options.tables or ())
 
     def is_wanted(table: PublishedTable) -> bool:

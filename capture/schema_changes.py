@@ -35,7 +35,7 @@ from psycopg import sql
 
 from pgmedallion.capture.errors import server_errors
 
-FOLLOW, ERROR = "follow", "error"
+FOLLOW, RESYNC, ERROR = "follow", "resync", "error"
 
 
 @dataclass(frozen=True)

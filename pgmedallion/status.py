@@ -74,21 +74,26 @@ def status_report(spark: SparkSession, cfg: Config) -> tuple[str, bool]:
 
 
 def _resynced(bronze: DataFrame, source: str, newest: int = 10) -> list[str]:
-    """The newest tables capture snapshotted again by itself, with why (a schema change, a
-    changed publication shape, partitions moved)."""
+    """The newest schema changes capture saw, and what it did: tables it snapshotted again by
+    itself, with why (a schema change, a changed publication shape, partitions moved), and
+    changes it followed without a new snapshot."""
     records = (
-        bronze.where((F.col("source") == source) & (F.col("kind") == "resync"))
-        .select("table_schema", "table_name", "lsn", "payload")
+        bronze.where((F.col("source") == source) & F.col("kind").isin("resync", "schema_change"))
+        .select("kind", "table_schema", "table_name", "lsn", "payload")
         .orderBy(F.col("batch_id").desc())
         .collect()
     )
     lines = []
     for r in records:
-        reason = json.loads(bytes(r["payload"]).decode()).get("reason")
-        if reason and len(lines) < newest:
+        payload = json.loads(bytes(r["payload"]).decode())
+        if r["kind"] == "resync":
+            what = payload.get("reason") and f"{payload['reason']}: snapshotted again"
+        else:
+            what = f"{payload['change']}: {payload.get('done', 'followed')}"
+        if what and len(lines) < newest:
             table = f"{r['table_schema']}.{r['table_name']}"
-            lines.append(f"  {table} at {format_lsn(r['lsn'])}: {reason}")
-    return ["snapshotted again by capture (newest first):", *lines] if lines else []
+            lines.append(f"  {table} at {format_lsn(r['lsn'])}: {what}")
+    return ["schema changes and resyncs by capture (newest first):", *lines] if lines else []
 
 
 def format_rows(columns: list[str], rows: list[tuple]) -> str:

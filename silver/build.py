@@ -99,6 +99,8 @@ class _Run:
     change_rows: dict[int, int] = field(default_factory=dict)
     retired: set[int] = field(default_factory=set)
     """Tables the source dropped (their last changes may still arrive after the record)."""
+    gone: dict[int, TableInfo] = field(default_factory=dict)
+    """The tables this run took out of silver (dropped at the source): their errors' names."""
 
 
 def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
@@ -172,7 +174,8 @@ def _read_control(
     r.errors += control_errors(control, list(r.tables))
     dropped = catalog.dropped_tables(control) | catalog.dropped_before(spark, n, cfg.source.name)
     r.retired = dropped
-    left = catalog.retire(r.tables, dropped, taken)
+    r.gone = catalog.retire(r.tables, dropped, taken)
+    left = [info.silver_table for info in r.gone.values()]
     control = [c for c in control if c["table_oid"] not in dropped]
     r.copied = {c["table_oid"] for c in control if c["kind"] == "copy"}
     left += catalog.apply_schemas(r.tables, control, cfg, taken)
@@ -350,7 +353,7 @@ def _write_run(
     """The run's errors, adjustments, Relations and tables, then its ``_progress`` row."""
     run = r.plan.run
     if r.errors:
-        write_errors(spark, n, source, run, r.tables, r.errors)
+        write_errors(spark, n, source, run, {**r.gone, **r.tables}, r.errors)
     if adjusted:
         write_adjustments(spark, n, source, run, r.tables, adjusted)
     new = [(lsn, o, p) for lsn, o, p in r.window_relations if lsn >= r.plan.f_from]  # not re-read

@@ -142,16 +142,16 @@ def dropped_before(spark: SparkSession, n: Names, source: str) -> set[int]:
     return {r["table_oid"] for r in rows if r["table_oid"] is not None}
 
 
-def retire(tables: dict[int, TableInfo], oids: set[int], taken: set[str]) -> list[str]:
+def retire(tables: dict[int, TableInfo], oids: set[int], taken: set[str]) -> dict[int, TableInfo]:
     """Take the tables the source dropped out of ``tables`` (silver and gold hold the source's
     live tables; bronze keeps what was captured of them) and free their names, so a table
-    created again under the same name takes them. Returns their silver tables, to drop."""
-    names = []
+    created again under the same name takes them. Returns them (their silver tables to drop,
+    their names for their errors)."""
+    retired = {}
     for oid in sorted(oids & set(tables)):
-        info = tables.pop(oid)
+        info = retired[oid] = tables.pop(oid)
         taken.discard(info.silver_table)
-        names.append(info.silver_table)
-    return names
+    return retired
 
 
 def apply_schemas(
@@ -163,10 +163,12 @@ def apply_schemas(
     silver table name of its new one: returns the silver tables so left behind, to drop (the
     new snapshot rebuilds the table anyway)."""
     left: list[str] = []
-    for r in control:
-        if r["kind"] != "schema":
-            continue
-        s = json.loads(r["payload"])
+    records = [(r, json.loads(r["payload"])) for r in control if r["kind"] == "schema"]
+    for r, s in records:  # names freed by renames first: a new table may take one
+        old = tables.get(r["table_oid"])
+        if old and (old.schema, old.name) != (s["schema"], s["name"]):
+            taken.discard(old.silver_table)
+    for r, s in records:
         qualified = f"{s['schema']}.{s['name']}"
         cols = with_policies(
             qualified,
@@ -176,7 +178,6 @@ def apply_schemas(
         old = tables.get(r["table_oid"])
         silver_table = old.silver_table if old else None
         if old and (old.schema, old.name) != (s["schema"], s["name"]):
-            taken.discard(old.silver_table)
             silver_table = None
         if silver_table is None:
             silver_table = silver_table_name(s["schema"], s["name"], r["table_oid"], taken)

@@ -133,6 +133,10 @@ def test_every_migration_leaves_gold_exact(spark, db):
     assert any("NOT NULL of column f2 dropped" in r for r in reasons), reasons
     report, _ = status_report(spark, cfg)
     assert "public.d at " in report and "a volatile default" in report, report
+    assert "column f4 added (NULL in existing rows): followed" in report, report
+    followed = spark.table(cfg.qualified("bronze", "bronze")).where("kind = 'schema_change'")
+    # recorded once per table, although every later run compared the catalog again
+    assert sorted(r["table_name"] for r in followed.collect()) == ["d", "f"]
 
 
 def test_a_dropped_primary_key_and_a_migration_in_a_transaction_with_rows(spark, db):

@@ -60,15 +60,22 @@ def test_renamed_and_recreated_tables_take_their_names_of_now(spark, db):
         conn.execute("INSERT INTO a SELECT g, g FROM generate_series(1, 3) g")
         conn.execute("ALTER TABLE b RENAME TO c")
         conn.execute("UPDATE c SET v = 'x' WHERE id = 1")
+        conn.execute("CREATE TABLE b (k text PRIMARY KEY)")  # the freed name, in the same run
+        conn.execute("INSERT INTO b VALUES ('new b')")
     run_stages(spark, cfg)  # exits without a quality failure: a drop is not an error
-    assert_exact(verify(spark, cfg), _counts(db, ("a", "c")))
-    assert _gold_tables(spark, cfg) == {"public_a", "public_c"}
-    assert _silver_tables(spark, cfg) == {"public_a", "public_c"}
+    assert_exact(verify(spark, cfg), _counts(db, ("a", "b", "c")))
+    assert _gold_tables(spark, cfg) == {"public_a", "public_b", "public_c"}
+    assert _silver_tables(spark, cfg) == {"public_a", "public_b", "public_c"}
+    assert spark.table(cfg.qualified("gold", "public_b")).columns[0] == "k"
     gold_a = spark.table(cfg.qualified("gold", "public_a"))
     assert [c for c in gold_a.columns if not c.startswith("_")] == ["id", "w"]
     assert gold_a.count() == 3
     frontier = spark.table(cfg.qualified("gold", "_frontier")).collect()
-    assert sorted(r["gold_table"].rsplit(".", 1)[-1] for r in frontier) == ["public_a", "public_c"]
+    assert sorted(r["gold_table"].rsplit(".", 1)[-1] for r in frontier) == [
+        "public_a",
+        "public_b",
+        "public_c",
+    ]
     reasons = [
         json.loads(bytes(r["payload"]))["reason"]
         for r in spark.table(cfg.qualified("bronze", "bronze")).where("kind = 'resync'").collect()
@@ -80,9 +87,9 @@ def test_renamed_and_recreated_tables_take_their_names_of_now(spark, db):
         conn.execute("INSERT INTO a VALUES (4, 4)")
     run_stages(spark, cfg)
     run_stages(spark, cfg)
-    assert_exact(verify(spark, cfg), _counts(db, ("a",)))
-    assert _gold_tables(spark, cfg) == {"public_a"}
-    assert _silver_tables(spark, cfg) == {"public_a"}
+    assert_exact(verify(spark, cfg), _counts(db, ("a", "b")))
+    assert _gold_tables(spark, cfg) == {"public_a", "public_b"}
+    assert _silver_tables(spark, cfg) == {"public_a", "public_b"}
 
 
 def test_a_renamed_table_keeps_its_column_policies_or_stops(spark, db):
