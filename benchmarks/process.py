@@ -173,11 +173,8 @@ class _TreeSampler(threading.Thread):
         self.tree_peak_kib = max(self.tree_peak_kib, total)
 
 
-def tree(root: int) -> list[int]:
-    """``root``, the processes of its process group, and their descendants, from one scan of
-    ``/proc`` (a zombie root still counts: its group and children are looked up all the same)."""
-    parents: dict[int, int] = {}
-    members: set[int] = {root}
+def _processes():
+    """``(pid, state, ppid, pgrp)`` of every process, from one scan of ``/proc``."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -188,7 +185,15 @@ def tree(root: int) -> list[int]:
             continue
         # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses
         fields = stat[stat.rfind(b")") + 2 :].split()
-        pid, ppid, pgrp = int(name), int(fields[1]), int(fields[2])
+        yield int(name), fields[0], int(fields[1]), int(fields[2])
+
+
+def tree(root: int) -> list[int]:
+    """``root``, the processes of its process group, and their descendants, from one scan of
+    ``/proc`` (a zombie root still counts: its group and children are looked up all the same)."""
+    parents: dict[int, int] = {}
+    members: set[int] = {root}
+    for pid, _, ppid, pgrp in _processes():
         parents[pid] = ppid
         if pgrp == root:
             members.add(pid)
@@ -219,17 +224,9 @@ def _memory(pid: int) -> tuple[int | None, int | None]:
 
 def _group(pgid: int) -> list[int]:
     alive = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != b"Z":
-            alive.append(int(name))
+    for pid, state, _, pgrp in _processes():
+        if pgrp == pgid and state != b"Z":
+            alive.append(pid)
     return alive
 
 
