@@ -1,0 +1,87 @@
+"""The local JVM starts from an archive of the classes an earlier run loaded.
+
+``core.spark.class_archive_options``: the first process without an archive claims it, its JVM
+writes it at exit and the process renames it into place; later processes start from it. Real
+JVMs in child processes, each with a fresh cache directory of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    from pgmedallion.core.spark import get_spark
+    spark = get_spark(sys.argv[1])
+    options = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions")
+    print("OPTIONS", options)
+    spark.sql("CREATE SCHEMA IF NOT EXISTS probe")
+    spark.sql("CREATE TABLE IF NOT EXISTS probe.t (a INT) USING DELTA")
+    spark.sql("INSERT INTO probe.t VALUES (1)")
+    print("ROWS", spark.table("probe.t").count())
+    """
+)
+
+
+def _start(cache: Path, state: Path) -> tuple[str, int]:
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache), PYTHONPATH=str(REPO))
+    env.pop("PGMEDALLION_SPARK_CLASS_ARCHIVE", None)
+    # the jars Ivy resolved (recorded in the usual cache) are found as in every other start
+    recorded = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    recorded = recorded / "pgmedallion" / "spark-jars.json"
+    mine = cache / "pgmedallion" / "spark-jars.json"
+    mine.parent.mkdir(parents=True, exist_ok=True)
+    if recorded.exists() and not mine.exists():
+        mine.write_text(recorded.read_text())
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(state)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout
+    options = next(line for line in out.splitlines() if line.startswith("OPTIONS"))
+    rows = int(next(line for line in out.splitlines() if line.startswith("ROWS")).split()[1])
+    return options, rows
+
+
+def test_the_first_start_writes_the_archive_and_the_next_starts_from_it(tmp_path):
+    cache = tmp_path / "cache"
+    archives = cache / "pgmedallion" / "jvm-classes"
+    options, rows = _start(cache, tmp_path / "state")
+    assert "-XX:ArchiveClassesAtExit=" in options and rows == 1
+    written = list(archives.glob("*.jsa"))
+    assert len(written) == 1 and written[0].stat().st_size > 10_000_000
+    assert not list(archives.glob("*.tmp"))  # the claim became the archive
+
+    options, rows = _start(cache, tmp_path / "state")
+    assert f"-XX:SharedArchiveFile={written[0]}" in options and rows == 2
+
+
+def test_a_claimed_archive_is_left_to_its_writer_and_an_old_claim_is_taken(tmp_path):
+    cache = tmp_path / "cache"
+    archives = cache / "pgmedallion" / "jvm-classes"
+    archives.mkdir(parents=True)
+    options, _ = _start(cache, tmp_path / "state")  # learn the archive's name
+    claim = next(archives.glob("*.jsa")).with_suffix(".tmp")
+    next(archives.glob("*.jsa")).unlink()
+
+    claim.write_bytes(b"")  # another process writes the archive now
+    options, rows = _start(cache, tmp_path / "state")
+    assert "Archive" not in options and rows == 2
+    assert not list(archives.glob("*.jsa")) and claim.exists()
+
+    old = time.time() - 3600  # a process killed while its JVM wrote it
+    os.utime(claim, (old, old))
+    options, rows = _start(cache, tmp_path / "state")
+    assert "-XX:ArchiveClassesAtExit=" in options and rows == 3
+    assert len(list(archives.glob("*.jsa"))) == 1 and not claim.exists()
