@@ -172,7 +172,7 @@ def _read_control(
     the tables the source dropped (``TableDropped``) leave silver."""
     control = control_records(in_batches)
     r.errors += control_errors(control, list(r.tables))
-    dropped = catalog.dropped_tables(control) | catalog.dropped_before(spark, cfg, cfg.source.name)
+    dropped = catalog.dropped_tables(control) | catalog.dropped_before(spark, n, cfg.source.name)
     r.retired = dropped
     r.gone = catalog.retire(r.tables, dropped, taken)
     left = [info.silver_table for info in r.gone.values()]
@@ -205,7 +205,7 @@ def _read_relations(
 ) -> tuple[catalog.Layouts, dict[int, tuple[int, int]]]:
     """The window's Relations and truncates; tables seen only in the stream; the layouts."""
     r.window_relations, truncates = catalog.window_messages(wal)
-    relations = catalog.known_relations(spark, cfg, cfg.source.name, r.plan.run, r.window_relations)
+    relations = catalog.known_relations(spark, n, cfg.source.name, r.plan.run, r.window_relations)
     catalog.add_stream_tables(r.tables, relations, cfg, taken, r.window_relations, r.retired)
     layouts, copy_widths, errors = catalog.plan_layouts(r.tables, relations, cfg, r.plan.f_from)
     r.errors += errors

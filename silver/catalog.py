@@ -18,7 +18,7 @@ from pyspark.sql import types as T
 from pgmedallion.capture.pgoutput import MSG_RELATION, MSG_TRUNCATE, Relation, Truncate, decode
 from pgmedallion.core.config import Config
 from pgmedallion.silver.changes import LayoutIndex, TableColumn, plan_columns
-from pgmedallion.silver.contract import Names, TableInfo, bookkeeping_rows
+from pgmedallion.silver.contract import Names, TableInfo
 from pgmedallion.silver.decode import message_type
 from pgmedallion.silver.errors import ErrorRecord, SchemaIncompatible
 from pgmedallion.silver.pgtypes import pg_type_of, spark_type
@@ -40,21 +40,9 @@ def silver_table_name(schema: str, name: str, oid: int, taken: set[str]) -> str:
 
 def load_tables(spark: SparkSession, cfg: Config) -> dict[int, TableInfo]:
     """The source's tables as ``_tables`` holds them, by OID."""
+    n = Names(cfg)
     out = {}
-    columns = [
-        "table_oid",
-        "table_schema",
-        "table_name",
-        "silver_table",
-        "snapshot_lsn",
-        "primary_key",
-        "not_null",
-        "columns",
-        "snapshot_run",
-        "source",
-    ]
-    rows = bookkeeping_rows(spark, cfg, "silver", "_tables", columns, {"source": cfg.source.name})
-    for r in rows:
+    for r in spark.table(n.tables).where(F.col("source") == cfg.source.name).collect():
         out[r["table_oid"]] = TableInfo(
             oid=r["table_oid"],
             schema=r["table_schema"],
@@ -142,10 +130,14 @@ def dropped_tables(control: list) -> set[int]:
     }
 
 
-def dropped_before(spark: SparkSession, cfg: Config, source: str) -> set[int]:
+def dropped_before(spark: SparkSession, n: Names, source: str) -> set[int]:
     """The tables earlier runs found dropped (their ``TableDropped`` errors in ``_errors``)."""
-    rows = bookkeeping_rows(
-        spark, cfg, "silver", "_errors", ["table_oid"], {"source": source, "code": "TableDropped"}
+    rows = (
+        spark.table(n.errors)
+        .where((F.col("source") == source) & (F.col("code") == "TableDropped"))
+        .select("table_oid")
+        .distinct()
+        .collect()
     )
     return {r["table_oid"] for r in rows if r["table_oid"] is not None}
 
@@ -240,16 +232,18 @@ def window_messages(wal: DataFrame) -> tuple[list[tuple[int, int, bytes]], list[
 
 
 def known_relations(
-    spark: SparkSession, cfg: Config, source: str, run: int, window: list[tuple[int, int, bytes]]
+    spark: SparkSession, n: Names, source: str, run: int, window: list[tuple[int, int, bytes]]
 ) -> Relations:
     """Every Relation message of the source: those earlier runs kept and the window's."""
-    rows = bookkeeping_rows(
-        spark, cfg, "silver", "_relations", ["lsn", "ordinal", "payload", "run"], {"source": source}
+    earlier = (
+        spark.table(n.relations)
+        .where((F.col("source") == source) & (F.col("run") < run))
+        .select("lsn", "ordinal", "payload")
+        .collect()
     )
-    earlier = [(r["lsn"], r["ordinal"], bytes(r["payload"])) for r in rows if r["run"] < run]
     relations: Relations = defaultdict(list)
     seen = set()
-    for lsn, ordinal, payload in earlier + window:
+    for lsn, ordinal, payload in [(r[0], r[1], bytes(r[2])) for r in earlier] + window:
         if (lsn, ordinal, payload) in seen:
             continue
         seen.add((lsn, ordinal, payload))

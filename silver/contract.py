@@ -14,7 +14,6 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.core.naming import qualified
 from pgmedallion.core.spark import create_table
@@ -144,37 +143,6 @@ class Names:
         self.table = q
         parts = [p for p in (cfg.lakehouse.catalog, cfg.lakehouse.silver_schema) if p]
         self.schema = qualified(parts)
-
-
-def bookkeeping_rows(
-    spark: SparkSession,
-    cfg: Config,
-    layer: str,
-    table: str,
-    columns: list[str],
-    equal: dict[str, object],
-) -> list[dict]:
-    """The rows of one of a layer's own small tables (``_progress``, ``_tables``, ...) whose
-    columns equal ``equal``'s values, as dicts of ``columns``: read by delta-rs where the table
-    is a local directory (milliseconds), else by Spark (a Delta snapshot and a job: 0.3-1.5 s
-    each in a fresh JVM, and a run asked a dozen such questions before reading any data)."""
-    path = cfg.local_table_path(layer, table)
-    if delta_rs.usable(path):
-        where = " AND ".join(f"{delta_rs.sql_names([k])} = {_literal(v)}" for k, v in equal.items())
-        sql = f"SELECT {delta_rs.sql_names(columns)} FROM t" + (f" WHERE {where}" if where else "")
-        return delta_rs.query(path, sql).to_pylist()
-    from pyspark.sql import functions as F
-
-    df = spark.table(cfg.qualified(layer, table))
-    for k, v in equal.items():
-        df = df.where(F.col(k) == F.lit(v))
-    return [r.asDict() for r in df.select(*columns).collect()]
-
-
-def _literal(value: object) -> str:
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise TypeError(f"not a bookkeeping value: {value!r}")
-    return str(value) if isinstance(value, int) else "'" + value.replace("'", "''") + "'"
 
 
 def ensure_silver_tables(spark: SparkSession, cfg: Config) -> None:

@@ -17,11 +17,9 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from pgmedallion.bronze.spark_table import bronze_frontier
-from pgmedallion.capture.options import bronze_of, capture_target
-from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.core.errors import PipelineError
-from pgmedallion.silver.contract import Names, bookkeeping_rows
+from pgmedallion.silver.contract import Names
 from pgmedallion.silver.errors import ErrorRecord
 from pgmedallion.silver.write import append
 
@@ -44,21 +42,19 @@ class Plan:
 def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
     """The next run's plan (the planned one again after a crash), or None when nothing is new."""
     n, source = Names(cfg), cfg.source.name
-    done = bookkeeping_rows(
-        spark, cfg, "silver", "_progress", ["run", "frontier", "bronze_batch"], {"source": source}
+    done = (
+        spark.table(n.progress)
+        .where(F.col("source") == source)
+        .orderBy(F.col("run").desc())
+        .limit(1)
+        .collect()
     )
-    last = max(done, key=lambda r: r["run"]) if done else None
     last_run, f_prev, b_prev = (
-        (last["run"], last["frontier"], last["bronze_batch"]) if last else (-1, 0, -1)
+        (done[0]["run"], done[0]["frontier"], done[0]["bronze_batch"]) if done else (-1, 0, -1)
     )
     run = last_run + 1
-    planned = bookkeeping_rows(
-        spark,
-        cfg,
-        "silver",
-        "_plans",
-        ["frontier_from", "frontier", "batch_from", "batch_to"],
-        {"source": source, "run": run},
+    planned = (
+        spark.table(n.plans).where((F.col("source") == source) & (F.col("run") == run)).collect()
     )
     if planned:
         p = planned[0]
@@ -66,9 +62,10 @@ def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
         return Plan(
             run, p["frontier_from"], p["frontier"], p["batch_from"], p["batch_to"], redo=True
         )
-    frontier, batch = _bronze_now(spark, cfg, n)
+    frontier = bronze_frontier(spark, n.bronze, source)
     frontier = f_prev if frontier is None else max(frontier, f_prev)
-    batch = b_prev if batch is None else batch
+    row = spark.table(n.bronze).where(F.col("source") == source).agg(F.max("batch_id")).first()
+    batch = b_prev if row is None or row[0] is None else row[0]
     if frontier == f_prev and batch == b_prev:
         return None
     plan = spark.createDataFrame(
@@ -78,18 +75,6 @@ def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
     ).withColumn("planned_at", F.current_timestamp())
     append(plan, n.plans, source, run)
     return Plan(run, f_prev, frontier, b_prev, batch)
-
-
-def _bronze_now(spark: SparkSession, cfg: Config, n: Names) -> tuple[int | None, int | None]:
-    """Bronze's committed frontier and newest batch id (None, None: nothing yet), from its
-    control records: by delta-rs when bronze is a local directory, else by Spark."""
-    target = capture_target(cfg)
-    if delta_rs.usable(target.bronze_path):
-        state = bronze_of(None, target).state()
-        return state.frontier, (state.next_batch_id - 1 if state.next_batch_id else None)
-    source = cfg.source.name
-    row = spark.table(n.bronze).where(F.col("source") == source).agg(F.max("batch_id")).first()
-    return bronze_frontier(spark, n.bronze, source), None if row is None else row[0]
 
 
 def last_frontier(spark: SparkSession, n: Names, source: str) -> int:
