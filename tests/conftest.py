@@ -22,6 +22,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: each worker its own serv
 # Spark's JVM in tests (and in the child processes they start) skips the optimizing JIT: on
 # the suite's small tables compiling cost more CPU than it saved (see core/spark.py).
 os.environ.setdefault("PGMEDALLION_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
+# No JVM class archive in the suite's processes (tests/test_spark_start.py covers it): pytest's
+# workers end without running exit handlers, so the one that claimed the archive never put it
+# in place, and each writing JVM spent 10-15 s and 240 MB on it at its exit.
+os.environ.setdefault("PGMEDALLION_SPARK_CLASS_ARCHIVE", "0")
 
 SERVERS = ["pg18"] + (["pg15"] if (PG15_BIN / "postgres").exists() else [])
 
