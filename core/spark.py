@@ -145,7 +145,8 @@ def class_archive_options(jars: list[str] | None, java_options: str) -> str:
 
     A cold local run spent most of its first seconds loading and verifying Spark's, Delta's
     and Hive's classes: every bookkeeping query before silver's work paid for it (measured:
-    a JVM start and five small Delta reads 25 s without the archive, 20 s with it). The
+    a JVM start, five small Delta reads and two small scans 25-28 s without the archive,
+    20-22 s with it; whole runs 5-7 s less, ``benchmarks/RESULTS.md``). The
     archive (about 200 MB, one per Java, Spark and jar set) is written by the first run
     without one (its exit takes 10-15 s longer, once): the JVM writes it when it exits, to a
     file this process claimed (other processes meanwhile start without an archive), and this
