@@ -8,6 +8,7 @@ after it (the stream then carries the new Relation), as application frameworks w
 from __future__ import annotations
 
 import json
+import os
 import signal
 
 import psycopg
@@ -285,6 +286,16 @@ CRASHES = [
 ]
 # (bronze.before_commit after ADD COLUMN k2 text, a followed change, was a sixth trial: it
 # passed, 0 lost and 0 duplicated; left out to keep CI's slow pass within its time)
+CI_CRASHES = (0, 3, 4)
+"""The trials run by default: a crash in the new snapshot, one after silver's commit and one
+after gold's (CI has 90 minutes for everything); ``PGMEDALLION_MIGRATION_CRASHES=all`` runs
+the five (all passed, 0 lost and 0 duplicated, on 2026-11-25)."""
+
+
+def chosen_crashes() -> list[tuple[int, tuple[str, str]]]:
+    if os.environ.get("PGMEDALLION_MIGRATION_CRASHES", "") == "all":
+        return list(enumerate(CRASHES))
+    return [(i, CRASHES[i]) for i in CI_CRASHES]
 
 
 @pytest.mark.slow
@@ -315,7 +326,8 @@ def test_a_kill_between_a_migration_and_the_rows_after_it(spark, db, tmp_path):
     assert first.next()["step"] == "recover"
     assert first.end() == 0
     kills = 0
-    for n, (migration, point) in enumerate(CRASHES):
+    chosen = chosen_crashes()
+    for n, (migration, point) in chosen:
         c = child([{"do": "wait"}, {"do": "crash", "failpoints": point}])
         with psycopg.connect(**db, autocommit=True) as conn:
             _both(conn, migration)
@@ -328,4 +340,4 @@ def test_a_kill_between_a_migration_and_the_rows_after_it(spark, db, tmp_path):
         again = child([{"do": "recover"}])
         recovered(again.next())
         assert again.end() == 0
-    assert kills == len(CRASHES), f"every failpoint fires, see {log}"
+    assert kills == len(chosen), f"every failpoint fires, see {log}"
