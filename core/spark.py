@@ -111,9 +111,19 @@ CLASS_ARCHIVE_ENV = "PGMEDALLION_SPARK_CLASS_ARCHIVE"
 _ARCHIVE_LEFTOVER_S = 600
 
 
-def class_archive_dir() -> Path:
+def _cache_dir() -> Path:
+    """pgmedallion's folder in the user's cache (beside Ivy's own, for every state directory)."""
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "pgmedallion" / "jvm-classes"
+    return Path(cache) / "pgmedallion"
+
+
+def class_archive_dir() -> Path:
+    return _cache_dir() / "jvm-classes"
+
+
+def _jvm_flags() -> str:
+    """The local JVM's options other than its state directory's (what its classes depend on)."""
+    return f"{JVM_OPTIONS} {LOCAL_JVM_OPTIONS} {os.environ.get(EXTRA_JVM_OPTIONS_ENV, '')}".strip()
 
 
 def _archive_key(jars: list[str] | None, java_options: str) -> str:
@@ -121,11 +131,11 @@ def _archive_key(jars: list[str] | None, java_options: str) -> str:
     jars, the packages' jars and the options (a mismatch would only make the JVM ignore it)."""
     import pyspark
 
-    java = shutil.which("java", path=_java_path()) or "java"
+    java = Path(os.path.realpath(shutil.which("java", path=_java_path()) or "java"))
     spark_jars = Path(pyspark.__file__).parent / "jars"
     parts = [
-        os.path.realpath(java),
-        str(Path(os.path.realpath(java)).stat().st_mtime) if Path(java).exists() else "",
+        str(java),
+        str(java.stat().st_mtime) if java.exists() else "",
         pyspark.__version__,
         *sorted(p.name for p in spark_jars.glob("*.jar")),
         *(jars or ["(resolved by Ivy)"]),
@@ -212,8 +222,7 @@ def jars_file() -> Path:
     """Where the jars Ivy resolved for ``spark.jars.packages`` are remembered (beside Ivy's own
     cache, for every state directory), so that later starts pass them as ``spark.jars`` and
     skip the resolution and its report."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "pgmedallion" / "spark-jars.json"
+    return _cache_dir() / "spark-jars.json"
 
 
 def resolved_jars(packages: str) -> list[str] | None:
@@ -255,10 +264,9 @@ def spark_settings(
     state_dir = Path(state_dir).absolute()
     metastore = state_dir / "metastore_db"
     java_options = (
-        f"-Dderby.system.home={state_dir} {JVM_OPTIONS} {LOCAL_JVM_OPTIONS} "
-        f"-Dlog4j2.configurationFile={log4j2_file(state_dir)} "
-        + os.environ.get(EXTRA_JVM_OPTIONS_ENV, "")
-    ).strip()
+        f"-Dderby.system.home={state_dir} -Dlog4j2.configurationFile={log4j2_file(state_dir)} "
+        + _jvm_flags()
+    )
     coordinates = ",".join((delta_package(), *packages))
     jar_setting = {"spark.jars": ",".join(jars)} if jars else {"spark.jars.packages": coordinates}
     return {
@@ -326,8 +334,7 @@ def get_spark(
     write_log4j2(state)
     builder = SparkSession.builder
     settings = spark_settings(state, packages=packages, jars=jars)
-    options = f"{JVM_OPTIONS} {LOCAL_JVM_OPTIONS} {os.environ.get(EXTRA_JVM_OPTIONS_ENV, '')}"
-    archive = class_archive_options(jars, options.strip())
+    archive = class_archive_options(jars, _jvm_flags())
     if archive:
         settings["spark.driver.extraJavaOptions"] += " " + archive
     for key, value in settings.items():
