@@ -47,11 +47,6 @@ def local_table_path(spark: SparkSession, table: str) -> str | None:
     return path if (Path(path) / "_delta_log").is_dir() else None
 
 
-def bronze_frontier(spark: SparkSession, table: str, source: str) -> int | None:
-    """The highest committed frontier of ``source``, or None before its first progress record."""
-    return SparkBronze(spark, table, source).frontier()
-
-
 def write_batch(df: DataFrame, table: str, source: str, batch_id: int, app: str | None = None):
     """Append one batch as one idempotent Delta commit."""
     (

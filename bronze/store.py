@@ -135,6 +135,14 @@ class Bronze(ABC):
         """The highest committed frontier, or None before the first progress record."""
         return max((r["lsn"] for r in self._records() if r["kind"] == "progress"), default=None)
 
+    def window_end(self) -> tuple[int | None, int | None]:
+        """``(frontier, last batch id)`` from one read of the records, so the two agree while a
+        capture commits meanwhile (a continuous one): the frontier is never that of a batch
+        after the batch id. None each before the first progress record / batch."""
+        records = self._records()
+        frontier = max((r["lsn"] for r in records if r["kind"] == "progress"), default=None)
+        return frontier, max((r["batch_id"] for r in records), default=None)
+
     def next_batch_id(self) -> int:
         last = max((r["batch_id"] for r in self._records()), default=None)
         return 0 if last is None else last + 1

@@ -112,6 +112,11 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
         return 2
     if "capture" in stages and not args.skip_doctor and not _preflight(config, "run"):
         return 1
+    if args.continuous and stages != ("capture",):
+        if stages != STAGES:
+            print("run: --continuous runs the whole pipeline or capture alone", file=sys.stderr)
+            return 2
+        return _run_continuous(config, resync)
     extra = {"continuous": True} if args.continuous else {}
     bars = RichSnapshotProgress() if "capture" in stages else None
     if bars is not None:
@@ -157,6 +162,59 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
         print(f"marts: updated {config.lakehouse.marts_schema}; expectations:")
         print(format_quality(result.marts.quality))
     return 0
+
+
+def _run_continuous(config: Config, resync: list[str]) -> int:
+    """``run --continuous``: one line per application of bronze's new batches to silver and
+    gold, until SIGINT/SIGTERM (see ``pgmedallion.continuous``)."""
+    import time
+
+    from pgmedallion.capture.pgoutput import format_lsn
+    from pgmedallion.capture.progress import RichSnapshotProgress
+    from pgmedallion.continuous import Application, run_continuous
+    from pgmedallion.pipeline import request_resync
+
+    if resync:
+        try:
+            chosen = request_resync(None, config, resync)
+        except PipelineError as e:
+            print(f"resync: {e}; nothing was changed", file=sys.stderr)
+            return 2
+        print(f"resync: {', '.join(chosen)} will be snapshotted again and rebuilt")
+    if config.lakehouse.marts:
+        print("run --continuous: the marts are not refreshed continuously; run them on a schedule")
+
+    def applied(app: Application) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        if app.error is not None:
+            print(f"{stamp} applied with errors: {app.error}", file=sys.stderr, flush=True)
+        elif app.frontier is not None:
+            print(
+                f"{stamp} gold at {format_lsn(app.frontier)} (silver run {app.silver_run}, "
+                f"{app.seconds:.1f} s)",
+                flush=True,
+            )
+
+    print("run --continuous: capturing and applying; SIGINT or SIGTERM stops cleanly", flush=True)
+    bars = RichSnapshotProgress()
+    try:
+        result = run_continuous(config, on_applied=applied, progress=bars)
+    except KeyboardInterrupt:
+        print("run --continuous: aborted; the next run resumes from what was committed")
+        return 130
+    finally:
+        bars.close()
+    if result.capture_error is not None:
+        error = result.capture_error
+        if isinstance(error, PipelineError):
+            error.stage = error.stage or "capture"
+            print(failure(error), file=sys.stderr)
+        else:
+            print(f"capture failed: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    last = result.applications[-1] if result.applications else None
+    print(f"run --continuous: stopped; gold at {format_lsn(result.frontier or 0)}")
+    return 1 if last is not None and last.error is not None else 0
 
 
 def _request_resync(spark, config: Config, tables: list[str]) -> bool:
@@ -357,7 +415,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--stage", choices=["all", "capture", "silver", "gold", "marts"], default="all"
     )
-    run.add_argument("--continuous", action="store_true", help="keep capturing until interrupted")
+    run.add_argument(
+        "--continuous",
+        action="store_true",
+        help="keep capturing and applying to silver and gold until SIGINT/SIGTERM",
+    )
     run.add_argument("--skip-doctor", action="store_true", help="skip the preflight checks")
     run.add_argument(
         "--resync",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from pgmedallion.bronze.spark_table import bronze_frontier
+from pgmedallion.bronze.spark_table import SparkBronze
 from pgmedallion.core.config import Config
 from pgmedallion.core.errors import PipelineError
 from pgmedallion.silver.contract import Names
@@ -62,10 +62,11 @@ def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
         return Plan(
             run, p["frontier_from"], p["frontier"], p["batch_from"], p["batch_to"], redo=True
         )
-    frontier = bronze_frontier(spark, n.bronze, source)
+    # one read for both ends: a capture committing meanwhile (``run --continuous``) must not
+    # give a batch window that ends past the batch holding the frontier read
+    frontier, batch = SparkBronze(spark, n.bronze, source).window_end()
     frontier = f_prev if frontier is None else max(frontier, f_prev)
-    row = spark.table(n.bronze).where(F.col("source") == source).agg(F.max("batch_id")).first()
-    batch = b_prev if row is None or row[0] is None else row[0]
+    batch = b_prev if batch is None else max(batch, b_prev)
     if frontier == f_prev and batch == b_prev:
         return None
     plan = spark.createDataFrame(

@@ -1,0 +1,223 @@
+"""``pgmedallion run --continuous``: capture, silver and gold in one long-lived process.
+
+Capture streams without pause in a thread of its own, committing a bronze batch every
+``commit_interval_s`` while changes arrive; the main thread keeps one Spark session and applies
+what bronze has committed to silver and gold as soon as its previous application ends::
+
+    capture thread   stream ─ batch ─ batch ─ batch ─ batch ─ batch ─ ...   (bronze, acked)
+    main thread      [silver, gold: what bronze held] [silver, gold] ...   (one JVM, warm)
+
+Each application is a triggered silver run and gold run (``run_silver``, ``run_gold``), so
+every guarantee of triggered runs holds unchanged: exactly once (idempotent commits, a planned
+silver run redone after a crash), every gold table at a recorded frontier, readers never see a
+half-applied batch (each table's gold commit is atomic). A micro-batch is whatever bronze
+committed since the last one: it grows when an application takes longer, and nothing runs when
+nothing arrived (bronze's newest Delta version, a directory listing where bronze is local).
+
+Stopping. SIGINT or SIGTERM (or ``stop``) ends the capture after it commits and acknowledges
+the batch in hand, lets the application under way finish, and applies what capture committed
+last, so that gold is at capture's final frontier when the process exits. A second signal
+aborts at once; like a kill, that loses nothing: the next run (continuous or not) resumes from
+bronze's and silver's own records.
+
+Errors. A definite error of silver or gold (a quality rule under ``fail``, ...) is reported once
+and the pipeline goes on: the next batch brings the next attempt. A capture that gives up
+(transient errors past its retries) or meets a definite error stops the pipeline after the
+application under way; the process then exits 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from pgmedallion.core import engine
+from pgmedallion.core.config import Config
+from pgmedallion.core.errors import PipelineError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Application:
+    """One application of bronze's new batches to silver and gold."""
+
+    bronze_version: int
+    """Bronze's newest Delta version seen before it started."""
+    silver_run: int | None
+    frontier: int | None
+    seconds: float
+    error: str | None = None
+
+
+@dataclass
+class ContinuousResult:
+    applications: list[Application] = field(default_factory=list)
+    capture: Any = None
+    """Capture's ``CaptureResult`` once it stopped (None if it failed)."""
+    capture_error: BaseException | None = None
+    errors: int = 0
+    """Applications that ended in a pipeline error (reported, not fatal)."""
+
+    @property
+    def frontier(self) -> int | None:
+        done = [a for a in self.applications if a.frontier is not None]
+        return done[-1].frontier if done else None
+
+
+class _Capture(threading.Thread):
+    """Capture in a thread of its own, until ``stop`` is set; keeps its result or error."""
+
+    def __init__(self, spark: SparkSession | None, cfg: Config, stop: threading.Event, **options):
+        super().__init__(name="capture", daemon=True)
+        self.spark, self.cfg, self.stop, self.options = spark, cfg, stop, options
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from pgmedallion.pipeline import run_capture
+
+        try:
+            self.result = run_capture(
+                self.spark,
+                self.cfg,
+                continuous=True,
+                stop=self.stop,
+                handle_signals=False,
+                **self.options,
+            )
+        except BaseException as exc:  # reported by the main thread
+            self.error = exc
+        finally:
+            self.stop.set()
+
+
+@contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGINT/SIGTERM set ``stop`` (a clean stop); a second one raises KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[int, Any] = {}
+
+    def handler(signum: int, _frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        log.warning(
+            "%s: stopping after the batch in hand is committed and applied (again to abort)",
+            signal.Signals(signum).name,
+        )
+        stop.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+def bronze_version(cfg: Config, spark: SparkSession) -> int:
+    """Bronze's newest Delta version (every capture commit makes one): the newest commit file's
+    number where bronze is a local directory (a directory listing, no table read), else
+    Spark's table history."""
+    from pathlib import Path
+
+    path = cfg.local_table_path("bronze", "bronze")
+    log_dir = Path(path) / "_delta_log" if path else None
+    if log_dir is not None and log_dir.is_dir():
+        with os.scandir(log_dir) as entries:
+            versions = [
+                int(e.name[:-5])
+                for e in entries
+                if e.name.endswith(".json") and e.name[:-5].isdigit()
+            ]
+        return max(versions, default=-1)
+    table = cfg.qualified("bronze", "bronze")
+    return int(spark.sql(f"DESCRIBE HISTORY {table} LIMIT 1").first()["version"])
+
+
+def run_continuous(
+    cfg: Config,
+    *,
+    stop: threading.Event | None = None,
+    commit_interval_s: float = 1.0,
+    poll_s: float = 0.25,
+    on_applied: Callable[[Application], None] | None = None,
+    **capture_options,
+) -> ContinuousResult:
+    """Capture, silver and gold in this process until ``stop`` is set or a signal arrives.
+
+    ``commit_interval_s``: how often capture commits what arrived (bronze batches, the unit of
+    freshness); ``poll_s``: how often an idle pipeline looks for a new batch. ``on_applied``
+    sees every application as it ends (the CLI prints it). ``capture_options``: more
+    :class:`pgmedallion.capture.options.CaptureOptions` fields (``progress``, ``retry``)."""
+    from pgmedallion.capture.options import StreamLimits
+    from pgmedallion.capture.run import capture_needs_spark
+    from pgmedallion.gold.build import run_gold
+    from pgmedallion.gold.quality import GoldQualityError
+    from pgmedallion.pipeline import ensure_schemas, open_lakehouse
+    from pgmedallion.silver.build import run_silver
+
+    engine.use(cfg.lakehouse)
+    stop = stop or threading.Event()
+    result = ContinuousResult()
+    limits = capture_options.pop("limits", StreamLimits())
+    limits = replace(limits, commit_interval_s=commit_interval_s)
+    with _stop_on_signals(stop):
+        spark = open_lakehouse(cfg)
+        ensure_schemas(spark, cfg)
+        capture = _Capture(
+            spark if capture_needs_spark(cfg) else None,
+            cfg,
+            stop,
+            limits=limits,
+            **capture_options,
+        )
+        capture.start()
+        applied: int | None = None
+        first = True
+        while True:
+            capture_done = not capture.is_alive()
+            version = bronze_version(cfg, spark)
+            if first or version != applied:
+                first = False
+                start = time.monotonic()
+                app = Application(version, None, None, 0.0)
+                try:
+                    run_silver(spark, cfg)
+                    gold = run_gold(spark, cfg)
+                    app.silver_run, app.frontier = gold.silver_run, gold.frontier
+                    applied = version
+                except GoldQualityError as exc:
+                    app.silver_run, app.frontier = exc.result.silver_run, exc.result.frontier
+                    app.error = str(exc)
+                    applied = version
+                except PipelineError as exc:
+                    app.error = str(exc)
+                    applied = version  # the next batch brings the next attempt
+                app.seconds = time.monotonic() - start
+                if app.error is not None:
+                    result.errors += 1
+                    log.error("continuous: %s", app.error)
+                result.applications.append(app)
+                if on_applied is not None:
+                    on_applied(app)
+                continue  # look again at once: more may have landed meanwhile
+            if capture_done:
+                break  # capture stopped and everything it committed is applied
+            capture.join(poll_s)
+        capture.join()
+    result.capture, result.capture_error = capture.result, capture.error
+    return result
