@@ -148,6 +148,15 @@ def bronze_version(cfg: Config, spark: SparkSession) -> int:
     return int(spark.sql(f"DESCRIBE HISTORY {table} LIMIT 1").first()["version"])
 
 
+def _bronze_here(spark: SparkSession, cfg: Config) -> bool:
+    """Whether the session's bronze is the directory a capture without Spark writes (not so
+    when a session started elsewhere is active: then capture commits through it)."""
+    from pgmedallion.bronze.spark_table import local_table_path
+
+    found = local_table_path(spark, cfg.qualified("bronze", "bronze"))
+    return found is not None and os.path.samefile(found, cfg.local_table_path("bronze", "bronze"))
+
+
 def run_continuous(
     cfg: Config,
     *,
@@ -179,7 +188,7 @@ def run_continuous(
         spark = open_lakehouse(cfg)
         ensure_schemas(spark, cfg)
         capture = _Capture(
-            spark if capture_needs_spark(cfg) else None,
+            spark if capture_needs_spark(cfg) or not _bronze_here(spark, cfg) else None,
             cfg,
             stop,
             limits=limits,

@@ -15,7 +15,10 @@ far it got before it was killed:
   from the environment at every hit) and run the pipeline; prints ``{"step": "armed"}`` first
   and ``{"step": "survived"}`` if no failpoint fired (the parent may SIGKILL it meanwhile).
 - ``{"do": "capture_only", ...}``: like ``crash`` but only the capture stage (a timer kill
-  during the snapshot COPY or a large streamed transaction is aimed at capture).
+  during the snapshot COPY or a large streamed transaction is aimed at capture);
+- ``{"do": "continuous"}``: ``run --continuous`` until SIGTERM: ``{"step": "armed"}``, one
+  ``{"step": "applied", "frontier": ..., "error": ...}`` per application, and at the end
+  ``{"step": "stopped", "frontier": <gold's>, "capture": <capture's>, "capture_error": ...}``.
 """
 
 from __future__ import annotations
@@ -73,6 +76,27 @@ def main(spec_path: str) -> int:
                     for t in result.tables
                 },
                 report=result.report(),
+            )
+        elif step["do"] == "continuous":
+            from dataclasses import replace
+
+            from pgmedallion.continuous import run_continuous
+
+            # as a process started from a configuration file: capture writes bronze where
+            # the session's catalog keeps it, without Spark
+            lake = replace(cfg.lakehouse, state_dir=spec["state_dir"])
+            cfg = replace(cfg, lakehouse=lake)
+            emit(step="armed")
+            result = run_continuous(
+                cfg,
+                on_applied=lambda a: emit(step="applied", frontier=a.frontier, error=a.error),
+                **capture,
+            )
+            emit(
+                step="stopped",
+                frontier=result.frontier,
+                capture=None if result.capture is None else result.capture.frontier,
+                capture_error=None if result.capture_error is None else repr(result.capture_error),
             )
         elif step["do"] == "wait":
             sys.stdin.readline()  # the parent has changed the source
