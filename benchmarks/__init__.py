@@ -12,6 +12,7 @@ what the goals are stated in and what RESULTS.md compares across runs.
     python -m benchmarks stream --rows 100000 --txns 1000
     python -m benchmarks rss --rows 1000000
     python -m benchmarks load --rows 4000000 --skip-noop
+    python -m benchmarks freshness --minutes 30
 
 Each benchmark uses the state directory ``.pgmedallion/bench`` (its own embedded PostgreSQL and
 its own Spark warehouse), prints its details and, as its last line, ``NAME: pgmedallion <rate>,
@@ -45,6 +46,7 @@ BENCHMARKS: tuple[str, ...] = (
     "tables",
     "rss",
     "load",
+    "freshness",
 )
 """The registered benchmarks, in the order ``python -m benchmarks`` runs them."""
 

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 try:  # the `local` extra; a Databricks cluster commits through Spark
     from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
+    from deltalake.exceptions import DeltaProtocolError
 except ImportError:  # pragma: no cover - exercised only without the extra
     DeltaTable = None
 
@@ -109,6 +110,44 @@ def append(
         mode=mode,
         commit_properties=commit_properties(app, version, metadata),
     )
+    return True
+
+
+def write_records(
+    path: str | None,
+    records: list[dict],
+    names: list[str],
+    *,
+    app: str | None = None,
+    version: int | None = None,
+    replace_where: str | None = None,
+) -> bool | None:
+    """``records`` (column name -> value, for every one of ``names``) appended to the table at
+    ``path`` in the table's own schema, as the commit of ``app`` at ``version`` when given;
+    ``replace_where`` (a SQL predicate): replacing the rows it matches, in the same commit.
+    False when that commit was made before (nothing is written). None when delta-rs cannot
+    write the table here (not local, columns other than ``names``, a protocol delta-rs does
+    not write): the caller writes through Spark."""
+    if not usable(path):
+        return None
+    table = open_table(path)
+    schema = pa.schema(table.schema().to_arrow())
+    if sorted(schema.names) != sorted(names):
+        return None
+    if app is not None and version is not None and done(table, app, version):
+        return False
+    data = pa.Table.from_pylist(records, schema=schema)
+    try:
+        write_deltalake(
+            table,
+            data,
+            mode="overwrite" if replace_where else "append",
+            predicate=replace_where,
+            commit_properties=commit_properties(app, version),
+        )
+    except DeltaProtocolError as exc:
+        log.debug("delta-rs cannot write %s (%s): through Spark", path, exc)
+        return None
     return True
 
 

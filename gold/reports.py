@@ -14,6 +14,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.core.expectations import QUALITY_SCHEMA, quality_frame
 from pgmedallion.core.spark import create_table
@@ -22,6 +23,7 @@ from pgmedallion.gold.on_spark import c, tallies
 from pgmedallion.gold.plan import TableOutcome
 from pgmedallion.gold.quality import QualityRecord, Rule
 from pgmedallion.gold.state import COUNTED, GOLD, HELD, RULES, TO_GOLD, rule_count
+from pgmedallion.gold.table_io import layer_schema
 
 FRONTIER_SCHEMA = T.StructType(
     [
@@ -117,8 +119,12 @@ def write_frontier(
         )
         for o in outcomes
     ]
-    # One atomic commit replacing this source's rows. (A DataFrameWriterV2 overwrite: the V1
-    # saveAsTable overwrite also asks the Hive metastore to alter the table, which it refuses.)
+    # One atomic commit replacing this source's rows: by delta-rs where the table is local,
+    # else through Spark. (A DataFrameWriterV2 overwrite: the V1 saveAsTable overwrite also
+    # asks the Hive metastore to alter the table, which it refuses.)
+    source = cfg.source.name.replace("'", "''")
+    if _local_write(spark, cfg, "_frontier", frontier, FRONTIER_SCHEMA, f"source = '{source}'"):
+        return
     spark.createDataFrame(frontier, FRONTIER_SCHEMA).writeTo(
         cfg.qualified("gold", "_frontier")
     ).overwrite(F.col("source") == F.lit(cfg.source.name))
@@ -137,10 +143,34 @@ def write_quality(
         for o in outcomes
         for r in o.quality
     ]
-    if quality:
+    if quality and not _local_write(spark, cfg, "_quality", quality, QUALITY_SCHEMA):
         quality_frame(spark, quality).write.format("delta").mode("append").saveAsTable(
             cfg.qualified("gold", "_quality")
         )
+
+
+def _local_write(
+    spark: SparkSession,
+    cfg: Config,
+    name: str,
+    rows: list[tuple],
+    schema: T.StructType,
+    replace_where: str | None = None,
+) -> bool:
+    """``rows`` written to gold's report table ``name`` by delta-rs (a few milliseconds where
+    Spark's write of a few rows takes a second or two); False where it cannot be (not a local
+    table): then the caller writes through Spark."""
+    path = delta_rs.table_dir(delta_rs.schema_dir(spark, layer_schema(cfg, "gold")), name)
+    if not delta_rs.usable(path):
+        return False
+    names = schema.fieldNames()
+    records = [{k: _utc(v) for k, v in zip(names, row, strict=True)} for row in rows]
+    return delta_rs.write_records(path, records, names, replace_where=replace_where) is not None
+
+
+def _utc(value):
+    """A naive timestamp (UTC, as Spark's session here takes it) made explicit for Arrow."""
+    return value.replace(tzinfo=UTC) if isinstance(value, datetime) and not value.tzinfo else value
 
 
 def write_reports(

@@ -36,14 +36,20 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
+from pyspark.sql import SparkSession
+
+from pgmedallion.bronze.spark_table import local_table_path
+from pgmedallion.capture.options import StreamLimits, capture_needs_spark
 from pgmedallion.core import engine
 from pgmedallion.core.config import Config
 from pgmedallion.core.errors import PipelineError
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+from pgmedallion.gold.build import run_gold
+from pgmedallion.gold.quality import GoldQualityError
+from pgmedallion.pipeline import ensure_schemas, open_lakehouse, run_capture
+from pgmedallion.silver.build import run_silver
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +91,6 @@ class _Capture(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        from pgmedallion.pipeline import run_capture
-
         try:
             self.result = run_capture(
                 self.spark,
@@ -132,8 +136,6 @@ def bronze_version(cfg: Config, spark: SparkSession) -> int:
     """Bronze's newest Delta version (every capture commit makes one): the newest commit file's
     number where bronze is a local directory (a directory listing, no table read), else
     Spark's table history."""
-    from pathlib import Path
-
     path = cfg.local_table_path("bronze", "bronze")
     log_dir = Path(path) / "_delta_log" if path else None
     if log_dir is not None and log_dir.is_dir():
@@ -148,11 +150,18 @@ def bronze_version(cfg: Config, spark: SparkSession) -> int:
     return int(spark.sql(f"DESCRIBE HISTORY {table} LIMIT 1").first()["version"])
 
 
+def _own_session(spark: SparkSession) -> SparkSession:
+    """A session of its own for capture's Spark commits: gold sets session settings (its
+    commits' metadata and idempotency record) that must not reach bronze's commits."""
+    try:
+        return spark.newSession()
+    except Exception:  # Spark Connect has no newSession; its writes carry their own options
+        return spark
+
+
 def _bronze_here(spark: SparkSession, cfg: Config) -> bool:
     """Whether the session's bronze is the directory a capture without Spark writes (not so
     when a session started elsewhere is active: then capture commits through it)."""
-    from pgmedallion.bronze.spark_table import local_table_path
-
     found = local_table_path(spark, cfg.qualified("bronze", "bronze"))
     return found is not None and os.path.samefile(found, cfg.local_table_path("bronze", "bronze"))
 
@@ -172,13 +181,6 @@ def run_continuous(
     freshness); ``poll_s``: how often an idle pipeline looks for a new batch. ``on_applied``
     sees every application as it ends (the CLI prints it). ``capture_options``: more
     :class:`pgmedallion.capture.options.CaptureOptions` fields (``progress``, ``retry``)."""
-    from pgmedallion.capture.options import StreamLimits
-    from pgmedallion.capture.run import capture_needs_spark
-    from pgmedallion.gold.build import run_gold
-    from pgmedallion.gold.quality import GoldQualityError
-    from pgmedallion.pipeline import ensure_schemas, open_lakehouse
-    from pgmedallion.silver.build import run_silver
-
     engine.use(cfg.lakehouse)
     stop = stop or threading.Event()
     result = ContinuousResult()
@@ -187,8 +189,9 @@ def run_continuous(
     with _stop_on_signals(stop):
         spark = open_lakehouse(cfg)
         ensure_schemas(spark, cfg)
+        through_spark = capture_needs_spark(cfg) or not _bronze_here(spark, cfg)
         capture = _Capture(
-            spark if capture_needs_spark(cfg) or not _bronze_here(spark, cfg) else None,
+            _own_session(spark) if through_spark else None,
             cfg,
             stop,
             limits=limits,

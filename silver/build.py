@@ -38,6 +38,7 @@ The steps live in their own modules: :mod:`silver.plan` (windows), :mod:`silver.
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass, field
 
@@ -99,6 +100,8 @@ class _Run:
     change_rows: dict[int, int] = field(default_factory=dict)
     retired: set[int] = field(default_factory=set)
     """Tables the source dropped (their last changes may still arrive after the record)."""
+    tables_before: dict[int, TableInfo] = field(default_factory=dict)
+    """``tables`` as the run read them (``_tables`` is written only when they changed)."""
     gone: dict[int, TableInfo] = field(default_factory=dict)
     """The tables this run took out of silver (dropped at the source): their errors' names."""
 
@@ -138,6 +141,7 @@ def _run_once(spark: SparkSession, cfg: Config) -> tuple[SilverResult, bool]:
     bronze = spark.table(n.bronze).where(F.col("source") == source)
     in_batches = bronze.where((F.col("batch_id") > plan.b_from) & (F.col("batch_id") <= plan.b_to))
     r = _Run(plan, load_tables(spark, cfg))
+    r.tables_before = copy.deepcopy(r.tables)
     known_before = set(r.tables)
     taken = {t.silver_table for t in r.tables.values()}
     _read_control(spark, n, r, cfg, in_batches, taken)
@@ -359,7 +363,7 @@ def _write_run(
     new = [(lsn, o, p) for lsn, o, p in r.window_relations if lsn >= r.plan.f_from]  # not re-read
     if new:
         write_relations(spark, n, source, run, [(decode(p).relid, lsn, o, p) for lsn, o, p in new])
-    catalog.write_tables(spark, n, source, r.tables)
+    catalog.write_tables(spark, n, source, r.tables, r.tables_before)
     # The tables whose silver state or errors this run changed: gold leaves the others alone.
     touched = set(work) | {e.table_oid for e in r.errors if e.table_oid is not None}
     touched = sorted(touched | {a[0] for a in adjusted})

@@ -87,8 +87,32 @@ def table_exists(spark: SparkSession, qualified: str) -> bool:
         return False
 
 
-def write_tables(spark: SparkSession, n: Names, source: str, tables: dict[int, TableInfo]) -> None:
-    """Replace the source's rows of ``_tables`` by ``tables``."""
+def write_tables(
+    spark: SparkSession,
+    n: Names,
+    source: str,
+    tables: dict[int, TableInfo],
+    before: dict[int, TableInfo] | None = None,
+) -> None:
+    """Replace the source's rows of ``_tables`` by ``tables``; nothing is written when they are
+    what ``before`` (the tables as the run read them) held already."""
+    rows = _table_rows(source, tables)
+    if before is not None and sorted(rows) == sorted(_table_rows(source, before)):
+        return
+    df = spark.createDataFrame(
+        rows,
+        "source string, table_oid long, table_schema string, table_name string, "
+        "silver_table string, snapshot_lsn long, primary_key array<string>, "
+        "not_null array<string>, columns string, snapshot_run long",
+    ).withColumn("updated_at", F.current_timestamp())
+    # One atomic commit replacing this source's rows (other sources' rows stay as they are),
+    # through the catalog (by name, so it works on Unity Catalog managed tables too).
+    df.select(*spark.table(n.tables).columns).writeTo(n.tables).overwrite(
+        F.col("source") == F.lit(source)
+    )
+
+
+def _table_rows(source: str, tables: dict[int, TableInfo]) -> list[tuple]:
     rows = []
     for info in tables.values():
         cols = [dict(c, spark_type=spark_type(pg_type_of(c)).simpleString()) for c in info.columns]
@@ -106,17 +130,7 @@ def write_tables(spark: SparkSession, n: Names, source: str, tables: dict[int, T
                 info.snapshot_run,
             )
         )
-    df = spark.createDataFrame(
-        rows,
-        "source string, table_oid long, table_schema string, table_name string, "
-        "silver_table string, snapshot_lsn long, primary_key array<string>, "
-        "not_null array<string>, columns string, snapshot_run long",
-    ).withColumn("updated_at", F.current_timestamp())
-    # One atomic commit replacing this source's rows (other sources' rows stay as they are),
-    # through the catalog (by name, so it works on Unity Catalog managed tables too).
-    df.select(*spark.table(n.tables).columns).writeTo(n.tables).overwrite(
-        F.col("source") == F.lit(source)
-    )
+    return rows
 
 
 def dropped_tables(control: list) -> set[int]:

@@ -69,12 +69,11 @@ def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
     batch = b_prev if batch is None else max(batch, b_prev)
     if frontier == f_prev and batch == b_prev:
         return None
-    plan = spark.createDataFrame(
-        [(source, run, f_prev, frontier, b_prev, batch)],
-        "source string, run long, frontier_from long, frontier long, batch_from long, "
-        "batch_to long",
-    ).withColumn("planned_at", F.current_timestamp())
-    append(plan, n.plans, source, run)
+    ddl = (
+        "source string, run long, frontier_from long, frontier long, batch_from long, batch_to long"
+    )
+    rows = [(source, run, f_prev, frontier, b_prev, batch)]
+    append(spark, n, "_plans", rows, ddl, source, run, stamp="planned_at")
     return Plan(run, f_prev, frontier, b_prev, batch)
 
 

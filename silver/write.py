@@ -9,6 +9,7 @@ rows (see ``silver/__init__.py``) go in a second append of the run under their o
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -25,16 +26,43 @@ UNSETTLED_APP_SUFFIX = "-late"
 have always written: a run redone after an upgrade must find the appends it made before."""
 
 
-def append(df: DataFrame, table: str, source: str, run: int) -> None:
-    """Append ``df`` to one of silver's own tables as run ``run``'s idempotent commit."""
-    writer = (
-        df.write.format("delta")
-        .mode("append")
-        .option("txnAppId", f"pgmedallion-silver-{source}")
-        .option("txnVersion", run)
-    )
+def append(
+    spark: SparkSession,
+    n: Names,
+    name: str,
+    rows: list[tuple],
+    ddl: str,
+    source: str,
+    run: int,
+    stamp: str | None = None,
+) -> None:
+    """Append ``rows`` (in ``ddl``'s column order; ``stamp``: a column holding the commit's
+    time, added) to silver's own table ``name`` as run ``run``'s idempotent commit: by
+    delta-rs where the table is a local directory (a few milliseconds; Spark's write of a few
+    rows costs a second or two), through Spark elsewhere. Either way the commit records
+    ``txnAppId = pgmedallion-silver-<source>`` at ``run``, and a commit made before is skipped."""
+    app = f"pgmedallion-silver-{source}"
+    names = [column.split(" ", 1)[0] for column in ddl.split(", ")]
+    path = delta_rs.table_dir(delta_rs.schema_dir(spark, n.schema), name)
+    if delta_rs.usable(path):
+        now = datetime.now(UTC)
+        records = [
+            dict(zip(names, row, strict=True), **({stamp: now} if stamp else {})) for row in rows
+        ]
+        failpoint("silver.before_append")
+        done = delta_rs.write_records(
+            path, records, names + ([stamp] if stamp else []), app=app, version=run
+        )
+        if done is not None:
+            failpoint("silver.after_append")
+            return
+    df = spark.createDataFrame(rows, ddl)
+    if stamp:
+        df = df.withColumn(stamp, F.current_timestamp())
+    writer = df.write.format("delta").mode("append").option("txnAppId", app)
+    writer = writer.option("txnVersion", run)
     failpoint("silver.before_append")
-    writer.saveAsTable(table)
+    writer.saveAsTable(n.table(name))
     failpoint("silver.after_append")
 
 
@@ -127,12 +155,11 @@ def write_errors(
         rows.append(
             (source, e.table_oid, schema, name, e.lsn, e.code, e.column, e.raw, e.message, run)
         )
-    df = spark.createDataFrame(
-        rows,
+    ddl = (
         "source string, table_oid long, table_schema string, table_name string, lsn long, "
-        "code string, column_name string, raw string, message string, run long",
-    ).withColumn("detected_at", F.current_timestamp())
-    append(df, n.errors, source, run)
+        "code string, column_name string, raw string, message string, run long"
+    )
+    append(spark, n, "_errors", rows, ddl, source, run, stamp="detected_at")
 
 
 def write_adjustments(
@@ -144,15 +171,14 @@ def write_adjustments(
     adjusted: list[tuple],
 ) -> None:
     """Append ``(table_oid, column, code, count, first_lsn, sample)`` rows to ``_adjustments``."""
-    df = spark.createDataFrame(
-        [
-            (source, oid, tables[oid].schema, tables[oid].name, run, *rest)
-            for oid, *rest in adjusted
-        ],
+    rows = [
+        (source, oid, tables[oid].schema, tables[oid].name, run, *rest) for oid, *rest in adjusted
+    ]
+    ddl = (
         "source string, table_oid long, table_schema string, table_name string, run long, "
-        "column_name string, code string, count long, first_lsn long, sample string",
-    ).withColumn("detected_at", F.current_timestamp())
-    append(df, n.adjustments, source, run)
+        "column_name string, code string, count long, first_lsn long, sample string"
+    )
+    append(spark, n, "_adjustments", rows, ddl, source, run, stamp="detected_at")
 
 
 def write_relations(
@@ -163,19 +189,15 @@ def write_relations(
     relations: list[tuple[int, int, int, bytes]],
 ) -> None:
     """Append ``(relid, lsn, ordinal, payload)`` Relation messages to ``_relations``."""
-    df = spark.createDataFrame(
-        [(source, relid, lsn, o, p, run) for relid, lsn, o, p in relations],
-        "source string, relid long, lsn long, ordinal long, payload binary, run long",
-    )
-    append(df, n.relations, source, run)
+    rows = [(source, relid, lsn, o, p, run) for relid, lsn, o, p in relations]
+    ddl = "source string, relid long, lsn long, ordinal long, payload binary, run long"
+    append(spark, n, "_relations", rows, ddl, source, run)
 
 
 def write_progress(
     spark: SparkSession, n: Names, source: str, run: int, frontier: int, batch: int, tables: list
 ) -> None:
     """The run's ``_progress`` row: its last write."""
-    df = spark.createDataFrame(
-        [(source, run, frontier, batch, tables)],
-        "source string, run long, frontier long, bronze_batch long, tables array<long>",
-    ).withColumn("completed_at", F.current_timestamp())
-    append(df, n.progress, source, run)
+    ddl = "source string, run long, frontier long, bronze_batch long, tables array<long>"
+    rows = [(source, run, frontier, batch, tables)]
+    append(spark, n, "_progress", rows, ddl, source, run, stamp="completed_at")

@@ -345,7 +345,8 @@ def test_bundle_parses_and_has_the_required_shape(bundle):
         "timezone",
     }
     assert required <= set(bundle["variables"])
-    assert set(bundle["resources"]["jobs"]) == {"pgmedallion", "pgmedallion_verify"}
+    jobs = {"pgmedallion", "pgmedallion_verify", "pgmedallion_continuous"}
+    assert set(bundle["resources"]["jobs"]) == jobs
 
 
 def test_every_include_is_a_resources_file(job_files):
@@ -409,6 +410,10 @@ def test_every_job_is_a_valid_job_definition(bundle, target):
         parsed = Job.from_dict(job)
         assert parsed.name == name
         assert parsed.max_concurrent_runs == 1
+        if "continuous" in job:  # a continuous job has no schedule
+            assert "schedule" not in job
+            assert job["continuous"]["pause_status"] in ("PAUSED", "UNPAUSED")
+            continue
         schedule = job["schedule"]
         assert len(schedule["quartz_cron_expression"].split()) in (6, 7)
         zoneinfo.ZoneInfo(schedule["timezone_id"])
@@ -464,6 +469,23 @@ def test_capture_silver_gold_run_in_order_then_verify_on_request(bundle):
     capture = main["capture"]["python_wheel_task"]["parameters"]
     assert "--resync={{job.parameters.resync}}" in capture
     assert build_parser().parse_args([*capture[:-1], "--resync="]).resync == ""
+
+
+def test_the_continuous_job_is_paused_unless_asked_and_runs_the_whole_pipeline(bundle):
+    """One reader per slot: the continuous job starts paused, and a deploy that unpauses it can
+    pause the scheduled job (both pause states are variables)."""
+    config, _ = resolved(bundle, "prod")
+    jobs = config["resources"]["jobs"]
+    assert jobs["pgmedallion_continuous"]["continuous"]["pause_status"] == "PAUSED"
+    assert jobs["pgmedallion"]["schedule"]["pause_status"] == "UNPAUSED"
+    (task,) = jobs["pgmedallion_continuous"]["tasks"]
+    params = task["python_wheel_task"]["parameters"]
+    assert params[0] == "run" and "--continuous" in params and "--stage" not in params
+    raw = bundle["resources"]["jobs"]
+    assert raw["pgmedallion_continuous"]["continuous"]["pause_status"] == (
+        "${var.continuous_pause_status}"
+    )
+    assert raw["pgmedallion"]["schedule"]["pause_status"] == "${var.schedule_pause_status}"
 
 
 def test_verify_job_runs_inside_the_pipeline_job(bundle):
