@@ -257,6 +257,63 @@ def ensure_database(server: LocalPostgres, dbname: str) -> None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
 
 
+def write_pipeline_config(
+    env: BenchEnv,
+    path: Path,
+    lake: Path,
+    *,
+    source: str,
+    publication: str,
+    slot: str,
+    password_env: str,
+    writer: str,
+) -> Path:
+    """A ``pgmedallion.toml`` for whole ``pgmedallion`` processes against the benchmark
+    database: its source (the password in ``$password_env``, never in the file), an existing
+    publication, the lakehouse under ``lake`` with schemas ``<source>_bronze|silver|gold``."""
+    info = env.conninfo
+    text = "\n".join(
+        [
+            f"# Written by `python -m benchmarks {writer}`; the password is in ${password_env}",
+            "[source]",
+            f"name = {json.dumps(source)}",
+            f"host = {json.dumps(info['host'])}",
+            f"port = {int(info['port'])}",
+            f"dbname = {json.dumps(info['dbname'])}",
+            f"user = {json.dumps(info['user'])}",
+            f"password_env = {json.dumps(password_env)}",
+            f"publication = {json.dumps(publication)}",
+            f"slot = {json.dumps(slot)}",
+            "create_publication = false",
+            "",
+            "[lakehouse]",
+            f"state_dir = {json.dumps(str(lake))}",
+            *(f'{layer}_schema = "{source}_{layer}"' for layer in ("bronze", "silver", "gold")),
+            "",
+        ]
+    )
+    path.write_text(text)
+    return path
+
+
+def drop_slot(conn: psycopg.Connection, slot: str) -> None:
+    """Drop replication slot ``slot`` if it exists, ending its walsender first."""
+    conn.execute(
+        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+        " WHERE slot_name = %s AND active_pid IS NOT NULL",
+        (slot,),
+    )
+    deadline = time.monotonic() + 30
+    exists = "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s"
+    while conn.execute(exists, (slot,)).fetchone():
+        try:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        except Exception:  # still active: its walsender has not exited yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def cli_env(args: argparse.Namespace, spark_packages: tuple[str, ...] = ()) -> BenchEnv:
     """The environment of a command-line run: everything under ``--state-dir``."""
     state_dir = Path(args.state_dir).absolute()

@@ -35,7 +35,6 @@ ours (both latencies, lower is better).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -50,7 +49,7 @@ from typing import Any
 
 from psycopg import sql
 
-from benchmarks.common import MB, BenchEnv, Result, Timing, say
+from benchmarks.common import MB, BenchEnv, Result, Timing, drop_slot, say, write_pipeline_config
 from benchmarks.load import _overrides_config
 from benchmarks.process import _memory, tree
 
@@ -112,7 +111,16 @@ def run(args: argparse.Namespace) -> Result:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     prepare(env, args.scale)
-    config = write_config(env, root / "pgmedallion.toml", root / "lakehouse")
+    config = write_pipeline_config(
+        env,
+        root / "pgmedallion.toml",
+        root / "lakehouse",
+        source=SOURCE,
+        publication=PUBLICATION,
+        slot=SLOT,
+        password_env=PASSWORD_ENV,
+        writer=NAME,
+    )
     gold_markers = root / "lakehouse" / "warehouse" / f"{SCHEMAS['gold']}.db" / f"public_{MARKERS}"
     environ = {k: v for k, v in os.environ.items() if not _overrides_config(k)}
     environ[PASSWORD_ENV] = env.conninfo["password"]
@@ -213,48 +221,6 @@ def prepare(env: BenchEnv, scale: int) -> None:
             )
         )
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", (PEER_SLOT,))
-
-
-def write_config(env: BenchEnv, path: Path, lake: Path) -> Path:
-    info = env.conninfo
-    lines = [
-        "# Written by `python -m benchmarks freshness`; the password is in $" + PASSWORD_ENV,
-        "[source]",
-        f"name = {json.dumps(SOURCE)}",
-        f"host = {json.dumps(info['host'])}",
-        f"port = {int(info['port'])}",
-        f"dbname = {json.dumps(info['dbname'])}",
-        f"user = {json.dumps(info['user'])}",
-        f"password_env = {json.dumps(PASSWORD_ENV)}",
-        f"publication = {json.dumps(PUBLICATION)}",
-        f"slot = {json.dumps(SLOT)}",
-        "create_publication = false",
-        "",
-        "[lakehouse]",
-        f"state_dir = {json.dumps(str(lake))}",
-        *(f"{layer}_schema = {json.dumps(schema)}" for layer, schema in SCHEMAS.items()),
-        "",
-    ]
-    path.write_text("\n".join(lines))
-    return path
-
-
-def drop_slot(conn, slot: str) -> None:
-    conn.execute(
-        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
-        " WHERE slot_name = %s AND active_pid IS NOT NULL",
-        (slot,),
-    )
-    deadline = time.monotonic() + 30
-    while conn.execute(
-        "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)
-    ).fetchone():
-        try:
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-        except Exception:  # its walsender has not exited yet
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 def wait_for(done, pipeline: subprocess.Popen, timeout_s: float) -> float:

@@ -67,7 +67,18 @@ from typing import Any
 
 from psycopg import sql
 
-from benchmarks.common import MB, BenchEnv, Result, Stopwatch, Timing, format_mb, jdbc_url, say
+from benchmarks.common import (
+    MB,
+    BenchEnv,
+    Result,
+    Stopwatch,
+    Timing,
+    drop_slot,
+    format_mb,
+    jdbc_url,
+    say,
+    write_pipeline_config,
+)
 from benchmarks.process import ProcessRun, run_process
 
 NAME = "load"
@@ -112,7 +123,7 @@ def run(args: argparse.Namespace) -> Result:
     name = table_name(args.rows)
     root = env.state_dir / "load"
     with env.connect() as conn:
-        drop_slot(conn)
+        drop_slot(conn, SLOT)
         table = ensure_table(conn, name, args.rows)
         conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(PUBLICATION)))
         conn.execute(
@@ -127,7 +138,16 @@ def run(args: argparse.Namespace) -> Result:
     shutil.rmtree(root, ignore_errors=True)  # a fresh lakehouse, metastore and JDBC target
     root.mkdir(parents=True)
     lake = root / "lakehouse"
-    config = write_config(env, root / "pgmedallion.toml", lake)
+    config = write_pipeline_config(
+        env,
+        root / "pgmedallion.toml",
+        lake,
+        source=SOURCE,
+        publication=PUBLICATION,
+        slot=SLOT,
+        password_env=PASSWORD_ENV,
+        writer=NAME,
+    )
     gold_schema_dir = lake / "warehouse" / f"{SCHEMAS['gold']}.db"
     jdbc_path = root / "jdbc-delta" / name
     job = {
@@ -162,7 +182,7 @@ def run(args: argparse.Namespace) -> Result:
             ours["noop"] = procs.pgmedallion("noop")
     finally:
         with env.connect() as conn:
-            drop_slot(conn)
+            drop_slot(conn, SLOT)
     return report(args, table, ours, peer, warm, wave)
 
 
@@ -277,49 +297,6 @@ def _comment(conn, name: str) -> str | None:
     return conn.execute(
         "SELECT obj_description(to_regclass(%s), 'pg_class')", (f"public.{name}",)
     ).fetchone()[0]
-
-
-def drop_slot(conn) -> None:
-    conn.execute(
-        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
-        " WHERE slot_name = %s AND active_pid IS NOT NULL",
-        (SLOT,),
-    )
-    deadline = time.monotonic() + 30
-    exists = "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s"
-    while conn.execute(exists, (SLOT,)).fetchone():
-        try:
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (SLOT,))
-        except Exception:  # still active: its walsender has not exited yet
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
-def write_config(env: BenchEnv, path: Path, lake: Path) -> Path:
-    info = env.conninfo
-    text = "\n".join(
-        [
-            "# Written by `python -m benchmarks load`; the password is in $" + PASSWORD_ENV,
-            "[source]",
-            f"name = {json.dumps(SOURCE)}",
-            f"host = {json.dumps(info['host'])}",
-            f"port = {int(info['port'])}",
-            f"dbname = {json.dumps(info['dbname'])}",
-            f"user = {json.dumps(info['user'])}",
-            f"password_env = {json.dumps(PASSWORD_ENV)}",
-            f"publication = {json.dumps(PUBLICATION)}",
-            f"slot = {json.dumps(SLOT)}",
-            "create_publication = false",
-            "",
-            "[lakehouse]",
-            f"state_dir = {json.dumps(str(lake))}",
-            *(f"{layer}_schema = {json.dumps(schema)}" for layer, schema in SCHEMAS.items()),
-            "",
-        ]
-    )
-    path.write_text(text)
-    return path
 
 
 def warm_up(env: BenchEnv, procs: Processes, name: str) -> dict[str, float]:

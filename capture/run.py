@@ -310,18 +310,18 @@ def _dropped_tables(conn: psycopg.Connection, oids: Sequence[int]) -> list[int]:
 
 
 @contextmanager
-def stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """In the main thread, let SIGINT/SIGTERM set ``stop``; a second one acts as usual."""
+def stop_on_signals(
+    stop: threading.Event, doing: str = "committing the current batch, then stopping"
+) -> Iterator[None]:
+    """In the main thread, let SIGINT/SIGTERM set ``stop`` (logging ``doing``); a second one
+    acts as usual."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous: dict[int, Any] = {}
 
     def handler(signum: int, _frame: Any) -> None:
-        log.warning(
-            "%s: committing the current batch, then stopping (again to abort)",
-            signal.Signals(signum).name,
-        )
+        log.warning("%s: %s (again to abort)", signal.Signals(signum).name, doing)
         stop.set()
         signal.signal(signum, previous[signum])
 

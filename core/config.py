@@ -296,6 +296,11 @@ class Config:
         parts = [p for p in (self.lakehouse.catalog, schema, name) if p]
         return qualified(parts)
 
+    def schema(self, layer: str) -> str:
+        """A layer's schema, qualified (``catalog.schema`` or ``schema``) and back-quoted."""
+        schema = getattr(self.lakehouse, f"{layer}_schema")
+        return qualified([p for p in (self.lakehouse.catalog, schema) if p])
+
     def local_table_path(self, layer: str, name: str) -> str | None:
         """Where the local Spark session (``pgmedallion.core.spark.get_spark(state_dir)``, a Hive
         catalog with its warehouse under the state directory) keeps managed table ``name`` of

@@ -58,6 +58,33 @@ def schema_dir(spark, schema: str) -> str | None:
     return path if Path(path).is_dir() else None
 
 
+def bookkeeping_rows(
+    spark, schema: str, table: str, columns: list[str], equal: Mapping[str, object]
+) -> list[dict]:
+    """The rows of one of a layer's own small tables (``_progress``, ``_frontier``, ...:
+    ``table`` in the qualified ``schema``) whose columns equal ``equal``'s values, as dicts of
+    ``columns``. Read by delta-rs where the table is a local directory (milliseconds), else by
+    Spark (a Delta snapshot and a job: 0.3-1 s each even in a warm JVM, and a run asks a dozen
+    such questions). The caller's logic is the same over either engine's rows."""
+    path = table_dir(schema_dir(spark, schema), table)
+    if usable(path):
+        where = " AND ".join(f"{sql_names([k])} = {_literal(v)}" for k, v in equal.items())
+        sql = f"SELECT {sql_names(columns)} FROM t" + (f" WHERE {where}" if where else "")
+        return query(path, sql).to_pylist()
+    from pyspark.sql import functions as F
+
+    df = spark.table(f"{schema}.`{table}`")
+    for k, v in equal.items():
+        df = df.where(F.col(k) == F.lit(v))
+    return [r.asDict() for r in df.select(*columns).collect()]
+
+
+def _literal(value: object) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"not a bookkeeping value: {value!r}")
+    return str(value) if isinstance(value, int) else "'" + value.replace("'", "''") + "'"
+
+
 def table_dir(schema: str | None, table: str) -> str | None:
     """Where managed table ``table`` of the schema at ``schema`` (:func:`schema_dir`) lives."""
     return None if schema is None else str(Path(schema) / table.lower())

@@ -60,13 +60,17 @@ class Reported:
 
 def latest_progress(spark: SparkSession, cfg: Config) -> tuple[int, int] | None:
     """Silver's latest completed run and its frontier for the source, or None."""
-    row = (
-        spark.table(cfg.qualified("silver", "_progress"))
-        .filter(F.col("source") == cfg.source.name)
-        .agg(F.max("run").alias("run"), F.max_by("frontier", "run").alias("frontier"))
-        .collect()[0]
+    rows = delta_rs.bookkeeping_rows(
+        spark,
+        cfg.schema("silver"),
+        "_progress",
+        ["run", "frontier"],
+        {"source": cfg.source.name},
     )
-    return (int(row["run"]), int(row["frontier"])) if row["run"] is not None else None
+    if not rows:
+        return None
+    last = max(rows, key=lambda r: r["run"])
+    return int(last["run"]), int(last["frontier"])
 
 
 def read_tables(spark: SparkSession, cfg: Config) -> list[TableInfo]:
@@ -215,11 +219,12 @@ def _applied_of(commit: tuple[int, str] | None) -> Applied | None:
 
 def read_reported(spark: SparkSession, cfg: Config) -> dict[tuple[int, str], Reported]:
     """``_frontier``'s rows of the source by ``(table_oid, gold_table)``."""
-    rows = (
-        spark.table(cfg.qualified("gold", "_frontier"))
-        .where(F.col("source") == cfg.source.name)
-        .select("table_oid", "gold_table", "silver_run", "frontier", "rows")
-        .collect()
+    rows = delta_rs.bookkeeping_rows(
+        spark,
+        cfg.schema("gold"),
+        "_frontier",
+        ["table_oid", "gold_table", "silver_run", "frontier", "rows"],
+        {"source": cfg.source.name},
     )
     return {
         (int(r["table_oid"]), r["gold_table"]): Reported(

@@ -19,7 +19,7 @@ from pyspark.sql import types as T
 
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
-from pgmedallion.core.naming import COLUMN_MAPPING, qualified, quote
+from pgmedallion.core.naming import COLUMN_MAPPING, quote
 from pgmedallion.core.spark import create_table as create_managed
 from pgmedallion.gold.history import TAG
 from pgmedallion.gold.on_spark import c
@@ -61,8 +61,7 @@ def latest_version(spark: SparkSession, name: str) -> int:
 
 def layer_schema(cfg: Config, layer: str) -> str:
     """A layer's schema (``gold``, ``silver``), qualified and back-quoted."""
-    schema = getattr(cfg.lakehouse, f"{layer}_schema")
-    return qualified([p for p in (cfg.lakehouse.catalog, schema) if p])
+    return cfg.schema(layer)
 
 
 def gold_table_names(spark: SparkSession, cfg: Config) -> set[str]:

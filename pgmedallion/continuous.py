@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +41,7 @@ from pyspark.sql import SparkSession
 
 from pgmedallion.bronze.spark_table import local_table_path
 from pgmedallion.capture.options import StreamLimits, capture_needs_spark
+from pgmedallion.capture.run import stop_on_signals
 from pgmedallion.core import engine
 from pgmedallion.core.config import Config
 from pgmedallion.core.errors import PipelineError
@@ -52,6 +51,8 @@ from pgmedallion.pipeline import ensure_schemas, open_lakehouse, run_capture
 from pgmedallion.silver.build import run_silver
 
 log = logging.getLogger(__name__)
+
+STOPPING = "stopping after the batch in hand is committed and applied"
 
 
 @dataclass
@@ -104,32 +105,6 @@ class _Capture(threading.Thread):
             self.error = exc
         finally:
             self.stop.set()
-
-
-@contextmanager
-def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """SIGINT/SIGTERM set ``stop`` (a clean stop); a second one raises KeyboardInterrupt."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous: dict[int, Any] = {}
-
-    def handler(signum: int, _frame: Any) -> None:
-        if stop.is_set():
-            raise KeyboardInterrupt
-        log.warning(
-            "%s: stopping after the batch in hand is committed and applied (again to abort)",
-            signal.Signals(signum).name,
-        )
-        stop.set()
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        previous[signum] = signal.signal(signum, handler)
-    try:
-        yield
-    finally:
-        for signum, old in previous.items():
-            signal.signal(signum, old)
 
 
 def bronze_version(cfg: Config, spark: SparkSession) -> int:
@@ -186,7 +161,7 @@ def run_continuous(
     result = ContinuousResult()
     limits = capture_options.pop("limits", StreamLimits())
     limits = replace(limits, commit_interval_s=commit_interval_s)
-    with _stop_on_signals(stop):
+    with stop_on_signals(stop, STOPPING):
         spark = open_lakehouse(cfg)
         ensure_schemas(spark, cfg)
         through_spark = capture_needs_spark(cfg) or not _bronze_here(spark, cfg)

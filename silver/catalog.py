@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pgmedallion.capture.pgoutput import MSG_RELATION, MSG_TRUNCATE, Relation, Truncate, decode
+from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.silver.changes import LayoutIndex, TableColumn, plan_columns
 from pgmedallion.silver.contract import Names, TableInfo
@@ -42,7 +43,22 @@ def load_tables(spark: SparkSession, cfg: Config) -> dict[int, TableInfo]:
     """The source's tables as ``_tables`` holds them, by OID."""
     n = Names(cfg)
     out = {}
-    for r in spark.table(n.tables).where(F.col("source") == cfg.source.name).collect():
+    columns = [
+        "table_oid",
+        "table_schema",
+        "table_name",
+        "silver_table",
+        "snapshot_lsn",
+        "primary_key",
+        "not_null",
+        "columns",
+        "snapshot_run",
+        "source",
+    ]
+    rows = delta_rs.bookkeeping_rows(
+        spark, n.schema, "_tables", columns, {"source": cfg.source.name}
+    )
+    for r in rows:
         out[r["table_oid"]] = TableInfo(
             oid=r["table_oid"],
             schema=r["table_schema"],
@@ -146,12 +162,8 @@ def dropped_tables(control: list) -> set[int]:
 
 def dropped_before(spark: SparkSession, n: Names, source: str) -> set[int]:
     """The tables earlier runs found dropped (their ``TableDropped`` errors in ``_errors``)."""
-    rows = (
-        spark.table(n.errors)
-        .where((F.col("source") == source) & (F.col("code") == "TableDropped"))
-        .select("table_oid")
-        .distinct()
-        .collect()
+    rows = delta_rs.bookkeeping_rows(
+        spark, n.schema, "_errors", ["table_oid"], {"source": source, "code": "TableDropped"}
     )
     return {r["table_oid"] for r in rows if r["table_oid"] is not None}
 
@@ -249,15 +261,13 @@ def known_relations(
     spark: SparkSession, n: Names, source: str, run: int, window: list[tuple[int, int, bytes]]
 ) -> Relations:
     """Every Relation message of the source: those earlier runs kept and the window's."""
-    earlier = (
-        spark.table(n.relations)
-        .where((F.col("source") == source) & (F.col("run") < run))
-        .select("lsn", "ordinal", "payload")
-        .collect()
+    rows = delta_rs.bookkeeping_rows(
+        spark, n.schema, "_relations", ["lsn", "ordinal", "payload", "run"], {"source": source}
     )
+    earlier = [(r["lsn"], r["ordinal"], bytes(r["payload"])) for r in rows if r["run"] < run]
     relations: Relations = defaultdict(list)
     seen = set()
-    for lsn, ordinal, payload in [(r[0], r[1], bytes(r[2])) for r in earlier] + window:
+    for lsn, ordinal, payload in earlier + window:
         if (lsn, ordinal, payload) in seen:
             continue
         seen.add((lsn, ordinal, payload))

@@ -16,7 +16,10 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from pgmedallion.bronze.spark_table import SparkBronze
+from pgmedallion.bronze.engines import DeltaRsBronze, delta_rs_unusable
+from pgmedallion.bronze.spark_table import SparkBronze, local_table_path
+from pgmedallion.bronze.store import Bronze
+from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.core.errors import PipelineError
 from pgmedallion.silver.contract import Names
@@ -42,19 +45,20 @@ class Plan:
 def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
     """The next run's plan (the planned one again after a crash), or None when nothing is new."""
     n, source = Names(cfg), cfg.source.name
-    done = (
-        spark.table(n.progress)
-        .where(F.col("source") == source)
-        .orderBy(F.col("run").desc())
-        .limit(1)
-        .collect()
+    done = delta_rs.bookkeeping_rows(
+        spark, n.schema, "_progress", ["run", "frontier", "bronze_batch"], {"source": source}
     )
+    last = max(done, key=lambda r: r["run"]) if done else None
     last_run, f_prev, b_prev = (
-        (done[0]["run"], done[0]["frontier"], done[0]["bronze_batch"]) if done else (-1, 0, -1)
+        (last["run"], last["frontier"], last["bronze_batch"]) if last else (-1, 0, -1)
     )
     run = last_run + 1
-    planned = (
-        spark.table(n.plans).where((F.col("source") == source) & (F.col("run") == run)).collect()
+    planned = delta_rs.bookkeeping_rows(
+        spark,
+        n.schema,
+        "_plans",
+        ["frontier_from", "frontier", "batch_from", "batch_to"],
+        {"source": source, "run": run},
     )
     if planned:
         p = planned[0]
@@ -64,7 +68,7 @@ def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
         )
     # one read for both ends: a capture committing meanwhile (``run --continuous``) must not
     # give a batch window that ends past the batch holding the frontier read
-    frontier, batch = SparkBronze(spark, n.bronze, source).window_end()
+    frontier, batch = _bronze(spark, cfg, n).window_end()
     frontier = f_prev if frontier is None else max(frontier, f_prev)
     batch = b_prev if batch is None else max(batch, b_prev)
     if frontier == f_prev and batch == b_prev:
@@ -75,6 +79,15 @@ def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
     rows = [(source, run, f_prev, frontier, b_prev, batch)]
     append(spark, n, "_plans", rows, ddl, source, run, stamp="planned_at")
     return Plan(run, f_prev, frontier, b_prev, batch)
+
+
+def _bronze(spark: SparkSession, cfg: Config, n: Names) -> Bronze:
+    """Bronze as the session's catalog has it: read by delta-rs where it is a local directory
+    (its control records in milliseconds), else through Spark."""
+    path = local_table_path(spark, n.bronze)
+    if delta_rs.usable(path) and delta_rs_unusable(path) is None:
+        return DeltaRsBronze(path, n.bronze, cfg.source.name)
+    return SparkBronze(spark, n.bronze, cfg.source.name)
 
 
 def last_frontier(spark: SparkSession, n: Names, source: str) -> int:

@@ -15,55 +15,25 @@ import queue
 import random
 import signal
 import time
-from collections import Counter
 from pathlib import Path
 
-import psycopg
 import pytest
 
-from tests.test_pipeline_crash import Child
+from tests.test_pipeline_crash import (
+    Child,
+    gold_rows,
+    lost_and_duplicated,
+    source_rows,
+)
 from tests.workload import Workload
 
 TABLES = ("public.events", "public.ledger", "public.orders")
-GOLD_KEYS = {
-    "public_events": ("events", ("sess", "tag", "n", "note")),
-    "public_ledger": ("ledger", ("id",)),
-    "public_orders": ("orders", ("region", "id", "total")),
-}
 NAME = "cont"
-
-
-def source_rows(conninfo: dict) -> dict[str, Counter]:
-    with psycopg.connect(**conninfo) as conn:
-        return {
-            gold: Counter(
-                tuple(str(v) for v in r)
-                for r in conn.execute(f"SELECT {', '.join(cols)} FROM {rel}").fetchall()
-            )
-            for gold, (rel, cols) in GOLD_KEYS.items()
-        }
-
-
-def gold_rows(spark, warehouse: Path) -> dict[str, Counter]:
-    out = {}
-    for gold, (_, cols) in GOLD_KEYS.items():
-        path = warehouse / f"{NAME}_gold.db" / gold
-        if not (path / "_delta_log").is_dir():
-            out[gold] = Counter()  # not built yet
-            continue
-        df = spark.read.format("delta").load(str(path))
-        rows = df.select(*[f"`{c}`" for c in cols]).collect()
-        out[gold] = Counter(tuple(str(v) for v in r) for r in rows)
-    return out
 
 
 def differences(spark, conninfo: dict, warehouse: Path) -> dict[str, tuple[int, int]]:
     """Per table: (source rows missing from gold, gold rows beyond the source's copies)."""
-    source, gold = source_rows(conninfo), gold_rows(spark, warehouse)
-    return {
-        t: (sum((source[t] - gold[t]).values()), sum((gold[t] - source[t]).values()))
-        for t in source
-    }
+    return lost_and_duplicated(source_rows(conninfo), gold_rows(spark, warehouse, NAME))
 
 
 class Pipeline:

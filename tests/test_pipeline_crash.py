@@ -160,11 +160,16 @@ def source_rows(conninfo: dict) -> dict[str, Counter]:
         }
 
 
-def gold_rows(spark, warehouse: Path) -> dict[str, Counter]:
+def gold_rows(spark, warehouse: Path, name: str = "crash") -> dict[str, Counter]:
+    """The gold tables of source ``name`` read by path (a table not built yet: no rows)."""
     out = {}
     for gold, (_, cols) in GOLD_KEYS.items():
         names = [c.strip('"') for c in cols]
-        df = spark.read.format("delta").load(str(warehouse / "crash_gold.db" / gold))
+        path = warehouse / f"{name}_gold.db" / gold
+        if not (path / "_delta_log").is_dir():
+            out[gold] = Counter()
+            continue
+        df = spark.read.format("delta").load(str(path))
         rows = df.select(*[f"`{n}`" for n in names]).collect()
         out[gold] = Counter(tuple(str(v) for v in r) for r in rows)
     return out
