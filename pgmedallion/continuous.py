@@ -107,11 +107,10 @@ class _Capture(threading.Thread):
             self.stop.set()
 
 
-def bronze_version(cfg: Config, spark: SparkSession) -> int:
-    """Bronze's newest Delta version (every capture commit makes one): the newest commit file's
-    number where bronze is a local directory (a directory listing, no table read), else
-    Spark's table history."""
-    path = cfg.local_table_path("bronze", "bronze")
+def bronze_version(spark: SparkSession, cfg: Config, path: str | None) -> int:
+    """Bronze's newest Delta version (every capture commit makes one): where bronze is the
+    local directory ``path``, the newest commit file's number (a directory listing, no table
+    read), else Spark's table history."""
     log_dir = Path(path) / "_delta_log" if path else None
     if log_dir is not None and log_dir.is_dir():
         with os.scandir(log_dir) as entries:
@@ -134,11 +133,14 @@ def _own_session(spark: SparkSession) -> SparkSession:
         return spark
 
 
-def _bronze_here(spark: SparkSession, cfg: Config) -> bool:
-    """Whether the session's bronze is the directory a capture without Spark writes (not so
-    when a session started elsewhere is active: then capture commits through it)."""
-    found = local_table_path(spark, cfg.qualified("bronze", "bronze"))
-    return found is not None and os.path.samefile(found, cfg.local_table_path("bronze", "bronze"))
+def _bronze_here(found: str | None, cfg: Config) -> bool:
+    """Whether the session's bronze (at ``found``) is the directory a capture without Spark
+    writes (not so when a session started elsewhere is active: then capture commits through
+    it)."""
+    expected = cfg.local_table_path("bronze", "bronze")
+    if found is None or expected is None or not Path(expected).is_dir():
+        return False
+    return os.path.samefile(found, expected)
 
 
 def run_continuous(
@@ -164,7 +166,8 @@ def run_continuous(
     with stop_on_signals(stop, STOPPING):
         spark = open_lakehouse(cfg)
         ensure_schemas(spark, cfg)
-        through_spark = capture_needs_spark(cfg) or not _bronze_here(spark, cfg)
+        bronze_dir = local_table_path(spark, cfg.qualified("bronze", "bronze"))
+        through_spark = capture_needs_spark(cfg) or not _bronze_here(bronze_dir, cfg)
         capture = _Capture(
             _own_session(spark) if through_spark else None,
             cfg,
@@ -173,38 +176,55 @@ def run_continuous(
             **capture_options,
         )
         capture.start()
-        applied: int | None = None
-        first = True
-        while True:
-            capture_done = not capture.is_alive()
-            version = bronze_version(cfg, spark)
-            if first or version != applied:
-                first = False
-                start = time.monotonic()
-                app = Application(version, None, None, 0.0)
-                try:
-                    run_silver(spark, cfg)
-                    gold = run_gold(spark, cfg)
-                    app.silver_run, app.frontier = gold.silver_run, gold.frontier
-                    applied = version
-                except GoldQualityError as exc:
-                    app.silver_run, app.frontier = exc.result.silver_run, exc.result.frontier
-                    app.error = str(exc)
-                    applied = version
-                except PipelineError as exc:
-                    app.error = str(exc)
-                    applied = version  # the next batch brings the next attempt
-                app.seconds = time.monotonic() - start
-                if app.error is not None:
-                    result.errors += 1
-                    log.error("continuous: %s", app.error)
-                result.applications.append(app)
-                if on_applied is not None:
-                    on_applied(app)
-                continue  # look again at once: more may have landed meanwhile
-            if capture_done:
-                break  # capture stopped and everything it committed is applied
-            capture.join(poll_s)
-        capture.join()
+        try:
+            _apply_until_stopped(spark, cfg, capture, bronze_dir, poll_s, on_applied, result)
+        finally:  # an unexpected error, or a second signal: capture commits what it holds
+            stop.set()
+            capture.join()
     result.capture, result.capture_error = capture.result, capture.error
     return result
+
+
+def _apply_until_stopped(
+    spark: SparkSession,
+    cfg: Config,
+    capture: _Capture,
+    bronze_dir: str | None,
+    poll_s: float,
+    on_applied: Callable[[Application], None] | None,
+    result: ContinuousResult,
+) -> None:
+    """Apply bronze's new batches as they land, until capture has stopped and all it committed
+    is applied."""
+    applied: int | None = None
+    first = True
+    while True:
+        capture_done = not capture.is_alive()
+        version = bronze_version(spark, cfg, bronze_dir)
+        if first or version != applied:
+            first = False
+            start = time.monotonic()
+            app = Application(version, None, None, 0.0)
+            try:
+                run_silver(spark, cfg)
+                gold = run_gold(spark, cfg)
+                app.silver_run, app.frontier = gold.silver_run, gold.frontier
+                applied = version
+            except GoldQualityError as exc:
+                app.silver_run, app.frontier = exc.result.silver_run, exc.result.frontier
+                app.error = str(exc)
+                applied = version
+            except PipelineError as exc:
+                app.error = str(exc)
+                applied = version  # the next batch brings the next attempt
+            app.seconds = time.monotonic() - start
+            if app.error is not None:
+                result.errors += 1
+                log.error("continuous: %s", app.error)
+            result.applications.append(app)
+            if on_applied is not None:
+                on_applied(app)
+            continue  # look again at once: more may have landed meanwhile
+        if capture_done:
+            break  # capture stopped and everything it committed is applied
+        capture.join(poll_s)

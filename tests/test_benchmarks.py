@@ -291,3 +291,24 @@ def test_load_runs_end_to_end(bench_env, capsys):
             "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'bench_load_slot'"
         ).fetchone()[0]
     assert slots == 0  # no slot is left behind to retain WAL
+
+
+def test_freshness_runs_end_to_end(bench_env, capsys):
+    """A whole ``run --continuous`` process under pgbench for a few seconds: every marker is
+    timed into gold, the balances match PostgreSQL's (the benchmark checks), SIGTERM ends it,
+    and no slot is left behind."""
+    argv = ["--minutes", "0.2", "--rate", "20"]
+    result, last, records = _run(bench_env, "freshness", argv, capsys)
+    assert last.startswith("freshness: pgmedallion p50 "), last
+    latency = result.details["latency"]
+    assert latency["gold"]["markers"] >= 10
+    assert latency["pg_recvlogical"]["markers"] == latency["gold"]["markers"]
+    assert 0 < latency["gold"]["p50"] <= latency["gold"]["p95"] <= latency["gold"]["max"]
+    assert result.details["applications"] and result.details["memory_mb"]
+    [record] = records
+    assert record["name"] == "freshness" and record["metric"] == "latency_p50_s"
+    with psycopg.connect(**bench_env.conninfo) as conn:
+        slots = conn.execute(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'bench_fresh%'"
+        ).fetchone()[0]
+    assert slots == 0
