@@ -21,7 +21,7 @@ What runs, side by side for ``--minutes``
     a sampler       the resident memory of the pipeline's process tree (driver, JVM, Python
                     workers) every 5 s.
 
-After the load the benchmark waits for the last marker in gold, sends SIGTERM (the pipeline
+After the load the benchmark waits for the last marker in gold, sends SIGINT (the pipeline
 applies capture's last batch and exits 0), checks gold's ``pgbench_accounts`` balance sum
 against PostgreSQL's, and reports commit-to-gold latency (p50, p95, max) next to the peer's
 commit-to-receive latency for the same markers, the pipeline's applications (count, seconds
@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> Result:
         wait_for(lambda: last in seen, pipeline, 600)
         stop.set()
         stopping = time.monotonic()
-        pipeline.send_signal(signal.SIGTERM)
+        pipeline.send_signal(signal.SIGINT)  # Ctrl-C, as a person stops it
         code = pipeline.wait(timeout=600)
         stop_s = time.monotonic() - stopping
         peer.terminate()
@@ -349,7 +349,7 @@ def report(
         f"pipeline tree RSS: peak {max((mb for _, mb in memory), default=0):.0f} MB; first ten "
         f"minutes' peak {peak_first:.0f} MB, last ten minutes' {peak_last:.0f} MB"
     )
-    say(f"SIGTERM to exit: {stop_s:.1f} s; pgbench: {tps[1] if tps else '?'} tps")
+    say(f"SIGINT to exit: {stop_s:.1f} s; pgbench: {tps[1] if tps else '?'} tps")
     gold = figures["gold"]
     say(
         f"goals: p50 <= {GOAL_P50_S:g} s: {'met' if gold['p50'] <= GOAL_P50_S else 'not met'}; "

@@ -163,8 +163,10 @@ def run_continuous(
     result = ContinuousResult()
     limits = capture_options.pop("limits", StreamLimits())
     limits = replace(limits, commit_interval_s=commit_interval_s)
+    # Spark first: a SparkContext started in the main thread installs its own SIGINT handler
+    # (cancel the jobs, raise KeyboardInterrupt), which must be the one a second signal finds
+    spark = open_lakehouse(cfg)
     with stop_on_signals(stop, STOPPING):
-        spark = open_lakehouse(cfg)
         ensure_schemas(spark, cfg)
         bronze_dir = local_table_path(spark, cfg.qualified("bronze", "bronze"))
         through_spark = capture_needs_spark(cfg) or not _bronze_here(bronze_dir, cfg)
