@@ -23,7 +23,6 @@ from pgmedallion.gold.on_spark import c, tallies
 from pgmedallion.gold.plan import TableOutcome
 from pgmedallion.gold.quality import QualityRecord, Rule
 from pgmedallion.gold.state import COUNTED, GOLD, HELD, RULES, TO_GOLD, rule_count
-from pgmedallion.gold.table_io import layer_schema
 
 FRONTIER_SCHEMA = T.StructType(
     [
@@ -160,9 +159,7 @@ def _local_write(
     """``rows`` written to gold's report table ``name`` by delta-rs (a few milliseconds where
     Spark's write of a few rows takes a second or two); False where it cannot be (not a local
     table): then the caller writes through Spark."""
-    path = delta_rs.table_dir(delta_rs.schema_dir(spark, layer_schema(cfg, "gold")), name)
-    if not delta_rs.usable(path):
-        return False
+    path = delta_rs.table_dir(delta_rs.schema_dir(spark, cfg.schema("gold")), name)
     names = schema.fieldNames()
     records = [{k: _utc(v) for k, v in zip(names, row, strict=True)} for row in rows]
     return delta_rs.write_records(path, records, names, replace_where=replace_where) is not None

@@ -15,7 +15,6 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from pgmedallion.core.config import Config
-from pgmedallion.core.naming import qualified
 from pgmedallion.core.spark import create_table
 
 LSN, DIFF, RUN = "_lsn", "_diff", "_run"
@@ -141,8 +140,7 @@ class Names:
         self.adjustments = q("_adjustments")
         self.bronze = cfg.qualified("bronze", "bronze")
         self.table = q
-        parts = [p for p in (cfg.lakehouse.catalog, cfg.lakehouse.silver_schema) if p]
-        self.schema = qualified(parts)
+        self.schema = cfg.schema("silver")
 
 
 def ensure_silver_tables(spark: SparkSession, cfg: Config) -> None:

@@ -44,25 +44,16 @@ def append(
     app = f"pgmedallion-silver-{source}"
     names = [column.split(" ", 1)[0] for column in ddl.split(", ")]
     path = delta_rs.table_dir(delta_rs.schema_dir(spark, n.schema), name)
-    if delta_rs.usable(path):
-        now = datetime.now(UTC)
-        records = [
-            dict(zip(names, row, strict=True), **({stamp: now} if stamp else {})) for row in rows
-        ]
-        failpoint("silver.before_append")
-        done = delta_rs.write_records(
-            path, records, names + ([stamp] if stamp else []), app=app, version=run
-        )
-        if done is not None:
-            failpoint("silver.after_append")
-            return
-    df = spark.createDataFrame(rows, ddl)
-    if stamp:
-        df = df.withColumn(stamp, F.current_timestamp())
-    writer = df.write.format("delta").mode("append").option("txnAppId", app)
-    writer = writer.option("txnVersion", run)
-    failpoint("silver.before_append")
-    writer.saveAsTable(n.table(name))
+    extra = {stamp: datetime.now(UTC)} if stamp else {}
+    records = [dict(zip(names, row, strict=True), **extra) for row in rows]
+    failpoint("silver.before_append")  # once, whichever engine writes
+    columns = names + list(extra)
+    if delta_rs.write_records(path, records, columns, app=app, version=run) is None:
+        df = spark.createDataFrame(rows, ddl)
+        if stamp:
+            df = df.withColumn(stamp, F.current_timestamp())
+        writer = df.write.format("delta").mode("append").option("txnAppId", app)
+        writer.option("txnVersion", run).saveAsTable(n.table(name))
     failpoint("silver.after_append")
 
 
