@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
@@ -65,8 +65,30 @@ CopyTask = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 ``copy`` records of those tasks' ctid ranges, in :data:`~pgmedallion.bronze.table.ARROW_SCHEMA`."""
 
 CONTROL_KINDS = ("progress", "rewind", "error", "resync")
-PAYLOAD_KINDS = ("progress", "error", "schema", "schema_change")
+PAYLOAD_KINDS = ("progress", "error", "schema", "schema_change", "resync")
 """The records whose payload a question reads."""
+
+
+class WindowEnd(NamedTuple):
+    """Where bronze ends for a reader: its frontier, its last batch id (None each before the
+    first progress record / batch), and the source's clock for the frontier."""
+
+    frontier: int | None
+    batch: int | None
+    source_time: datetime | None
+    """When the source was exactly as of the frontier (see ``capture/replication.py``); None
+    where the progress record predates the field."""
+
+
+def source_time(progress_payload: bytes | None) -> datetime | None:
+    """The source's clock a progress record's payload carries (UTC, naive as Spark's
+    ``TIMESTAMP`` values are here), or None."""
+    if not progress_payload:
+        return None
+    us = json.loads(progress_payload).get("source_time_us")
+    if us is None:
+        return None
+    return datetime.fromtimestamp(us / 1_000_000, UTC).replace(tzinfo=None)
 
 
 class Bronze(ABC):
@@ -135,13 +157,21 @@ class Bronze(ABC):
         """The highest committed frontier, or None before the first progress record."""
         return max((r["lsn"] for r in self._records() if r["kind"] == "progress"), default=None)
 
-    def window_end(self) -> tuple[int | None, int | None]:
-        """``(frontier, last batch id)`` from one read of the records, so the two agree while a
-        capture commits meanwhile (a continuous one): the frontier is never that of a batch
-        after the batch id. None each before the first progress record / batch."""
+    def window_end(self) -> WindowEnd:
+        """The frontier and the last batch id from one read of the records, so the two agree
+        while a capture commits meanwhile (a continuous one): the frontier is never that of a
+        batch after the batch id. With the source's clock for the frontier."""
         records = self._records()
-        frontier = max((r["lsn"] for r in records if r["kind"] == "progress"), default=None)
-        return frontier, max((r["batch_id"] for r in records), default=None)
+        progress = max(
+            (r for r in records if r["kind"] == "progress"),
+            key=lambda r: (r["lsn"], r["batch_id"]),
+            default=None,
+        )
+        return WindowEnd(
+            None if progress is None else progress["lsn"],
+            max((r["batch_id"] for r in records), default=None),
+            None if progress is None else source_time(self._payload(progress)),
+        )
 
     def next_batch_id(self) -> int:
         last = max((r["batch_id"] for r in self._records()), default=None)
@@ -187,6 +217,15 @@ class Bronze(ABC):
             if r["table_oid"] not in newest or newest[r["table_oid"]]["batch_id"] < r["batch_id"]:
                 newest[r["table_oid"]] = r
         return {oid: json.loads(self._payload(r)) for oid, r in newest.items()}
+
+    def schema_events(self, newest: int = 10) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """The newest ``resync`` and ``schema_change`` records, newest first: ``(record,
+        payload)`` (record: kind, table_schema, table_name, lsn, batch_id)."""
+        events = sorted(
+            (r for r in self._records() if r["kind"] in ("resync", "schema_change")),
+            key=lambda r: -r["batch_id"],
+        )
+        return [(r, json.loads(self._payload(r) or b"{}")) for r in events[:newest]]
 
     def followed_changes(self) -> set[tuple[int, str, int]]:
         """``(table_oid, change, snapshot LSN)`` of every schema change recorded as followed."""

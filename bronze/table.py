@@ -18,7 +18,9 @@ Columns (documented in the README):
                  as the server sent them (about 1 MiB per record; :func:`copy_lines` splits
                  them); wal: one pgoutput message; schema: JSON;
                  error: JSON ``{"code", "message", "lsn"}``;
-                 progress: JSON ``{"system_id", "timeline"}`` of the server the LSNs belong to;
+                 progress: JSON ``{"system_id", "timeline", "source_time_us"}``: the server the
+                 LSNs belong to, and its clock for F (Unix microseconds; see
+                 ``capture/replication.py``);
                  resync: JSON ``{"requested_at", "reason"?}`` (snapshot this table again:
                  ``pgmedallion resync``, or capture's own decision and its reason, a schema
                  change say; a table whose newest resync record is newer than its newest

@@ -35,7 +35,12 @@ from pgmedallion.capture.options import (
 )
 from pgmedallion.capture.pgoutput import format_lsn
 from pgmedallion.capture.published import StreamPolicies, published
-from pgmedallion.capture.replication import Keepalive, ReplicationStream, start_replication
+from pgmedallion.capture.replication import (
+    PG_EPOCH_US,
+    Keepalive,
+    ReplicationStream,
+    start_replication,
+)
 from pgmedallion.capture.slot import (
     SystemIdentity,
     check_resume_point,
@@ -244,7 +249,7 @@ class _BatchWriter:
         self.run_id = run_id
         self.buffer = WalBuffer(self.source, run_id)
         self.batch_id = batch_id
-        self.identity = json_payload({"system_id": system.system_id, "timeline": system.timeline})
+        self.identity = {"system_id": system.system_id, "timeline": system.timeline}
         self.committed = resume
         """The frontier of the last batch committed (and acknowledged, unless salvaged)."""
         self.sealed = resume
@@ -262,7 +267,7 @@ class _BatchWriter:
         frontier = max(self.sealed, self.stream.position)
         buffer = self.buffer
         self.result.messages += buffer.messages
-        buffer.others.add("progress", frontier, payload=self.identity)
+        buffer.others.add("progress", frontier, payload=self._progress_payload())
         sealed = buffer.seal(self.batch_id)
         del buffer
         self.buffer = WalBuffer(self.source, self.run_id)
@@ -271,6 +276,14 @@ class _BatchWriter:
         self.sealed = frontier
         self.batch_id += 1
         self.last_commit = time.monotonic()
+
+    def _progress_payload(self) -> bytes:
+        """The progress record's payload: the server the LSNs belong to, and the source's clock
+        for the frontier (``source_time_us``, Unix microseconds) once the stream has one."""
+        payload = dict(self.identity)
+        if self.stream.position_time:
+            payload["source_time_us"] = self.stream.position_time + PG_EPOCH_US
+        return json_payload(payload)
 
     def _write(self, sealed: SealedBatch) -> None:
         failpoint("bronze.before_commit")

@@ -26,6 +26,10 @@ Progress and the frontier
     (writes to unpublished tables). Keepalives inside a transaction prove nothing and are not
     yielded.
 
+    ``position_time`` is the source's clock for the position: the commit time of the
+    transaction whose Commit moved it, or the send time of the keepalive that did (the server's
+    clock when it had nothing more to send below ``wal_end``). Gold's tables are "as of" it.
+
 Acknowledging
     The reader never acknowledges on its own. The caller calls :meth:`ReplicationStream.ack`
     once bronze has durably committed up to an LSN (a Commit's ``end_lsn`` or a keepalive's
@@ -91,7 +95,9 @@ _XLOG_DATA_HEADER = struct.Struct(">cQQq")
 _XLOG_DATA_LSNS = struct.Struct(">QQ")
 _BEGIN_FIELDS = struct.Struct(">QqI")
 """Begin after its type byte: final LSN, commit time, xid."""
-_COMMIT_END_LSN = struct.Struct(">Q")
+_COMMIT_END_AND_TIME = struct.Struct(">Qq")
+PG_EPOCH_US = 946_684_800_000_000
+"""PostgreSQL's timestamps count microseconds from 2000-01-01; Unix's from 1970-01-01."""
 """Commit's transaction end LSN, after its type byte, flags and commit LSN (offset 10)."""
 _XLOG_DATA_BYTE = XLOG_DATA[0]
 _FAST_MESSAGES = 512
@@ -263,6 +269,9 @@ class ReplicationStream:
         self.conn = conn
         self.position = start_lsn
         """Everything committed below this LSN has been yielded."""
+        self.position_time = 0
+        """The source's clock for ``position`` (PostgreSQL microseconds; 0 before the first
+        Commit or keepalive): see the module's "Progress and the frontier"."""
         self.acked = 0
         self.status_interval_s = status_interval_s
         self._next_status = time.monotonic() + status_interval_s
@@ -331,10 +340,12 @@ class ReplicationStream:
                     yield WalMessage(final_lsn, end, self._xid, self._ordinal, start, payload)
                     self._ordinal += 1
                     if kind == _COMMIT_BYTE:
-                        (end_lsn,) = _COMMIT_END_LSN.unpack_from(payload, 10)
+                        end_lsn, committed = _COMMIT_END_AND_TIME.unpack_from(payload, 10)
                         self._final_lsn = None
                         if end_lsn > self.position:
                             self.position = end_lsn
+                        if committed > self.position_time:
+                            self.position_time = committed
                         if target_lsn is not None and end_lsn >= target_lsn:
                             return
                 else:
@@ -345,6 +356,7 @@ class ReplicationStream:
                         self._send_status(self.acked)
                     if self._final_lsn is None:
                         self.position = max(self.position, event.wal_end)
+                        self.position_time = max(self.position_time, event.time)
                         yield event
                         if target_lsn is not None and event.wal_end >= target_lsn:
                             return

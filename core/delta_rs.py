@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -49,13 +50,31 @@ def schema_dir(spark, schema: str) -> str | None:
         return None
     if engine.spark_only():
         return None
+    key = (_application(spark), schema)
+    path = _SCHEMA_DIRS.get(key)
+    if path is not None and Path(path).is_dir():
+        return path  # a schema's location does not move while its directory is there
     rows = spark.sql(f"DESCRIBE SCHEMA EXTENDED {schema}").collect()
     info = {r[0].strip().lower(): r[1] for r in rows}
     url = urlparse(info.get("location") or "")
     if url.scheme not in ("file", ""):
         return None
     path = unquote(url.path)
-    return path if Path(path).is_dir() else None
+    if not Path(path).is_dir():
+        return None
+    _SCHEMA_DIRS[key] = path
+    return path
+
+
+_SCHEMA_DIRS: dict[tuple[str, str], str] = {}
+"""(Spark application, schema) -> its local directory: a run asks a dozen times."""
+
+
+def _application(spark) -> str:
+    try:
+        return spark.sparkContext.applicationId
+    except Exception:  # Spark Connect: no SparkContext
+        return f"session-{id(spark)}"
 
 
 def bookkeeping_rows(
@@ -70,13 +89,20 @@ def bookkeeping_rows(
     if usable(path):
         where = " AND ".join(f"{sql_names([k])} = {_literal(v)}" for k, v in equal.items())
         sql = f"SELECT {sql_names(columns)} FROM t" + (f" WHERE {where}" if where else "")
-        return query(path, sql).to_pylist()
+        return [{k: naive_utc(v) for k, v in row.items()} for row in query(path, sql).to_pylist()]
     from pyspark.sql import functions as F
 
     df = spark.table(f"{schema}.`{table}`")
     for k, v in equal.items():
         df = df.where(F.col(k) == F.lit(v))
     return [r.asDict() for r in df.select(*columns).collect()]
+
+
+def naive_utc(value):
+    """A Delta timestamp as Spark's rows give it here: naive, in UTC."""
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(UTC).replace(tzinfo=None)
+    return value
 
 
 def _literal(value: object) -> str:

@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -360,6 +361,42 @@ def one_task_per_partition(spark: SparkSession, count: int) -> DataFrame:
     few rows often puts two of them in one partition, and one task then runs both in turn.)
     """
     return spark.range(0, count, 1, numPartitions=max(1, count))
+
+
+_ENSURED: set[tuple[str, str]] = set()
+
+
+def application(spark: SparkSession) -> str:
+    """The Spark application ``spark`` belongs to (its sessions share a catalog)."""
+    try:
+        return spark.sparkContext.applicationId
+    except Exception:  # Spark Connect: no SparkContext
+        return f"session-{id(spark)}"
+
+
+def first_time(
+    spark: SparkSession, what: str, local_tables: Callable[[], Sequence[str | None]] = tuple
+) -> bool:
+    """Whether ``what`` (a layer's tables, say) is asked about for the first time in this
+    Spark application, or again because one of ``local_tables()`` (the tables' directories,
+    where local; asked only then) is gone. A long-lived process (``run --continuous``) then
+    creates and upgrades its tables once instead of before every application (a dozen catalog
+    calls)."""
+    key = (application(spark), what)
+    if key in _ENSURED:
+        try:
+            there = all(Path(p, "_delta_log").is_dir() for p in local_tables() if p is not None)
+        except Exception:  # the schema itself is gone
+            there = False
+        if there:
+            return False
+    _ENSURED.add(key)
+    return True
+
+
+def forget(spark: SparkSession, what: str) -> None:
+    """After a failed ensure: ask again next time."""
+    _ENSURED.discard((application(spark), what))
 
 
 def create_table(spark: SparkSession, create) -> None:

@@ -67,6 +67,7 @@ from pgmedallion.gold.batch import build_batched
 from pgmedallion.gold.history import (
     ErrorSummary,
     Reported,
+    SilverProgress,
     errors_of,
     latest_progress,
     read_adjustments,
@@ -78,7 +79,7 @@ from pgmedallion.gold.history import (
 from pgmedallion.gold.plan import Table, TableOutcome
 from pgmedallion.gold.pruning import untouched
 from pgmedallion.gold.quality import GoldQualityError
-from pgmedallion.gold.reports import ensure_report_tables, write_reports
+from pgmedallion.gold.reports import ensure_lag_view, ensure_report_tables, write_reports
 from pgmedallion.gold.table import build_table, untouched_outcome
 from pgmedallion.gold.table_io import gold_table_names, layer_schema, plain_name
 from pgmedallion.silver.contract import TableInfo
@@ -114,6 +115,7 @@ class _Inputs:
     reported: dict[tuple[int, str], Reported]
     silver_runs: list[tuple[int, set[int] | None]]
     existing: set[str]
+    progress: SilverProgress
 
     def report_of(self, cfg: Config, info: TableInfo) -> Reported | None:
         return self.reported.get((info.oid, plain_name(cfg, "gold", info.silver_table)))
@@ -126,7 +128,7 @@ def _read_inputs(spark: SparkSession, cfg: Config) -> _Inputs | None:
     progress = latest_progress(spark, cfg)
     if progress is None:
         return None
-    silver_run, frontier = progress
+    silver_run, frontier = progress.run, progress.frontier
     ensure_report_tables(spark, cfg)
     tables = read_tables(spark, cfg)
     since = {t.oid: t.snapshot_run for t in tables if t.snapshot_run is not None}
@@ -136,6 +138,8 @@ def _read_inputs(spark: SparkSession, cfg: Config) -> _Inputs | None:
         if reported
         else []
     )
+    existing = gold_table_names(spark, cfg)
+    ensure_lag_view(spark, cfg, existing)
     return _Inputs(
         silver_run,
         frontier,
@@ -144,7 +148,8 @@ def _read_inputs(spark: SparkSession, cfg: Config) -> _Inputs | None:
         read_adjustments(spark, cfg, silver_run, since),
         reported,
         silver_runs,
-        gold_table_names(spark, cfg),
+        existing,
+        progress,
     )
 
 
@@ -282,7 +287,7 @@ def run_gold(spark: SparkSession, cfg: Config) -> GoldResult:
     done = [o for o in outcomes if o is not None]
     failpoint("gold.before_reports")
     if _reports_changed(cfg, inputs, len(work), done):
-        write_reports(spark, cfg, inputs.silver_run, done)
+        write_reports(spark, cfg, inputs.silver_run, done, inputs.progress.as_of)
     result = GoldResult(cfg.source.name, inputs.silver_run, inputs.frontier, done)
     failures = {
         o.table.qualified_name: o.failures for o in done if o.policy == "fail" and o.failures

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -58,19 +59,38 @@ class Reported:
 # --------------------------------------------------------------------------- silver
 
 
-def latest_progress(spark: SparkSession, cfg: Config) -> tuple[int, int] | None:
+@dataclass(frozen=True)
+class SilverProgress:
+    """Silver's latest completed run, its frontier, and the source's clock for the frontiers of
+    its runs (``(frontier, source_time)``; the time None where unknown)."""
+
+    run: int
+    frontier: int
+    times: tuple[tuple[int, datetime | None], ...] = ()
+
+    def as_of(self, frontier: int) -> datetime | None:
+        """The source's clock for a state at ``frontier``: that of the newest run whose frontier
+        is not past it (a held-back table's state is at least as new), None where unknown."""
+        known = [(f, t) for f, t in self.times if f <= frontier]
+        return max(known)[1] if known else None
+
+
+def latest_progress(spark: SparkSession, cfg: Config) -> SilverProgress | None:
     """Silver's latest completed run and its frontier for the source, or None."""
     rows = delta_rs.bookkeeping_rows(
         spark,
         cfg.schema("silver"),
         "_progress",
-        ["run", "frontier"],
+        ["run", "frontier", "source_time"],
         {"source": cfg.source.name},
     )
     if not rows:
         return None
     last = max(rows, key=lambda r: r["run"])
-    return int(last["run"]), int(last["frontier"])
+    times = tuple(
+        sorted({(int(r["frontier"]), r["source_time"]) for r in rows if r["source_time"]})
+    )
+    return SilverProgress(int(last["run"]), int(last["frontier"]), times)
 
 
 def read_tables(spark: SparkSession, cfg: Config) -> list[TableInfo]:

@@ -7,7 +7,7 @@ state (``gold/build.py``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -17,7 +17,7 @@ from pyspark.sql import types as T
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.core.expectations import QUALITY_SCHEMA, quality_frame
-from pgmedallion.core.spark import create_table
+from pgmedallion.core.spark import create_table, first_time, forget
 from pgmedallion.gold.history import SAMPLE_ROWS, ErrorSummary
 from pgmedallion.gold.on_spark import c, tallies
 from pgmedallion.gold.plan import TableOutcome
@@ -35,6 +35,7 @@ FRONTIER_SCHEMA = T.StructType(
         T.StructField("silver_run", T.LongType()),
         T.StructField("rows", T.LongType()),
         T.StructField("updated_at", T.TimestampType()),
+        T.StructField("source_time", T.TimestampType()),
     ]
 )
 
@@ -91,19 +92,77 @@ def rule_records(
 
 
 def ensure_report_tables(spark: SparkSession, cfg: Config) -> None:
-    """The gold schema, ``_frontier`` and ``_quality``, created when missing."""
+    """The gold schema, ``_frontier`` and ``_quality``, created (or upgraded) when missing;
+    once per Spark application while their directories stay (where local)."""
+    frontier = cfg.qualified("gold", "_frontier")
+    where = lambda: [  # noqa: E731
+        delta_rs.table_dir(delta_rs.schema_dir(spark, cfg.schema("gold")), t)
+        for t in ("_frontier", "_quality")
+    ]
+    if not first_time(spark, frontier, where):
+        return
+    try:
+        _ensure_report_tables(spark, cfg)
+    except BaseException:
+        forget(spark, frontier)
+        raise
+
+
+def _ensure_report_tables(spark: SparkSession, cfg: Config) -> None:
     spark.sql(f"CREATE SCHEMA IF NOT EXISTS {cfg.qualified('gold', '')}")
     from delta.tables import DeltaTable
 
     for name, schema in (("_frontier", FRONTIER_SCHEMA), ("_quality", QUALITY_SCHEMA)):
         builder = DeltaTable.createIfNotExists(spark).tableName(cfg.qualified("gold", name))
         create_table(spark, builder.addColumns(schema).execute)
+    if "source_time" not in _columns(spark, cfg, "_frontier"):  # made before the column was
+        spark.sql(
+            f"ALTER TABLE {cfg.qualified('gold', '_frontier')} ADD COLUMNS (source_time TIMESTAMP)"
+        )
+
+
+LAG_VIEW = "_lag"
+
+
+def ensure_lag_view(spark: SparkSession, cfg: Config, existing: set[str]) -> None:
+    """The ``_lag`` view over ``_frontier`` (for alerting), created when not in ``existing``
+    (the gold schema's table names). Per gold table: its frontier, ``as_of`` (the source's
+    clock for it), ``updated_at`` (when gold last reported it), ``lag_seconds`` (now minus
+    ``as_of``: how long ago the source was in gold's state; while ``run --continuous`` runs,
+    capture's progress records keep ``as_of`` moving on an idle source too) and
+    ``applied_lag_seconds`` (``updated_at`` minus ``as_of``: what the last application took
+    from the source's clock to gold)."""
+    if LAG_VIEW in existing:
+        return
+    frontier = cfg.qualified("gold", "_frontier")
+    spark.sql(
+        f"CREATE VIEW IF NOT EXISTS {cfg.qualified('gold', LAG_VIEW)} AS SELECT source, "
+        "table_schema, table_name, gold_table, frontier, source_time AS as_of, updated_at, "
+        "(unix_micros(current_timestamp()) - unix_micros(source_time)) / 1e6 AS lag_seconds, "
+        "(unix_micros(updated_at) - unix_micros(source_time)) / 1e6 AS applied_lag_seconds "
+        f"FROM {frontier}"
+    )
+    existing.add(LAG_VIEW)
+
+
+def _columns(spark: SparkSession, cfg: Config, name: str) -> list[str]:
+    """The columns of gold's report table ``name``: from its Delta log by delta-rs where it
+    is local (milliseconds), else through Spark."""
+    path = delta_rs.table_dir(delta_rs.schema_dir(spark, cfg.schema("gold")), name)
+    if delta_rs.usable(path):
+        return delta_rs.open_table(path).schema().to_arrow().names
+    return spark.table(cfg.qualified("gold", name)).columns
 
 
 def write_frontier(
-    spark: SparkSession, cfg: Config, outcomes: Sequence[TableOutcome], now: datetime
+    spark: SparkSession,
+    cfg: Config,
+    outcomes: Sequence[TableOutcome],
+    now: datetime,
+    as_of: Callable[[int], datetime | None],
 ) -> None:
-    """Replace the source's rows of ``_frontier`` by one row per outcome."""
+    """Replace the source's rows of ``_frontier`` by one row per outcome (``as_of``: the
+    source's clock for a frontier)."""
     frontier = [
         (
             o.table.source,
@@ -115,6 +174,7 @@ def write_frontier(
             o.silver_run,
             o.rows,
             now,
+            as_of(o.frontier),
         )
         for o in outcomes
     ]
@@ -171,9 +231,13 @@ def _utc(value):
 
 
 def write_reports(
-    spark: SparkSession, cfg: Config, silver_run: int, outcomes: Sequence[TableOutcome]
+    spark: SparkSession,
+    cfg: Config,
+    silver_run: int,
+    outcomes: Sequence[TableOutcome],
+    as_of: Callable[[int], datetime | None],
 ) -> None:
     """Replace the source's rows of ``_frontier``; append this run's rows to ``_quality``."""
     now = datetime.now(UTC).replace(tzinfo=None)
-    write_frontier(spark, cfg, outcomes, now)
+    write_frontier(spark, cfg, outcomes, now, as_of)
     write_quality(spark, cfg, silver_run, outcomes, now)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 from pathlib import Path
 
 from pgmedallion.core.config import Config, ConfigError, load_config
@@ -275,20 +276,34 @@ def _has_pyspark() -> bool:
 
 
 def cmd_status(config: Config, args: argparse.Namespace) -> int:
-    if not _has_pyspark():
-        from pgmedallion.slot_status import slot_lines
+    from pgmedallion.status import collect_status, format_status, watch
 
-        lines, ok = slot_lines(config)
-        print("\n".join(lines))
-        print("lakehouse: PySpark is not installed here, so only the source is shown")
-        return 0 if ok else 1
-    from pgmedallion.pipeline import open_lakehouse
-    from pgmedallion.status import status_report
+    started: list = []
 
-    spark = open_lakehouse(config)
-    text, ok = status_report(spark, config)
-    print(text)
-    return 0 if ok else 1
+    def spark():
+        """The lakehouse's Spark session, started on first need (a table that is not local);
+        None where PySpark is not installed."""
+        if not started:
+            if _has_pyspark():
+                from pgmedallion.pipeline import open_lakehouse
+
+                started.append(open_lakehouse(config))
+            else:
+                started.append(None)
+        return started[0]
+
+    if args.watch is not None:
+        if args.watch <= 0:
+            print("status --watch: the interval must be a positive number of seconds")
+            return 2
+        try:
+            watch(config, spark, args.watch, threading.Event(), sys.stdout)
+        except KeyboardInterrupt:
+            pass
+        return 0
+    status = collect_status(config, spark)
+    print(format_status(status))
+    return 0 if status.ok else 1
 
 
 def cmd_sql(config: Config, args: argparse.Namespace) -> int:
@@ -455,6 +470,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser(
         "status", help="slot lag, frontiers, rows and errors per table", parents=[common]
+    )
+    status.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=2.0,
+        metavar="SECONDS",
+        help="show the report again every SECONDS (default 2) until Ctrl-C",
     )
     status.set_defaults(func=cmd_status)
 

@@ -11,11 +11,22 @@ from pgmedallion.core.config import Config
 
 def slot_lines(cfg: Config) -> tuple[list[str], bool]:
     """The slot's lines of ``status``, and whether the slot is there."""
+    lines, ok, _ = slot_report(cfg)
+    return lines, ok
+
+
+def slot_report(cfg: Config) -> tuple[list[str], bool, int | None]:
+    """The slot's lines of ``status``, whether the slot is there, and the source's current WAL
+    position (None when it cannot be asked)."""
     try:
         conn = connect(cfg.source.conninfo())
     except Exception as e:  # the message is already redacted by capture.connection
-        return [f"source: cannot connect: {e}"], False
+        return [f"source: cannot connect: {e}"], False, None
     try:
+        (wal,) = conn.execute(
+            "SELECT pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()"
+            " ELSE pg_current_wal_lsn() END, '0/0')::int8"
+        ).fetchone()
         row = conn.execute(
             "SELECT plugin, active, confirmed_flush_lsn::text,"
             " pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8,"
@@ -24,13 +35,14 @@ def slot_lines(cfg: Config) -> tuple[list[str], bool]:
             (cfg.source.slot,),
         ).fetchone()
     except psycopg.Error as e:
-        return [f"source: {type(e).__name__}"], False
+        return [f"source: {type(e).__name__}"], False, None
     finally:
         conn.close()
     if row is None:
-        return [f"slot {cfg.source.slot}: missing (run `pgmedallion run` to create it)"], False
+        return [f"slot {cfg.source.slot}: missing (run `pgmedallion run` to create it)"], False, wal
     plugin, active, confirmed, lag, retained = row
-    return [
+    line = (
         f"slot {cfg.source.slot} ({plugin}, {'active' if active else 'idle'}): "
         f"confirmed {confirmed}, lag {lag or 0} bytes, WAL retained {retained or 0} bytes"
-    ], True
+    )
+    return [line], True, wal

@@ -2,90 +2,294 @@
 
 from __future__ import annotations
 
-import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-
+from pgmedallion.bronze.engines import DeltaRsBronze, delta_rs_unusable
+from pgmedallion.bronze.store import Bronze
 from pgmedallion.capture.pgoutput import format_lsn
+from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
-from pgmedallion.slot_status import slot_lines
+from pgmedallion.slot_status import slot_report
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 
-def _table(spark: SparkSession, name: str) -> DataFrame | None:
-    try:
-        df = spark.table(name)
-        df.schema  # noqa: B018 - resolves the table now
-        return df
-    except Exception:
-        return None
+@dataclass
+class TableStatus:
+    name: str
+    rows: int | None
+    frontier: int | None
+    as_of: datetime | None
+    errors: int
 
 
-def status_report(spark: SparkSession, cfg: Config) -> tuple[str, bool]:
-    """The report text, and whether everything is healthy (slot present, no errors)."""
-    source = cfg.source.name
-    lines, ok = slot_lines(cfg)
-    bronze = _table(spark, cfg.qualified("bronze", "bronze"))
-    if bronze is not None:
-        f = bronze.where((F.col("source") == source) & (F.col("kind") == "progress"))
-        frontier = f.agg(F.max("lsn")).first()[0]
-        lines.append(f"bronze frontier: {format_lsn(frontier) if frontier else 'none yet'}")
-    progress = _table(spark, cfg.qualified("silver", "_progress"))
-    if progress is not None:
-        last = progress.where(F.col("source") == source).orderBy(F.col("run").desc()).first()
-        if last:
-            lines.append(f"silver frontier: {format_lsn(last['frontier'])} (run {last['run']})")
-    errors: dict[int, int] = {}
-    err = _table(spark, cfg.qualified("silver", "_errors"))
-    if err is not None:
-        errors = {
-            r["table_oid"]: r["count"]
-            for r in err.where(F.col("source") == source).groupBy("table_oid").count().collect()
-        }
-    gold: dict[int, tuple[int, int]] = {}
-    fr = _table(spark, cfg.qualified("gold", "_frontier"))
-    if fr is not None:
-        for r in (
-            fr.where(F.col("source") == source)
-            .groupBy("table_oid")
-            .agg(F.max_by(F.struct("frontier", "rows"), "updated_at").alias("s"))
-            .collect()
-        ):
-            gold[r["table_oid"]] = (r["s"]["frontier"], r["s"]["rows"])
-    tables = _table(spark, cfg.qualified("silver", "_tables"))
-    if tables is not None:
-        lines.append(f"{'table':<36} {'gold rows':>10} {'gold frontier':>15} {'errors':>7}")
-        for t in (
-            tables.where(F.col("source") == source).orderBy("table_schema", "table_name").collect()
-        ):
-            frontier, rows = gold.get(t["table_oid"], (None, None))
-            n_err = errors.get(t["table_oid"], 0)
-            ok = ok and n_err == 0
-            lines.append(
-                f"{t['table_schema'] + '.' + t['table_name']:<36} "
-                f"{'-' if rows is None else rows:>10} "
-                f"{format_lsn(frontier) if frontier else '-':>15} {n_err:>7}"
+@dataclass
+class Status:
+    """What ``status`` shows, read once (``collect_status``) and printed by ``format_status``."""
+
+    source: list[str]
+    ok: bool
+    wal: int | None
+    """The source's current WAL position (None when it cannot be asked)."""
+    read_at: datetime
+    bronze: tuple[int | None, datetime | None] | None = None
+    silver: tuple[int, int, datetime | None] | None = None
+    tables: list[TableStatus] | None = None
+    schema_events: list[str] = field(default_factory=list)
+    lakehouse_note: str | None = None
+
+
+class _Lakehouse:
+    """The lakehouse's tables as ``status`` reads them: by delta-rs at their local
+    directories (no JVM: ``status`` answers in about a second, and beside a running
+    ``run --continuous``, whose Spark holds the local Derby metastore), else through Spark.
+
+    ``spark()`` gives the session, started on first need; ``session``: a session already
+    running, whose catalog then says where the tables are (else the configuration's state
+    directory does, as for every local process started from it)."""
+
+    def __init__(self, cfg: Config, spark: Callable[[], SparkSession | None], session=None) -> None:
+        self.cfg = cfg
+        self._spark = spark
+        self._session = session
+        self.local = delta_rs.DeltaTable is not None and (
+            session is not None or cfg.local_table_path("gold", "x") is not None
+        )
+
+    def path(self, layer: str, name: str) -> str | None:
+        """The table's local directory if it has one (None: ask Spark)."""
+        if not self.local:
+            return None
+        if self._session is None:
+            return self.cfg.local_table_path(layer, name)
+        try:
+            return delta_rs.table_dir(
+                delta_rs.schema_dir(self._session, self.cfg.schema(layer)), name
             )
-    elif bronze is None:
-        lines.append("nothing captured yet: run `pgmedallion run`")
+        except Exception:  # no such schema (yet)
+            return None
+
+    def _absent(self, path: str | None) -> bool | None:
+        """True: the table does not exist; False: read it by delta-rs; None: ask Spark."""
+        if path is None:
+            return None
+        if (Path(path) / "_delta_log").is_dir():
+            return False
+        return True if self._session is None else None
+
+    def rows(self, layer: str, name: str, sql: str) -> list[dict[str, Any]] | None:
+        """``sql`` (over ``{t}``) on table ``name`` of ``layer``; None when it does not exist."""
+        path = self.path(layer, name)
+        absent = self._absent(path)
+        if absent:
+            return None
+        if absent is False:
+            try:
+                return [
+                    {k: delta_rs.naive_utc(v) for k, v in r.items()}
+                    for r in delta_rs.query(path, sql.format(t="t")).to_pylist()
+                ]
+            except Exception as exc:  # a protocol delta-rs does not read: through Spark
+                log.debug("status: delta-rs cannot read %s (%s)", path, exc)
+        spark = self._spark()
+        if spark is None:
+            return None
+        from pyspark.errors import AnalysisException
+
+        try:
+            df = spark.sql(sql.format(t=self.cfg.qualified(layer, name)))
+            return [r.asDict() for r in df.collect()]
+        except AnalysisException:
+            return None
+
+    def bronze(self) -> Bronze | None:
+        table, source = self.cfg.qualified("bronze", "bronze"), self.cfg.source.name
+        path = self.path("bronze", "bronze")
+        absent = self._absent(path)
+        if absent:
+            return None
+        if absent is False and delta_rs_unusable(path) is None:
+            return DeltaRsBronze(path, table, source)
+        spark = self._spark()
+        if spark is None or not spark.catalog.tableExists(table):
+            return None
+        from pgmedallion.bronze.spark_table import SparkBronze
+
+        return SparkBronze(spark, table, source)
+
+
+def collect_status(
+    cfg: Config, spark: Callable[[], SparkSession | None], session: SparkSession | None = None
+) -> Status:
+    """Everything ``status`` shows: the slot and the source's WAL position, bronze's frontier,
+    silver's last run, and per table its gold rows, frontier, the source's clock for it
+    (``as of``) and errors. ``spark`` is called only where a table is not local; ``session``: a
+    running session whose catalog locates the tables (see ``_Lakehouse``)."""
+    lines, ok, wal = slot_report(cfg)
+    status = Status(lines, ok, wal, datetime.now(UTC).replace(tzinfo=None))
+    house = _Lakehouse(cfg, spark, session)
+    where = "source = '" + cfg.source.name.replace("'", "''") + "'"
+    bronze = house.bronze()
     if bronze is not None:
-        lines += _resynced(bronze, source)
-    return "\n".join(lines), ok
+        end = bronze.window_end()
+        status.bronze = (end.frontier, end.source_time)
+        status.schema_events = _schema_events(bronze)
+    progress = house.rows("silver", "_progress", f"SELECT * FROM {{t}} WHERE {where}")
+    if progress:
+        last = max(progress, key=lambda r: r["run"])
+        status.silver = (last["run"], last["frontier"], last.get("source_time"))
+    errors = {
+        r["table_oid"]: r["n"]
+        for r in house.rows(
+            "silver",
+            "_errors",
+            f"SELECT table_oid, count(*) AS n FROM {{t}} WHERE {where} GROUP BY table_oid",
+        )
+        or []
+    }
+    gold: dict[int, dict[str, Any]] = {}
+    for r in house.rows("gold", "_frontier", f"SELECT * FROM {{t}} WHERE {where}") or []:
+        if r["table_oid"] not in gold or gold[r["table_oid"]]["updated_at"] < r["updated_at"]:
+            gold[r["table_oid"]] = r
+    tables = house.rows(
+        "silver",
+        "_tables",
+        f"SELECT table_oid, table_schema, table_name FROM {{t}} WHERE {where}",
+    )
+    if tables is not None:
+        status.tables = []
+        for t in sorted(tables, key=lambda t: (t["table_schema"], t["table_name"])):
+            g = gold.get(t["table_oid"], {})
+            n_err = errors.get(t["table_oid"], 0)
+            status.ok = status.ok and n_err == 0
+            status.tables.append(
+                TableStatus(
+                    f"{t['table_schema']}.{t['table_name']}",
+                    g.get("rows"),
+                    g.get("frontier"),
+                    g.get("source_time"),
+                    n_err,
+                )
+            )
+    elif bronze is None and not house.local and spark() is None:
+        status.lakehouse_note = (
+            "lakehouse: PySpark is not installed here, so only the source is shown"
+        )
+    return status
 
 
-def _resynced(bronze: DataFrame, source: str, newest: int = 10) -> list[str]:
+def format_status(s: Status) -> str:
+    """The report: the source, bronze, silver, then a line per table with its lag: ``lag`` is
+    how long ago the source was in the state gold holds (now minus ``as of``), ``behind`` how
+    many bytes of WAL the source has written since gold's frontier (all of its WAL, not only
+    the published tables')."""
+    lines = list(s.source)
+    if s.lakehouse_note:
+        return "\n".join([*lines, s.lakehouse_note])
+    if s.bronze is not None:
+        frontier, at = s.bronze
+        text = format_lsn(frontier) if frontier is not None else "none yet"
+        lines.append(f"bronze frontier: {text}{_as_of(at, s.read_at)}")
+    if s.silver is not None:
+        run, frontier, at = s.silver
+        lines.append(f"silver frontier: {format_lsn(frontier)} (run {run}){_as_of(at, s.read_at)}")
+    if s.tables is not None:
+        lines.append(
+            f"{'table':<36} {'gold rows':>10} {'gold frontier':>15} {'as of (UTC)':>19} "
+            f"{'lag':>8} {'behind':>9} {'errors':>6}"
+        )
+        for t in s.tables:
+            lag = _seconds(t.as_of, s.read_at)
+            behind = (
+                _bytes(max(0, s.wal - t.frontier))
+                if s.wal is not None and t.frontier is not None
+                else "-"
+            )
+            lines.append(
+                f"{t.name:<36} {'-' if t.rows is None else t.rows:>10} "
+                f"{format_lsn(t.frontier) if t.frontier else '-':>15} "
+                f"{t.as_of.strftime('%Y-%m-%d %H:%M:%S') if t.as_of else '-':>19} "
+                f"{lag:>8} {behind:>9} {t.errors:>6}"
+            )
+    elif s.bronze is None:
+        lines.append("nothing captured yet: run `pgmedallion run`")
+    if s.schema_events:
+        lines += ["schema changes and resyncs by capture (newest first):", *s.schema_events]
+    return "\n".join(lines)
+
+
+def status_report(spark: SparkSession | None, cfg: Config) -> tuple[str, bool]:
+    """The report text, and whether everything is healthy (slot present, no errors)."""
+    s = collect_status(cfg, lambda: spark, spark)
+    return format_status(s), s.ok
+
+
+def watch(
+    cfg: Config,
+    spark: Callable[[], SparkSession | None],
+    interval_s: float,
+    stop: threading.Event,
+    out: TextIO,
+    frames: int | None = None,
+) -> bool:
+    """``status --watch``: the report again every ``interval_s`` seconds, in place on a
+    terminal (appended otherwise), until ``stop`` is set or ``frames`` were shown. Whether the
+    last report was healthy."""
+    ok, shown = True, 0
+    clear = out.isatty()
+    while not stop.is_set() and (frames is None or shown < frames):
+        started = time.monotonic()
+        s = collect_status(cfg, spark)
+        ok = s.ok
+        header = (
+            f"pgmedallion status, every {interval_s:g} s ({s.read_at:%H:%M:%S} UTC; Ctrl-C ends)"
+        )
+        out.write(("\x1b[H\x1b[2J" if clear else "") + header + "\n" + format_status(s) + "\n\n")
+        out.flush()
+        shown += 1
+        stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
+    return ok
+
+
+def _as_of(at: datetime | None, now: datetime) -> str:
+    return "" if at is None else f", as of {at:%Y-%m-%d %H:%M:%S} UTC ({_seconds(at, now)} ago)"
+
+
+def _seconds(at: datetime | None, now: datetime) -> str:
+    if at is None:
+        return "-"
+    s = max(0.0, (now - at).total_seconds())
+    if s < 100:
+        return f"{s:.1f} s"
+    if s < 6000:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def _schema_events(bronze: Bronze, newest: int = 10) -> list[str]:
     """The newest schema changes capture saw, and what it did: tables it snapshotted again by
     itself, with why (a schema change, a changed publication shape, partitions moved), and
     changes it followed without a new snapshot."""
-    records = (
-        bronze.where((F.col("source") == source) & F.col("kind").isin("resync", "schema_change"))
-        .select("kind", "table_schema", "table_name", "lsn", "payload")
-        .orderBy(F.col("batch_id").desc())
-        .collect()
-    )
     lines = []
-    for r in records:
-        payload = json.loads(bytes(r["payload"]).decode())
+    for r, payload in bronze.schema_events(newest=5 * newest):
         if r["kind"] == "resync":
             what = payload.get("reason") and f"{payload['reason']}: snapshotted again"
         else:
@@ -93,7 +297,7 @@ def _resynced(bronze: DataFrame, source: str, newest: int = 10) -> list[str]:
         if what and len(lines) < newest:
             table = f"{r['table_schema']}.{r['table_name']}"
             lines.append(f"  {table} at {format_lsn(r['lsn'])}: {what}")
-    return ["schema changes and resyncs by capture (newest first):", *lines] if lines else []
+    return lines
 
 
 def format_rows(columns: list[str], rows: list[tuple]) -> str:

@@ -367,7 +367,7 @@ def _write_run(
     # The tables whose silver state or errors this run changed: gold leaves the others alone.
     touched = set(work) | {e.table_oid for e in r.errors if e.table_oid is not None}
     touched = sorted(touched | {a[0] for a in adjusted})
-    write_progress(spark, n, source, run, r.plan.f_to, r.plan.b_to, touched)
+    write_progress(spark, n, source, run, r.plan.f_to, r.plan.b_to, touched, r.plan.source_time)
 
 
 def table_run(

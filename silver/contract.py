@@ -14,8 +14,9 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
+from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
-from pgmedallion.core.spark import create_table
+from pgmedallion.core.spark import create_table, first_time, forget
 
 LSN, DIFF, RUN = "_lsn", "_diff", "_run"
 """The columns silver adds to each table's own: the change's commit LSN (0: the snapshot), its
@@ -35,14 +36,16 @@ ERRORS_DDL = (
 )
 PROGRESS_DDL = (
     "source STRING NOT NULL, run BIGINT NOT NULL, frontier BIGINT NOT NULL, "
-    "bronze_batch BIGINT NOT NULL, completed_at TIMESTAMP NOT NULL, tables ARRAY<BIGINT>"
+    "bronze_batch BIGINT NOT NULL, completed_at TIMESTAMP NOT NULL, tables ARRAY<BIGINT>, "
+    "source_time TIMESTAMP"
 )
 """One row per completed run; ``tables``: the OIDs of the tables whose diffs, errors or
-adjustments the run wrote (NULL in runs made before it existed: any table)."""
+adjustments the run wrote (NULL in runs made before it existed: any table); ``source_time``:
+the source's clock for ``frontier`` (NULL where unknown)."""
 PLANS_DDL = (
     "source STRING NOT NULL, run BIGINT NOT NULL, frontier_from BIGINT NOT NULL, "
     "frontier BIGINT NOT NULL, batch_from BIGINT NOT NULL, batch_to BIGINT NOT NULL, "
-    "planned_at TIMESTAMP NOT NULL"
+    "planned_at TIMESTAMP NOT NULL, source_time TIMESTAMP"
 )
 ADJUSTMENTS_DDL = (
     "source STRING NOT NULL, table_oid BIGINT NOT NULL, table_schema STRING, table_name STRING, "
@@ -144,7 +147,21 @@ class Names:
 
 
 def ensure_silver_tables(spark: SparkSession, cfg: Config) -> None:
+    """Silver's schema and own tables, created (or upgraded) when missing; once per Spark
+    application while their directories stay (where local)."""
     n = Names(cfg)
+    names = ("_tables", "_errors", "_progress", "_plans", "_relations", "_adjustments")
+    where = lambda: [delta_rs.table_dir(delta_rs.schema_dir(spark, n.schema), t) for t in names]  # noqa: E731
+    if not first_time(spark, n.progress, where):
+        return
+    try:
+        _ensure(spark, n)
+    except BaseException:
+        forget(spark, n.progress)
+        raise
+
+
+def _ensure(spark: SparkSession, n: Names) -> None:
     spark.sql(f"CREATE SCHEMA IF NOT EXISTS {n.schema}")
     for table, ddl in (
         (n.tables, TABLES_DDL),
@@ -158,5 +175,9 @@ def ensure_silver_tables(spark: SparkSession, cfg: Config) -> None:
         create_table(spark, lambda sql=sql: spark.sql(sql))
     if "snapshot_run" not in spark.table(n.tables).columns:  # tables made before resync
         spark.sql(f"ALTER TABLE {n.tables} ADD COLUMNS (snapshot_run BIGINT)")
-    if "tables" not in spark.table(n.progress).columns:  # made before runs listed their tables
+    progress = spark.table(n.progress).columns
+    if "tables" not in progress:  # made before runs listed their tables
         spark.sql(f"ALTER TABLE {n.progress} ADD COLUMNS (tables ARRAY<BIGINT>)")
+    for table, columns in ((n.progress, progress), (n.plans, spark.table(n.plans).columns)):
+        if "source_time" not in columns:  # made before frontiers carried the source's clock
+            spark.sql(f"ALTER TABLE {table} ADD COLUMNS (source_time TIMESTAMP)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from datetime import datetime
 
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
@@ -40,6 +41,8 @@ class Plan:
     b_to: int
     redo: bool = False
     """The run planned before a crash, done again: bronze may hold more after its window."""
+    source_time: datetime | None = None
+    """The source's clock for ``f_to`` (bronze's progress record; None where unknown)."""
 
 
 def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
@@ -57,28 +60,36 @@ def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
         spark,
         n.schema,
         "_plans",
-        ["frontier_from", "frontier", "batch_from", "batch_to"],
+        ["frontier_from", "frontier", "batch_from", "batch_to", "source_time"],
         {"source": source, "run": run},
     )
     if planned:
         p = planned[0]
         log.info("silver run %d: redoing the planned run", run)
         return Plan(
-            run, p["frontier_from"], p["frontier"], p["batch_from"], p["batch_to"], redo=True
+            run,
+            p["frontier_from"],
+            p["frontier"],
+            p["batch_from"],
+            p["batch_to"],
+            redo=True,
+            source_time=p["source_time"],
         )
     # one read for both ends: a capture committing meanwhile (``run --continuous``) must not
     # give a batch window that ends past the batch holding the frontier read
-    frontier, batch = _bronze(spark, cfg, n).window_end()
-    frontier = f_prev if frontier is None else max(frontier, f_prev)
-    batch = b_prev if batch is None else max(batch, b_prev)
+    end = _bronze(spark, cfg, n).window_end()
+    frontier = f_prev if end.frontier is None else max(end.frontier, f_prev)
+    batch = b_prev if end.batch is None else max(end.batch, b_prev)
     if frontier == f_prev and batch == b_prev:
         return None
+    at = end.source_time if end.frontier == frontier else None
     ddl = (
-        "source string, run long, frontier_from long, frontier long, batch_from long, batch_to long"
+        "source string, run long, frontier_from long, frontier long, batch_from long, "
+        "batch_to long, source_time timestamp"
     )
-    rows = [(source, run, f_prev, frontier, b_prev, batch)]
+    rows = [(source, run, f_prev, frontier, b_prev, batch, at)]
     append(spark, n, "_plans", rows, ddl, source, run, stamp="planned_at")
-    return Plan(run, f_prev, frontier, b_prev, batch)
+    return Plan(run, f_prev, frontier, b_prev, batch, source_time=at)
 
 
 def _bronze(spark: SparkSession, cfg: Config, n: Names) -> Bronze:

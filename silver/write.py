@@ -186,9 +186,19 @@ def write_relations(
 
 
 def write_progress(
-    spark: SparkSession, n: Names, source: str, run: int, frontier: int, batch: int, tables: list
+    spark: SparkSession,
+    n: Names,
+    source: str,
+    run: int,
+    frontier: int,
+    batch: int,
+    tables: list,
+    source_time: datetime | None,
 ) -> None:
     """The run's ``_progress`` row: its last write."""
-    ddl = "source string, run long, frontier long, bronze_batch long, tables array<long>"
-    rows = [(source, run, frontier, batch, tables)]
+    ddl = (
+        "source string, run long, frontier long, bronze_batch long, tables array<long>, "
+        "source_time timestamp"
+    )
+    rows = [(source, run, frontier, batch, tables, source_time)]
     append(spark, n, "_progress", rows, ddl, source, run, stamp="completed_at")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 
 import pytest
@@ -190,8 +191,26 @@ def test_doctor_capture_and_status_run_without_pyspark(db, tmp_path):
     status = run("status")
     assert status.returncode == 0, status.stderr
     assert "slot nospark_slot (pgoutput, idle): confirmed" in status.stdout
-    assert "PySpark is not installed here" in status.stdout
-    assert "Traceback" not in doctor.stderr + capture.stderr + staged.stderr + status.stderr
+    # the lakehouse's part is read by delta-rs: bronze's frontier and the source's clock for it
+    assert "bronze frontier: 0/" in status.stdout and ", as of 20" in status.stdout, status.stdout
+    assert "nothing captured yet" not in status.stdout
+    watching = subprocess.Popen(
+        [sys.executable, str(repo / "tests" / "nospark_child.py"), "status", "--watch", "0.2"]
+        + ["-c", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    try:
+        out, err = watching.communicate(timeout=4)
+    except subprocess.TimeoutExpired:
+        watching.send_signal(signal.SIGINT)
+        out, err = watching.communicate(timeout=60)
+    assert watching.returncode == 0, out + err  # Ctrl-C ends the watch
+    assert out.count("pgmedallion status, every 0.2 s") >= 2, out  # refreshed
+    assert "Traceback" not in doctor.stderr + capture.stderr + staged.stderr + status.stderr + err
 
 
 def test_a_run_with_nothing_new_starts_no_jvm(db, tmp_path):
