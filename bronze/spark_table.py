@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from pgmedallion.bronze.store import INDEX_COLUMNS, PAYLOAD_KINDS, Bronze, CopyTask
 from pgmedallion.bronze.table import ARROW_SCHEMA, BRONZE_DDL, STATS_COLUMNS, SealedBatch, app_id
 from pgmedallion.core.errors import PipelineError, error_type
-from pgmedallion.core.spark import create_table, one_task_per_partition
+from pgmedallion.core.spark import application, create_table, one_task_per_partition
 
 
 def ensure_bronze_table(spark: SparkSession, table: str, path: str | None = None) -> None:
@@ -38,13 +38,26 @@ def ensure_bronze_table(spark: SparkSession, table: str, path: str | None = None
 
 
 def local_table_path(spark: SparkSession, table: str) -> str | None:
-    """The local directory of Delta table ``table``, or None if it is not on this file system."""
+    """The local directory of Delta table ``table``, or None if it is not on this file system.
+    Asked of Spark once per application while the directory stays (``DESCRIBE DETAIL`` loads
+    the table's snapshot: most of a second on a bronze table a continuous capture commits to
+    every second)."""
+    key = (application(spark), table)
+    known = _LOCATIONS.get(key)
+    if known is not None and (Path(known) / "_delta_log").is_dir():
+        return known
     location = spark.sql(f"DESCRIBE DETAIL {table}").first()["location"]
     url = urlparse(location or "")
     if url.scheme not in ("file", ""):
         return None
     path = unquote(url.path)
-    return path if (Path(path) / "_delta_log").is_dir() else None
+    if not (Path(path) / "_delta_log").is_dir():
+        return None
+    _LOCATIONS[key] = path
+    return path
+
+
+_LOCATIONS: dict[tuple[str, str], str] = {}
 
 
 def write_batch(df: DataFrame, table: str, source: str, batch_id: int, app: str | None = None):

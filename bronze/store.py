@@ -69,6 +69,10 @@ PAYLOAD_KINDS = ("progress", "error", "schema", "schema_change", "resync")
 """The records whose payload a question reads."""
 
 
+def _control_fields(r: dict[str, Any]) -> dict[str, Any]:
+    return {k: r[k] for k in ("kind", "table_oid", "table_schema", "table_name", "lsn", "batch_id")}
+
+
 class WindowEnd(NamedTuple):
     """Where bronze ends for a reader: its frontier, its last batch id (None each before the
     first progress record / batch), and the source's clock for the frontier."""
@@ -218,6 +222,36 @@ class Bronze(ABC):
                 newest[r["table_oid"]] = r
         return {oid: json.loads(self._payload(r)) for oid, r in newest.items()}
 
+    def control_window(self, after: int, upto: int) -> list[dict[str, Any]]:
+        """The ``schema``, ``rewind`` and ``error`` records of batches (``after``, ``upto``],
+        and one ``copy`` record per table with COPY records there (at its first such batch,
+        no payload), in batch order: what a silver run reads before its changes. Each with
+        kind, table_oid, table_schema, table_name, lsn, payload, batch_id."""
+        found, copied = [], {}
+        for r in self._records():
+            if not after < r["batch_id"] <= upto:
+                continue
+            kind = r["kind"]
+            if kind in ("schema", "rewind", "error"):
+                found.append({**_control_fields(r), "payload": self._payload(r)})
+            elif kind == "copy":
+                copied[r["table_oid"]] = min(
+                    copied.get(r["table_oid"], r["batch_id"]), r["batch_id"]
+                )
+        for oid, batch in copied.items():
+            found.append(
+                {
+                    "kind": "copy",
+                    "table_oid": oid,
+                    "table_schema": None,
+                    "table_name": None,
+                    "lsn": None,
+                    "payload": None,
+                    "batch_id": batch,
+                }
+            )
+        return sorted(found, key=lambda r: r["batch_id"])
+
     def schema_events(self, newest: int = 10) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """The newest ``resync`` and ``schema_change`` records, newest first: ``(record,
         payload)`` (record: kind, table_schema, table_name, lsn, batch_id)."""
@@ -332,6 +366,8 @@ class DeltaRsBronze(Bronze):
             create_local_bronze(path)
         self._table = DeltaTable(path)
         self._files: dict[str, list[dict[str, Any]]] = {}
+        """Data file URI -> its records but wal (files never change, and their names are
+        unique: a reader kept across runs reads each once)."""
         self._payloads: dict[tuple[str, int], pa.Array] = {}
 
     # Capture's questions are answered from the records other than wal messages, read from
@@ -340,6 +376,14 @@ class DeltaRsBronze(Bronze):
     # one row group at a time. Data files never change, so each is read once per process.
     # (delta-rs' SQL engine would answer the same, but loading it costs the capture process
     # about 60 MB.)
+
+    def reopen(self) -> DeltaRsBronze:
+        """The table's log read anew (a table dropped and created again at the same path is
+        not taken for the old one's later versions); the files read so far stay read."""
+        from deltalake import DeltaTable
+
+        self._table = DeltaTable(self.path)
+        return self
 
     def _records(self) -> list[dict[str, Any]]:
         self._table.update_incremental()

@@ -74,7 +74,6 @@ from pgmedallion.gold.history import (
     read_errors,
     read_reported,
     read_tables,
-    touched_by_silver_runs,
 )
 from pgmedallion.gold.plan import Table, TableOutcome
 from pgmedallion.gold.pruning import untouched
@@ -133,11 +132,7 @@ def _read_inputs(spark: SparkSession, cfg: Config) -> _Inputs | None:
     tables = read_tables(spark, cfg)
     since = {t.oid: t.snapshot_run for t in tables if t.snapshot_run is not None}
     reported = read_reported(spark, cfg)
-    silver_runs = (
-        touched_by_silver_runs(spark, cfg, min(r.silver_run for r in reported.values()), silver_run)
-        if reported
-        else []
-    )
+    silver_runs = progress.touched(min(r.silver_run for r in reported.values())) if reported else []
     existing = gold_table_names(spark, cfg)
     ensure_lag_view(spark, cfg, existing)
     return _Inputs(

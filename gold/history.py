@@ -61,18 +61,30 @@ class Reported:
 
 @dataclass(frozen=True)
 class SilverProgress:
-    """Silver's latest completed run, its frontier, and the source's clock for the frontiers of
-    its runs (``(frontier, source_time)``; the time None where unknown)."""
+    """Silver's latest completed run and its frontier, from one read of ``_progress``: with
+    the source's clock for the frontiers of its runs and the tables each run wrote for."""
 
     run: int
     frontier: int
     times: tuple[tuple[int, datetime | None], ...] = ()
+    """``(frontier, source_time)`` of the runs that know it."""
+    runs: tuple[tuple[int, frozenset[int] | None], ...] = ()
+    """``(run, tables)`` of every run (tables None: a run made before ``_progress`` listed
+    them, taken to touch every table)."""
 
     def as_of(self, frontier: int) -> datetime | None:
         """The source's clock for a state at ``frontier``: that of the newest run whose frontier
         is not past it (a held-back table's state is at least as new), None where unknown."""
         known = [(f, t) for f, t in self.times if f <= frontier]
         return max(known)[1] if known else None
+
+    def touched(self, after: int) -> list[tuple[int, set[int] | None]]:
+        """Silver's runs in (``after``, ``run``] with the tables each wrote something for."""
+        return [
+            (r, None if tables is None else set(tables))
+            for r, tables in self.runs
+            if after < r <= self.run
+        ]
 
 
 def latest_progress(spark: SparkSession, cfg: Config) -> SilverProgress | None:
@@ -81,16 +93,17 @@ def latest_progress(spark: SparkSession, cfg: Config) -> SilverProgress | None:
         spark,
         cfg.schema("silver"),
         "_progress",
-        ["run", "frontier", "source_time"],
+        ["run", "frontier", "source_time", "tables"],
         {"source": cfg.source.name},
     )
     if not rows:
         return None
     last = max(rows, key=lambda r: r["run"])
-    times = tuple(
-        sorted({(int(r["frontier"]), r["source_time"]) for r in rows if r["source_time"]})
+    times = sorted({(int(r["frontier"]), r["source_time"]) for r in rows if r["source_time"]})
+    runs = sorted(
+        (int(r["run"]), None if r["tables"] is None else frozenset(r["tables"])) for r in rows
     )
-    return SilverProgress(int(last["run"]), int(last["frontier"]), times)
+    return SilverProgress(int(last["run"]), int(last["frontier"]), tuple(times), tuple(runs))
 
 
 def read_tables(spark: SparkSession, cfg: Config) -> list[TableInfo]:
@@ -173,26 +186,6 @@ def errors_of(table: TableInfo, errors: dict[tuple, ErrorSummary]) -> ErrorSumma
         return ErrorSummary()
     first = min(found, key=lambda e: e.first_lsn)
     return ErrorSummary(sum(e.count for e in found), first.first_lsn, first.sample)
-
-
-def touched_by_silver_runs(
-    spark: SparkSession, cfg: Config, after: int, silver_run: int
-) -> list[tuple[int, set[int] | None]]:
-    """Silver's runs in (``after``, ``silver_run``] with the tables each wrote something for
-    (None: a run made before ``_progress`` listed them, taken to touch every table)."""
-    progress = spark.table(cfg.qualified("silver", "_progress"))
-    if "tables" not in progress.columns:
-        return [(r, None) for r in range(after + 1, silver_run + 1)]
-    rows = (
-        progress.where(
-            (F.col("source") == cfg.source.name)
-            & (F.col("run") > after)
-            & (F.col("run") <= silver_run)
-        )
-        .select("run", "tables")
-        .collect()
-    )
-    return [(int(r["run"]), None if r["tables"] is None else set(r["tables"])) for r in rows]
 
 
 # --------------------------------------------------------------------------- gold

@@ -47,6 +47,7 @@ from pgmedallion.core.config import Config
 from pgmedallion.core.errors import PipelineError
 from pgmedallion.gold.build import run_gold
 from pgmedallion.gold.quality import GoldQualityError
+from pgmedallion.maintain import maintain
 from pgmedallion.pipeline import ensure_schemas, open_lakehouse, run_capture
 from pgmedallion.silver.build import run_silver
 
@@ -200,6 +201,7 @@ def _apply_until_stopped(
     is applied."""
     applied: int | None = None
     first = True
+    since_upkeep = 0
     while True:
         capture_done = not capture.is_alive()
         version = bronze_version(spark, cfg, bronze_dir)
@@ -226,7 +228,24 @@ def _apply_until_stopped(
             result.applications.append(app)
             if on_applied is not None:
                 on_applied(app)
+            since_upkeep += 1
+            if since_upkeep >= UPKEEP_EVERY:
+                since_upkeep = 0
+                _upkeep(spark, cfg)
             continue  # look again at once: more may have landed meanwhile
         if capture_done:
             break  # capture stopped and everything it committed is applied
         capture.join(poll_s)
+
+
+UPKEEP_EVERY = 20
+"""Applications between two looks at the tables' file counts (``pgmedallion.maintain``)."""
+
+
+def _upkeep(spark: SparkSession, cfg: Config) -> None:
+    """Compaction (``pgmedallion.maintain``); a failure is reported and the pipeline goes on
+    (the tables are as they were: each compaction is one commit)."""
+    try:
+        maintain(spark, cfg)
+    except Exception as exc:
+        log.warning("continuous: maintenance failed, the pipeline goes on: %s", exc)

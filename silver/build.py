@@ -66,7 +66,7 @@ from pgmedallion.silver.contract import Names, SilverResult, TableInfo, ensure_s
 from pgmedallion.silver.decode import TableDiffs, decoded_changes, table_diffs, wal_window
 from pgmedallion.silver.errors import ErrorRecord, TableTruncated
 from pgmedallion.silver.identity import resolve_previous_images
-from pgmedallion.silver.plan import Plan, control_errors, control_records, last_frontier, plan_run
+from pgmedallion.silver.plan import Plan, control_errors, last_frontier, plan_run, session_bronze
 from pgmedallion.silver.rewind import consolidated, truncated, with_rewinds
 from pgmedallion.silver.write import (
     append_diffs,
@@ -144,7 +144,7 @@ def _run_once(spark: SparkSession, cfg: Config) -> tuple[SilverResult, bool]:
     r.tables_before = copy.deepcopy(r.tables)
     known_before = set(r.tables)
     taken = {t.silver_table for t in r.tables.values()}
-    _read_control(spark, n, r, cfg, in_batches, taken)
+    _read_control(spark, n, r, cfg, taken)
     wal = _read_wal(r, bronze, known_before).persist(StorageLevel.MEMORY_AND_DISK)
     layouts, copy_widths = _read_relations(spark, cfg, n, r, wal, taken)
     wal_diffs = decoded_changes(wal, layouts)
@@ -169,12 +169,10 @@ def _run_once(spark: SparkSession, cfg: Config) -> tuple[SilverResult, bool]:
     return SilverResult(plan.run, plan.f_to, rows, len(r.errors)), plan.redo
 
 
-def _read_control(
-    spark: SparkSession, n: Names, r: _Run, cfg: Config, in_batches: DataFrame, taken: set[str]
-) -> None:
+def _read_control(spark: SparkSession, n: Names, r: _Run, cfg: Config, taken: set[str]) -> None:
     """The batch window's control records into the run: tables' columns, snapshots, errors;
     the tables the source dropped (``TableDropped``) leave silver."""
-    control = control_records(in_batches)
+    control = session_bronze(spark, cfg, n).control_window(r.plan.b_from, r.plan.b_to)
     r.errors += control_errors(control, list(r.tables))
     dropped = catalog.dropped_tables(control) | catalog.dropped_before(spark, n, cfg.source.name)
     r.retired = dropped

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pgmedallion.bronze.engines import DeltaRsBronze, delta_rs_unusable
@@ -77,7 +77,7 @@ def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
         )
     # one read for both ends: a capture committing meanwhile (``run --continuous``) must not
     # give a batch window that ends past the batch holding the frontier read
-    end = _bronze(spark, cfg, n).window_end()
+    end = session_bronze(spark, cfg, n).window_end()
     frontier = f_prev if end.frontier is None else max(end.frontier, f_prev)
     batch = b_prev if end.batch is None else max(end.batch, b_prev)
     if frontier == f_prev and batch == b_prev:
@@ -92,13 +92,21 @@ def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
     return Plan(run, f_prev, frontier, b_prev, batch, source_time=at)
 
 
-def _bronze(spark: SparkSession, cfg: Config, n: Names) -> Bronze:
+def session_bronze(spark: SparkSession, cfg: Config, n: Names) -> Bronze:
     """Bronze as the session's catalog has it: read by delta-rs where it is a local directory
-    (its control records in milliseconds), else through Spark."""
+    (its control records in milliseconds; one reader per process, so each data file is read
+    once however many runs a long-lived process makes), else through Spark."""
     path = local_table_path(spark, n.bronze)
     if delta_rs.usable(path) and delta_rs_unusable(path) is None:
-        return DeltaRsBronze(path, n.bronze, cfg.source.name)
+        key = (path, n.bronze, cfg.source.name)
+        if key in _READERS:
+            return _READERS[key].reopen()
+        _READERS[key] = DeltaRsBronze(path, n.bronze, cfg.source.name)
+        return _READERS[key]
     return SparkBronze(spark, n.bronze, cfg.source.name)
+
+
+_READERS: dict[tuple[str, str, str], DeltaRsBronze] = {}
 
 
 def last_frontier(spark: SparkSession, n: Names, source: str) -> int:
@@ -107,35 +115,7 @@ def last_frontier(spark: SparkSession, n: Names, source: str) -> int:
     return (last[0] if last else None) or 0
 
 
-def control_records(in_batches: DataFrame) -> list[Row]:
-    """The batch window's ``schema``, ``rewind`` and ``error`` records, and one ``copy`` row
-    per table with COPY records in it, in batch order (one read)."""
-    records = in_batches.select(
-        "kind", "table_oid", "table_schema", "table_name", "lsn", "payload", "batch_id"
-    )
-    copied = (
-        records.where(F.col("kind") == "copy")
-        .groupBy("table_oid")
-        .agg(F.min("batch_id").alias("batch_id"))
-        .select(
-            F.lit("copy").alias("kind"),
-            "table_oid",
-            F.lit(None).cast("string").alias("table_schema"),
-            F.lit(None).cast("string").alias("table_name"),
-            F.lit(None).cast("bigint").alias("lsn"),
-            F.lit(None).cast("binary").alias("payload"),
-            "batch_id",
-        )
-    )
-    return (
-        records.where(F.col("kind").isin("schema", "rewind", "error"))
-        .unionByName(copied)
-        .orderBy("batch_id")
-        .collect()
-    )
-
-
-def control_errors(control: list[Row], oids: list[int]) -> list[ErrorRecord]:
+def control_errors(control: list[dict], oids: list[int]) -> list[ErrorRecord]:
     """Bronze's error records, each for its table (or, for none, every table in ``oids``)."""
     errors = []
     for r in control:

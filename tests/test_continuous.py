@@ -17,8 +17,13 @@ import signal
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
 
+from pgmedallion.localpg import LocalPostgres
+from tests.conftest import STATE
+from tests.test_faults import streaming_pid, wait_for
 from tests.test_pipeline_crash import (
     Child,
     gold_rows,
@@ -129,3 +134,46 @@ def test_sigkill_a_continuous_pipeline_under_load_and_resume(spark, db, tmp_path
     pipeline.caught_up(spark, db)
     assert pipeline.stop()["capture_error"] is None
     assert kills == 3
+
+
+@pytest.fixture(scope="module")
+def own_pg():
+    """A PostgreSQL 18 server of this module's own: the fault trial restarts it."""
+    server = LocalPostgres(STATE / "pg18-continuous").start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.slow
+def test_a_dropped_connection_and_a_server_restart_under_a_continuous_pipeline(
+    spark, own_pg, tmp_path
+):
+    """The walsender terminated, then PostgreSQL restarted, while ``run --continuous`` runs:
+    capture reconnects by itself (transient errors, retried), silver and gold go on applying,
+    gold equals the source after each, and SIGTERM still ends with gold at capture's frontier."""
+    with psycopg.connect(**own_pg.conninfo(), autocommit=True) as conn:
+        for (slot,) in conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE slot_name = %s", (f"slot_{NAME}",)
+        ).fetchall():
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS cont_faults WITH (FORCE)"))
+        conn.execute(sql.SQL("CREATE DATABASE cont_faults"))
+    db = own_pg.conninfo(dbname="cont_faults")
+    wl = Workload(db, 13, tables=TABLES, initial_rows=40)
+    wl.create()
+    pipeline = Pipeline(db, tmp_path)
+    pipeline.caught_up(spark, db)
+    wait_for(lambda: streaming_pid(db, f"slot_{NAME}"), "the stream to start")
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (streaming_pid(db, f"slot_{NAME}"),))
+    wl.burst(transactions=10)
+    dropped = pipeline.caught_up(spark, db)
+    own_pg.restart()
+    wl.burst(transactions=10)
+    restarted = pipeline.caught_up(spark, db)
+    assert restarted["frontier"] > dropped["frontier"]
+    stopped = pipeline.stop()
+    assert stopped["capture_error"] is None
+    assert stopped["frontier"] == stopped["capture"]
+    assert all(v == (0, 0) for v in differences(spark, db, pipeline.warehouse).values())
+    assert db["password"] not in pipeline.log.read_text()

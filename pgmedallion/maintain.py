@@ -1,0 +1,82 @@
+"""Upkeep after gold: what keeps a pipeline that runs all day as cheap in its hundredth hour
+as in its first.
+
+Every run appends a file or two to each silver table it touches, MERGEs into gold tables, and
+appends a row to silver's and gold's own tables. A table with more than ``FILES`` data files
+is compacted, one commit each:
+
+- a silver diffs table: the diffs gold has applied, consolidated into their state
+  (:func:`pgmedallion.silver.compact.compact_table`, bounded by gold's ``_frontier`` row);
+- a gold table, and the layers' own tables (``_progress``, ``_plans``, ``_quality``, ...):
+  Delta's ``OPTIMIZE`` (small files bin-packed; the rows do not change).
+
+Bronze is not compacted here: capture commits to it meanwhile and its readers rely on its
+batches' layout (control records in row groups of their own). Files that compaction replaces
+stay on disk until ``VACUUM`` removes them (Delta's retention, 7 days by default).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from pyspark.sql import SparkSession
+
+from pgmedallion.core import delta_rs
+from pgmedallion.core.config import Config
+from pgmedallion.gold.history import read_reported
+from pgmedallion.silver.catalog import load_tables
+from pgmedallion.silver.compact import compact_table
+
+log = logging.getLogger(__name__)
+
+FILES = 48
+"""A table with more data files than this is compacted."""
+
+OWN_TABLES = {
+    "silver": ("_progress", "_plans", "_relations", "_errors", "_adjustments", "_tables"),
+    "gold": ("_quality", "_frontier"),
+}
+
+
+def data_files(spark: SparkSession, qualified: str, path: str | None) -> int | None:
+    """How many data files the table has (None: it does not exist)."""
+    if delta_rs.usable(path):
+        return len(delta_rs.open_table(path).file_uris())
+    if not spark.catalog.tableExists(qualified):
+        return None
+    return int(spark.sql(f"DESCRIBE DETAIL {qualified}").first()["numFiles"])
+
+
+def maintain(spark: SparkSession, cfg: Config, files: int = FILES) -> list[str]:
+    """Compact the source's tables that have more than ``files`` data files; what was done."""
+    started = time.monotonic()
+    done: list[str] = []
+    dirs = {layer: delta_rs.schema_dir(spark, cfg.schema(layer)) for layer in ("silver", "gold")}
+
+    def crowded(layer: str, name: str) -> bool:
+        path = delta_rs.table_dir(dirs[layer], name)
+        count = data_files(spark, cfg.qualified(layer, name), path)
+        return count is not None and count > files
+
+    tables = load_tables(spark, cfg)
+    for (oid, _), reported in sorted(read_reported(spark, cfg).items()):
+        info = tables.get(oid)
+        if info is None:
+            continue
+        name = info.silver_table
+        if crowded("silver", name) and compact_table(
+            spark, cfg.qualified("silver", name), reported.silver_run, reported.frontier
+        ):
+            done.append(f"silver {name}: applied diffs consolidated")
+        if crowded("gold", name):
+            spark.sql(f"OPTIMIZE {cfg.qualified('gold', name)}")
+            done.append(f"gold {name}: files compacted")
+    for layer, names in OWN_TABLES.items():
+        for name in names:
+            if crowded(layer, name):
+                spark.sql(f"OPTIMIZE {cfg.qualified(layer, name)}")
+                done.append(f"{layer} {name}: files compacted")
+    if done:
+        log.info("maintenance (%.1f s): %s", time.monotonic() - started, "; ".join(sorted(done)))
+    return done

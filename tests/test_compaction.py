@@ -1,0 +1,117 @@
+"""Upkeep (``pgmedallion.maintain``): silver's applied diffs consolidated, gold's and the
+bookkeeping tables' small files compacted, and every table still exact.
+
+The type-rich workload (default replica identity with TOAST and arrays, a key-less multiset
+table, primary-key changes, a partitioned table) goes through several runs, then upkeep with a
+threshold of one file compacts everything; PostgreSQL is the oracle before and after, and so
+for runs after it (previous images resolved from consolidated rows, gold's increments reading
+only the runs after the ones it applied). A table held back by gold keeps its diffs above
+gold's frontier as they were.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import psycopg
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import functions as F
+
+from pgmedallion.core.config import TablePolicy
+from pgmedallion.gold.quality import GoldQualityError
+from pgmedallion.maintain import maintain
+from pgmedallion.pipeline import run_stages, silver_state
+from pgmedallion.verify import verify
+from tests.workload import Workload, assert_exact, drop_schemas, make_config
+
+TABLES = ("public.accounts", "public.events", "public.ledger", 'public."LineItems"')
+
+
+def _silver(spark, cfg, table: str):
+    return spark.table(cfg.qualified("silver", table))
+
+
+def test_upkeep_consolidates_applied_diffs_and_keeps_every_table_exact(spark, db):
+    wl = Workload(db, 23, tables=TABLES, initial_rows=60)
+    wl.create()
+    cfg = make_config(db, "upkeep")
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    for _ in range(2):
+        wl.burst(transactions=30)
+        run_stages(spark, cfg)
+    assert_exact(verify(spark, cfg), wl.counts())
+    before = {t: _silver(spark, cfg, t).count() for t in ("public_accounts", "public_events")}
+    states = {
+        t: silver_state(spark, cfg, t, None).cache() for t in ("public_accounts", "public_events")
+    }
+    for df in states.values():
+        df.count()
+
+    done = maintain(spark, cfg, files=1)
+    assert "silver public_accounts: applied diffs consolidated" in done, done
+    # gold's tables: files compacted where there were several (MERGEs add files)
+    gold_files = [d for d in done if d.startswith("gold public_")]
+    assert all(d.endswith("files compacted") for d in gold_files), done
+    assert any(d.startswith("silver _progress") for d in done), done
+    for table, state in states.items():
+        silver = _silver(spark, cfg, table)
+        # fewer rows, one per row value with a nonzero sum, summing to the same state
+        assert silver.count() < before[table]
+        assert (
+            silver.groupBy(*[c for c in silver.columns if c not in ("_lsn", "_diff", "_run")])
+            .count()
+            .where("count > 1")
+            .count()
+            == 0
+        )
+        assert_df_equality(
+            silver_state(spark, cfg, table, None),
+            state,
+            ignore_row_order=True,
+            ignore_nullable=True,
+            allow_nan_equality=True,
+        )
+    assert_exact(verify(spark, cfg), wl.counts())
+    assert maintain(spark, cfg, files=1000) == []  # under the threshold: nothing
+
+    wl.burst(transactions=30)  # a run after it: previous images from consolidated rows
+    run_stages(spark, cfg)
+    assert_exact(verify(spark, cfg), wl.counts())
+
+
+def test_upkeep_keeps_the_diffs_gold_holds_back(spark, db):
+    """Under the ``fail`` policy a table with a definite error stays at the frontier below it:
+    its diffs above that frontier are not consolidated, and once the error is resolved by a
+    resync gold catches up exactly."""
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 30) g")
+        conn.execute("CREATE PUBLICATION pub FOR TABLE t")
+    cfg = make_config(db, "upheld")
+    cfg = replace(cfg, tables={"public.t": TablePolicy(truncate="error", on_error="fail")})
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("UPDATE t SET v = 'a' WHERE id <= 10")
+        conn.execute("TRUNCATE t")  # a definite error under truncate = error
+        conn.execute("INSERT INTO t SELECT g, 'w' || g FROM generate_series(1, 5) g")
+    with pytest.raises(GoldQualityError):
+        run_stages(spark, cfg)
+    (reported,) = spark.table(cfg.qualified("gold", "_frontier")).collect()
+    silver = _silver(spark, cfg, "public_t")
+    above = silver.where(F.col("_lsn") >= reported["frontier"]).orderBy("_lsn", "id").collect()
+    assert above, "the rows after the truncate are in silver, above gold's frontier"
+    maintain(spark, cfg, files=1)
+    after = _silver(spark, cfg, "public_t")
+    assert (
+        after.where(F.col("_lsn") >= reported["frontier"]).orderBy("_lsn", "id").collect() == above
+    )
+    gold = spark.table(cfg.qualified("gold", "public_t"))
+    assert_df_equality(
+        gold.select("id", "v"),
+        silver_state(spark, cfg, "public_t", reported["frontier"]).select("id", "v"),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
