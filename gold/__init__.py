@@ -20,8 +20,13 @@ contract (``silver/__init__.py``) and writes, in the configured gold schema (all
 ``_frontier``   one row per gold table of the source, replaced by every run:
     source, table_oid, table_schema, table_name, gold_table, frontier (the table's F: the
     state includes exactly the transactions committing below it), silver_run (the silver run
-    applied), rows, updated_at. A table held back (``fail`` policy, or ``quarantine`` of a
-    definite error) shows the frontier it really has.
+    applied), rows, updated_at, source_time (the source's clock for the frontier, carried from
+    capture's progress records through silver's ``_progress``: the table is the source "as of"
+    it). A table held back (``fail`` policy, or ``quarantine`` of a definite error) shows the
+    frontier it really has (and the clock of the newest silver run not past it).
+
+``_lag``   a view over ``_frontier`` for alerting: per gold table its frontier, as_of,
+    updated_at, lag_seconds (now minus as_of), applied_lag_seconds (updated_at minus as_of).
 
 ``_quality``   one row per rule, table and run (appended):
     run (the silver run), source, table (``schema.name``), rule, policy, failed, passed,

@@ -23,7 +23,15 @@ bronze's and silver's own records.
 Errors. A definite error of silver or gold (a quality rule under ``fail``, ...) is reported once
 and the pipeline goes on: the next batch brings the next attempt. A capture that gives up
 (transient errors past its retries) or meets a definite error stops the pipeline after the
-application under way; the process then exits 1.
+application under way; the process then exits 1. A dropped connection or a server restart is
+a transient error: capture reconnects and resumes from bronze's frontier, while silver and gold
+(which never connect to the source) go on.
+
+Staying cheap. With nothing to capture, capture still commits the frontier keepalives moved
+every ``IDLE_COMMIT_S`` (gold's ``as of`` time follows an idle source), and every
+``UPKEEP_EVERY`` applications the tables that grew past their file budget are compacted
+(``pgmedallion.maintain``): silver's applied diffs consolidated, small files bin-packed, so an
+application costs what arrived rather than what the pipeline has seen since it started.
 """
 
 from __future__ import annotations
@@ -162,7 +170,9 @@ def run_continuous(
     engine.use(cfg.lakehouse)
     stop = stop or threading.Event()
     result = ContinuousResult()
-    limits = capture_options.pop("limits", StreamLimits())
+    limits = capture_options.pop("limits", None)
+    if limits is None:  # an idle source's frontier (and gold's as-of time) moves every 15 s
+        limits = StreamLimits(idle_commit_interval_s=IDLE_COMMIT_S)
     limits = replace(limits, commit_interval_s=commit_interval_s)
     # Spark first: a SparkContext started in the main thread installs its own SIGINT handler
     # (cancel the jobs, raise KeyboardInterrupt), which must be the one a second signal finds
@@ -237,6 +247,10 @@ def _apply_until_stopped(
             break  # capture stopped and everything it committed is applied
         capture.join(poll_s)
 
+
+IDLE_COMMIT_S = 15.0
+"""With nothing to capture, capture commits the frontier keepalives moved this often: gold's
+``as of`` time then trails an idle source by about this plus an application."""
 
 UPKEEP_EVERY = 20
 """Applications between two looks at the tables' file counts (``pgmedallion.maintain``)."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -222,6 +224,33 @@ def demo_marker(config: Config):
     return config.state_dir / DEMO_MARKER
 
 
+def _live(cfg: Config, pg) -> None:
+    """A few seconds of ``run --continuous`` seen through ``status --watch``: changes arrive
+    while the pipeline runs, and gold follows them without another run."""
+    from pgmedallion.continuous import run_continuous
+    from pgmedallion.status import watch
+
+    stop, applied = threading.Event(), threading.Event()
+
+    def show() -> None:
+        try:
+            if applied.wait(300):
+                applied.clear()
+                changes = apply_burst(pg.conninfo(), seed=13, transactions=50)
+                print(f"live: {changes} changes in 50 transactions while it runs")
+                if applied.wait(300):
+                    watch(cfg, lambda: None, 1.5, stop, sys.stdout, frames=2, clear=False)
+        finally:
+            stop.set()
+
+    print("live: pgmedallion run --continuous, watched by pgmedallion status --watch")
+    shower = threading.Thread(target=show, name="demo-live", daemon=True)
+    shower.start()
+    result = run_continuous(cfg, stop=stop, on_applied=lambda _: applied.set())
+    shower.join()
+    print(f"live: stopped cleanly after {len(result.applications)} applications")
+
+
 def _demo(config: Config, pg) -> int:
     from pgmedallion.core.spark import get_spark
     from pgmedallion.marts.runner import MartsError, format_quality, stop_local_spark
@@ -263,6 +292,7 @@ def _demo(config: Config, pg) -> int:
     print(format_rows(["table", "rule", "policy", "failed", "passed"], [tuple(r) for r in quality]))
     result = verify(spark, cfg)
     print(result.report())
+    _live(cfg, pg)
     # The marts: a declarative pipeline in a JVM of its own, after this one ends (Derby).
     stop_local_spark()
     print("marts (marts/demo): revenue per day, orders per status, a declarative pipeline")

@@ -241,12 +241,13 @@ def watch(
     stop: threading.Event,
     out: TextIO,
     frames: int | None = None,
+    clear: bool | None = None,
 ) -> bool:
     """``status --watch``: the report again every ``interval_s`` seconds, in place on a
-    terminal (appended otherwise), until ``stop`` is set or ``frames`` were shown. Whether the
-    last report was healthy."""
+    terminal (``clear``; default: when ``out`` is one; appended otherwise), until ``stop`` is
+    set or ``frames`` were shown. Whether the last report was healthy."""
     ok, shown = True, 0
-    clear = out.isatty()
+    clear = out.isatty() if clear is None else clear
     while not stop.is_set() and (frames is None or shown < frames):
         started = time.monotonic()
         s = collect_status(cfg, spark)

@@ -34,7 +34,14 @@ silver schema (``pgm_silver`` by default), all Delta.
     silver), bronze_batch BIGINT (the last bronze batch read), completed_at TIMESTAMP,
     tables ARRAY<BIGINT> (the OIDs of the tables the run wrote diffs, errors or adjustments
     for; NULL in rows written before the column existed, read as "every table": gold reads
-    nothing of a table no run since its last gold run lists)
+    nothing of a table no run since its last gold run lists), source_time TIMESTAMP (the
+    source's clock for the frontier, from bronze's progress record; NULL where unknown)
+
+Compaction (``silver/compact.py``, run by ``pgmedallion.maintain``)
+    A table's diffs below the run and frontier gold reported for it are replaced, in one
+    commit, by their consolidated form: one row per distinct row value with its summed
+    ``_diff`` (zero: gone), its largest ``_lsn`` and the largest ``_run`` among them. Sums and
+    last-change LSNs are unchanged; the history below gold's frontier is not kept.
 
 Unsettled rows
     A table's rows are cast first by plain (code-generated) Spark SQL expressions. The rows

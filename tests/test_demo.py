@@ -24,6 +24,11 @@ def test_demo_exits_0_with_an_exact_verify():
     for table in ("public.customers", "public.products", "public.orders", "public.OrderItems"):
         assert f"{table} " in out and "exact, gold" in out
     assert "MISMATCH" not in out
+    # A few seconds of run --continuous seen through status --watch: changes arrive, and two
+    # frames show each table's as-of time and lag
+    assert "live: " in out and "changes in 50 transactions while it runs" in out, out[-3000:]
+    assert out.count("pgmedallion status, every 1.5 s") == 2, out[-3000:]
+    assert "as of (UTC)" in out and "live: stopped cleanly after" in out
     # The demo's marts ran after gold, and their expectation results are printed per rule.
     assert "marts expectations" in out
     for rule in ("daily_revenue.day_present", "order_status.known_status"):
