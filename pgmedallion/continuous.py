@@ -55,7 +55,7 @@ from pgmedallion.core.config import Config
 from pgmedallion.core.errors import PipelineError
 from pgmedallion.gold.build import run_gold
 from pgmedallion.gold.quality import GoldQualityError
-from pgmedallion.maintain import maintain
+from pgmedallion.maintain import maintain, touched
 from pgmedallion.pipeline import ensure_schemas, open_lakehouse, run_capture
 from pgmedallion.silver.build import run_silver
 
@@ -211,7 +211,7 @@ def _apply_until_stopped(
     is applied."""
     applied: int | None = None
     first = True
-    since_upkeep = 0
+    since_upkeep, grown = 0, set()
     while True:
         capture_done = not capture.is_alive()
         version = bronze_version(spark, cfg, bronze_dir)
@@ -222,9 +222,11 @@ def _apply_until_stopped(
             try:
                 run_silver(spark, cfg)
                 gold = run_gold(spark, cfg)
+                grown |= touched(gold)
                 app.silver_run, app.frontier = gold.silver_run, gold.frontier
                 applied = version
             except GoldQualityError as exc:
+                grown |= touched(exc.result)
                 app.silver_run, app.frontier = exc.result.silver_run, exc.result.frontier
                 app.error = str(exc)
                 applied = version
@@ -240,8 +242,8 @@ def _apply_until_stopped(
                 on_applied(app)
             since_upkeep += 1
             if since_upkeep >= UPKEEP_EVERY:
-                since_upkeep = 0
-                _upkeep(spark, cfg)
+                _upkeep(spark, cfg, grown)
+                since_upkeep, grown = 0, set()
             continue  # look again at once: more may have landed meanwhile
         if capture_done:
             break  # capture stopped and everything it committed is applied
@@ -256,10 +258,11 @@ UPKEEP_EVERY = 20
 """Applications between two looks at the tables' file counts (``pgmedallion.maintain``)."""
 
 
-def _upkeep(spark: SparkSession, cfg: Config) -> None:
-    """Compaction (``pgmedallion.maintain``); a failure is reported and the pipeline goes on
-    (the tables are as they were: each compaction is one commit)."""
+def _upkeep(spark: SparkSession, cfg: Config, tables: set[int]) -> None:
+    """Compaction of ``tables`` (the ones applications changed since the last upkeep) and the
+    layers' own tables (``pgmedallion.maintain``); a failure is reported and the pipeline goes
+    on (the tables are as they were: each compaction is one commit)."""
     try:
-        maintain(spark, cfg)
+        maintain(spark, cfg, tables=tables)
     except Exception as exc:
         log.warning("continuous: maintenance failed, the pipeline goes on: %s", exc)

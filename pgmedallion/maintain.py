@@ -48,8 +48,17 @@ def data_files(spark: SparkSession, qualified: str, path: str | None) -> int | N
     return int(spark.sql(f"DESCRIBE DETAIL {qualified}").first()["numFiles"])
 
 
-def maintain(spark: SparkSession, cfg: Config, files: int = FILES) -> list[str]:
-    """Compact the source's tables that have more than ``files`` data files; what was done."""
+def touched(result) -> set[int]:
+    """The OIDs of the tables a gold run (``GoldResult``) built or held: the ones whose silver
+    and gold tables may have gained files (an unchanged table's did not)."""
+    return {o.table.oid for o in result.tables if o.mode != "unchanged"}
+
+
+def maintain(
+    spark: SparkSession, cfg: Config, files: int = FILES, tables: set[int] | None = None
+) -> list[str]:
+    """Compact the source's tables that have more than ``files`` data files (``tables``: only
+    these OIDs' silver and gold tables, with the layers' own); what was done."""
     started = time.monotonic()
     done: list[str] = []
     dirs = {layer: delta_rs.schema_dir(spark, cfg.schema(layer)) for layer in ("silver", "gold")}
@@ -59,10 +68,10 @@ def maintain(spark: SparkSession, cfg: Config, files: int = FILES) -> list[str]:
         count = data_files(spark, cfg.qualified(layer, name), path)
         return count is not None and count > files
 
-    tables = load_tables(spark, cfg)
+    known = load_tables(spark, cfg)
     for (oid, _), reported in sorted(read_reported(spark, cfg).items()):
-        info = tables.get(oid)
-        if info is None:
+        info = known.get(oid)
+        if info is None or (tables is not None and oid not in tables):
             continue
         name = info.silver_table
         if crowded("silver", name) and compact_table(

@@ -206,9 +206,9 @@ def run_stages(
                 from pgmedallion.gold.build import run_gold
 
                 result.gold = run_gold(lakehouse(), cfg)
-                from pgmedallion.maintain import maintain
+                from pgmedallion.maintain import maintain, touched
 
-                maintain(lakehouse(), cfg)
+                maintain(lakehouse(), cfg, tables=touched(result.gold))
             else:
                 from pgmedallion.marts.runner import run_marts, stop_local_spark
 
