@@ -18,8 +18,10 @@ What runs, side by side for ``--minutes``
                     ``COMMIT`` returns;
     a poller        reading the gold marker table with delta-rs every ``--poll`` seconds: the
                     first time a marker's id is there is when it became visible in gold;
-    a sampler       the resident memory of the pipeline's process tree (driver, JVM, Python
-                    workers) every 5 s.
+    a sampler       the memory of the pipeline's process tree (driver, JVM, Python workers)
+                    every 5 s: the sum of their proportional set sizes (a page shared by a
+                    forked worker and its parent counts once; summed RSS counted the JVM's
+                    pages twice for a moment whenever a child started).
 
 After the load the benchmark waits for the last marker in gold, sends SIGINT (the pipeline
 applies capture's last batch and exits 0), checks gold's ``pgbench_accounts`` balance sum
@@ -51,7 +53,7 @@ from psycopg import sql
 
 from benchmarks.common import MB, BenchEnv, Result, Timing, drop_slot, say, write_pipeline_config
 from benchmarks.load import _overrides_config
-from benchmarks.process import _memory, tree
+from benchmarks.process import proportional_kib, tree
 
 NAME = "freshness"
 DESCRIPTION = "commit-to-gold latency of `run --continuous` under pgbench vs. pg_recvlogical"
@@ -295,7 +297,7 @@ def write_markers(env: BenchEnv, seconds: float) -> dict[int, float]:
 def sample_memory(root: int, memory: list[tuple[float, float]], stop: threading.Event) -> None:
     start = time.monotonic()
     while not stop.is_set():
-        kib = sum(_memory(pid)[0] or 0 for pid in tree(root))
+        kib = sum(proportional_kib(pid) or 0 for pid in tree(root))
         memory.append((time.monotonic() - start, kib * 1024 / MB))
         stop.wait(MEMORY_EVERY_S)
 
@@ -346,7 +348,7 @@ def report(
     last = [mb for t, mb in memory if t >= memory[-1][0] - tenth] if memory else []
     peak_first, peak_last = max(first, default=0.0), max(last, default=0.0)
     say(
-        f"pipeline tree RSS: peak {max((mb for _, mb in memory), default=0):.0f} MB; first ten "
+        f"pipeline tree PSS: peak {max((mb for _, mb in memory), default=0):.0f} MB; first ten "
         f"minutes' peak {peak_first:.0f} MB, last ten minutes' {peak_last:.0f} MB"
     )
     say(f"SIGINT to exit: {stop_s:.1f} s; pgbench: {tps[1] if tps else '?'} tps")

@@ -222,6 +222,21 @@ def _memory(pid: int) -> tuple[int | None, int | None]:
     return rss, hwm
 
 
+def proportional_kib(pid: int) -> int | None:
+    """The process's proportional set size (``Pss``) in KiB: its resident pages, each shared
+    page divided among the processes sharing it, so a process tree's sum counts a page once
+    (a forked Python worker or a spawned child does not count the parent's pages again, as
+    summing ``VmRSS`` does). None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 def _group(pgid: int) -> list[int]:
     alive = []
     for pid, state, _, pgrp in _processes():
