@@ -98,6 +98,15 @@ def bookkeeping_rows(
     return [r.asDict() for r in df.select(*columns).collect()]
 
 
+def bookkeeping_columns(spark, schema: str, table: str) -> list[str]:
+    """The columns of one of a layer's own small tables (see :func:`bookkeeping_rows`): a
+    table made by an earlier version may lack the newest ones."""
+    path = table_dir(schema_dir(spark, schema), table)
+    if usable(path):
+        return open_table(path).schema().to_arrow().names
+    return spark.table(f"{schema}.`{table}`").columns
+
+
 def naive_utc(value):
     """A Delta timestamp as Spark's rows give it here: naive, in UTC."""
     if isinstance(value, datetime) and value.tzinfo is not None:

@@ -89,19 +89,21 @@ class SilverProgress:
 
 def latest_progress(spark: SparkSession, cfg: Config) -> SilverProgress | None:
     """Silver's latest completed run and its frontier for the source, or None."""
+    schema = cfg.schema("silver")
+    have = set(delta_rs.bookkeeping_columns(spark, schema, "_progress"))
+    # silver adds the newer columns before its next run; gold may run first after an upgrade
+    columns = ["run", "frontier"] + [c for c in ("source_time", "tables") if c in have]
     rows = delta_rs.bookkeeping_rows(
-        spark,
-        cfg.schema("silver"),
-        "_progress",
-        ["run", "frontier", "source_time", "tables"],
-        {"source": cfg.source.name},
+        spark, schema, "_progress", columns, {"source": cfg.source.name}
     )
     if not rows:
         return None
     last = max(rows, key=lambda r: r["run"])
-    times = sorted({(int(r["frontier"]), r["source_time"]) for r in rows if r["source_time"]})
+    times = sorted(
+        {(int(r["frontier"]), r["source_time"]) for r in rows if r.get("source_time") is not None}
+    )
     runs = sorted(
-        (int(r["run"]), None if r["tables"] is None else frozenset(r["tables"])) for r in rows
+        (int(r["run"]), None if r.get("tables") is None else frozenset(r["tables"])) for r in rows
     )
     return SilverProgress(int(last["run"]), int(last["frontier"]), tuple(times), tuple(runs))
 
