@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -296,9 +297,14 @@ def cmd_status(config: Config, args: argparse.Namespace) -> int:
         if args.watch <= 0:
             print("status --watch: the interval must be a positive number of seconds")
             return 2
+        stop = threading.Event()
+        # Ctrl-C or SIGTERM end the watch between two reports (handlers of our own: a process
+        # started with SIGINT ignored, as some supervisors start theirs, would not stop else)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: stop.set())
         try:
-            watch(config, spark, args.watch, threading.Event(), sys.stdout)
-        except KeyboardInterrupt:
+            watch(config, spark, args.watch, stop, sys.stdout)
+        except KeyboardInterrupt:  # a signal PySpark's handler turned into one
             pass
         return 0
     status = collect_status(config, spark)

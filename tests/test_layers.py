@@ -23,6 +23,8 @@ LAZY_IMPORTS = {
     "pgmedallion/cli.py": "a command imports only what it runs (no pyspark for `capture`)",
     "pgmedallion/pipeline.py": "a stage's modules load only when it runs (silver: ~0.2 s more)",
     "pgmedallion/demo.py": "the demo starts PostgreSQL before importing the Spark side",
+    "pgmedallion/status.py": "status reads local tables by delta-rs: bronze's Spark reader "
+    "(pyspark) loads only where a table is not local",
     "pgmedallion/checks.py": "type overrides are judged with silver's Spark types, and doctor "
     "runs where PySpark is not installed",
 }

@@ -92,6 +92,8 @@ def _landed_files(spark, cfg) -> list[Path]:
     for layer in ("bronze", "silver", "gold"):
         schema = getattr(cfg.lakehouse, f"{layer}_schema")
         for row in spark.sql(f"SHOW TABLES IN `{schema}`").collect():
+            if spark.catalog.getTable(f"`{schema}`.`{row['tableName']}`").tableType == "VIEW":
+                continue  # gold's _lag: no files of its own
             location = spark.sql(f"DESCRIBE DETAIL `{schema}`.`{row['tableName']}`").first()[
                 "location"
             ]

@@ -21,6 +21,7 @@ def _gold_tables(spark, cfg) -> set[str]:
     return {r["tableName"] for r in spark.sql(f"SHOW TABLES IN {schema}").collect()} - {
         "_frontier",
         "_quality",
+        "_lag",
     }
 
 
