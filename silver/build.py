@@ -418,7 +418,7 @@ def table_run(
     if not exists:
         create_diff_table(spark, target, settled.schema)
     counts = [append_diffs(settled, target, cfg.source.name, run, path=path)]
-    unsettled = one.finish()
+    unsettled = one.finish(observed=counts[0] is not None)
     if unsettled is None:
         return written(spark, target, run, counts), [], []
     rows = consolidated(_rewound(info, unsettled.rows, unsettled.rows), data, run)

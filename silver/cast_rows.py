@@ -212,16 +212,19 @@ class OnePass:
     unsettled: DataFrame
     """All of the table's unsettled rows (the decode run again), for :meth:`finish`."""
 
-    def finish(self) -> CastRows | None:
+    def finish(self, observed: bool = True) -> CastRows | None:
         """After the action that consumed :attr:`rows`: the rows it left out, cast in full,
         with the table's errors; None when it left none out (the common case, known from the
-        count the action itself made). When that count is missing (the write was skipped: a
-        run repeated after a crash, whose first write Delta already has), the unsettled rows
-        are counted again."""
-        try:
-            counted = self.observation.get.get("unsettled")
-        except Exception:  # the observed plan did not run: its metrics row is empty
-            counted = None
+        count the action itself made). ``observed``: whether that action ran; when it did not
+        (the write was skipped: a run repeated after a crash, whose first write Delta already
+        has) the unsettled rows are counted again. (``Observation.get`` waits for the observed
+        plan's first action: asked of a plan that never runs, it waits forever.)"""
+        counted = None
+        if observed:
+            try:
+                counted = self.observation.get.get("unsettled")
+            except Exception:  # the observed plan did not complete: its metrics row is empty
+                counted = None
         if counted == 0:
             return None
         unsettled = self.unsettled.persist(StorageLevel.MEMORY_AND_DISK)

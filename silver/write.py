@@ -99,11 +99,26 @@ def append_diffs(
         .option("mergeSchema", "true")
     )
     failpoint("silver.before_append")
+    before = _version(df.sparkSession, table)
     writer.append()
     failpoint("silver.after_append")
+    if before is not None and _version(df.sparkSession, table) == before:
+        # skipped as done before (idempotent): the observed plan did not run, and
+        # Observation.get would wait for it forever
+        return None
     try:
         return observation.get.get("rows")
-    except Exception:  # the write was skipped (idempotent): the observed plan did not run
+    except Exception:  # the observed plan did not complete
+        return None
+
+
+def _version(spark: SparkSession, table: str) -> int | None:
+    """The table's newest Delta version (None: not a Delta table yet)."""
+    from delta.tables import DeltaTable
+
+    try:
+        return int(DeltaTable.forName(spark, table).history(1).first()["version"])
+    except Exception:
         return None
 
 
