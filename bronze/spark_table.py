@@ -19,8 +19,9 @@ from pyspark.sql import functions as F
 
 from pgmedallion.bronze.store import INDEX_COLUMNS, PAYLOAD_KINDS, Bronze, CopyTask
 from pgmedallion.bronze.table import ARROW_SCHEMA, BRONZE_DDL, STATS_COLUMNS, SealedBatch, app_id
+from pgmedallion.core.delta_rs import application
 from pgmedallion.core.errors import PipelineError, error_type
-from pgmedallion.core.spark import application, create_table, one_task_per_partition
+from pgmedallion.core.spark import create_table, one_task_per_partition
 
 
 def ensure_bronze_table(spark: SparkSession, table: str, path: str | None = None) -> None:

@@ -50,7 +50,7 @@ def schema_dir(spark, schema: str) -> str | None:
         return None
     if engine.spark_only():
         return None
-    key = (_application(spark), schema)
+    key = (application(spark), schema)
     path = _SCHEMA_DIRS.get(key)
     if path is not None and Path(path).is_dir():
         return path  # a schema's location does not move while its directory is there
@@ -70,7 +70,8 @@ _SCHEMA_DIRS: dict[tuple[str, str], str] = {}
 """(Spark application, schema) -> its local directory: a run asks a dozen times."""
 
 
-def _application(spark) -> str:
+def application(spark) -> str:
+    """The Spark application ``spark`` belongs to (its sessions share a catalog)."""
     try:
         return spark.sparkContext.applicationId
     except Exception:  # Spark Connect: no SparkContext

@@ -29,6 +29,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
 from pgmedallion.core.config import on_databricks  # noqa: F401 (where callers import it from)
+from pgmedallion.core.delta_rs import application
 from pgmedallion.core.errors import JavaMissing
 
 log = logging.getLogger(__name__)
@@ -364,14 +365,6 @@ def one_task_per_partition(spark: SparkSession, count: int) -> DataFrame:
 
 
 _ENSURED: set[tuple[str, str]] = set()
-
-
-def application(spark: SparkSession) -> str:
-    """The Spark application ``spark`` belongs to (its sessions share a catalog)."""
-    try:
-        return spark.sparkContext.applicationId
-    except Exception:  # Spark Connect: no SparkContext
-        return f"session-{id(spark)}"
 
 
 def first_time(
