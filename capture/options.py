@@ -165,6 +165,19 @@ class CaptureResult:
     """``schema.table`` of the tables whose snapshot waited too long on open transactions and
     is left to the next run."""
 
+    def then(self, more: CaptureResult) -> CaptureResult:
+        """This capture followed by ``more`` (a later one of the same run)."""
+        return CaptureResult(
+            snapshotted={**self.snapshotted, **more.snapshotted},
+            snapshot_lsn=more.snapshot_lsn or self.snapshot_lsn,
+            messages=self.messages + more.messages,
+            frontier=more.frontier or self.frontier,
+            batches=self.batches + more.batches,
+            table_errors={**self.table_errors, **more.table_errors},
+            retries=self.retries + more.retries,
+            deferred=sorted(set(self.deferred) | set(more.deferred)),
+        )
+
 
 @dataclass(frozen=True)
 class SnapshotLanded:

@@ -465,8 +465,12 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
         options = replace(options, limits=limits)
 
     def new_tables(current: list[PublishedTable]) -> bool:
-        """Continuous mode, now and then: tables to snapshot first (new, or reshaped)."""
+        """Continuous mode, now and then: tables to snapshot first (new, reshaped, or asked
+        for since this attempt began: by silver, or by ``pgmedallion resync``)."""
         if any(t.oid not in watched and is_wanted(t) for t in current):
+            return True
+        asked = bronze.state().resync
+        if any(t.oid in asked and is_wanted(t) for t in current):
             return True
         return _reshaped_meanwhile(bronze, target, _captured(bronze))
 

@@ -142,7 +142,9 @@ def run(
             result.current = True
             return result
         rest = tuple(s for s in stages if s != "capture")
-        more = run_stages(session, cfg, rest, show=show)
+        more = run_stages(session, cfg, rest, show=show, recapture=True)
+        if more.capture is not None:
+            result.capture = result.capture.then(more.capture)
         result.silver, result.gold, result.marts = more.silver, more.gold, more.marts
         result.stages += more.stages
         return result
@@ -157,11 +159,17 @@ def run_stages(
     stages: tuple[str, ...] = STAGES,
     *,
     show: Callable[[str], AbstractContextManager] | None = None,
+    recapture: bool | None = None,
     **capture_kwargs,
 ) -> RunResult:
     """Run ``stages`` in order; ``show(stage)``: a context around each stage (a progress
     display). ``spark``: the session, or a callable returning it (a :class:`SparkStarter`):
     then capture runs without Spark where it can, and the session is asked for only after.
+
+    When silver asks for tables to be snapshotted again (a change in the stream it cannot
+    follow, ``SilverResult.resync``), capture and silver run once more before gold, so the run
+    ends with those tables exact; ``recapture`` (default: whether ``stages`` has capture) says
+    whether this run may capture.
 
     ``marts`` runs only when ``[lakehouse] marts`` names a folder (otherwise nothing of it is
     imported or started), and not on Databricks, where the bundle's pipeline runs them. Locally
@@ -184,6 +192,15 @@ def run_stages(
 
     if session is not None:
         lakehouse()
+    if recapture is None:
+        recapture = "capture" in stages
+
+    def capture() -> Any:
+        from pgmedallion.capture.run import capture_needs_spark
+
+        needs = session is not None or capture_needs_spark(cfg)
+        return run_capture(lakehouse() if needs else None, cfg, **capture_kwargs)
+
     for stage in STAGES:
         if stage not in stages:
             continue
@@ -193,15 +210,17 @@ def run_stages(
             continue
         with show(stage) if show is not None else nullcontext(), _naming(stage):
             if stage == "capture":
-                from pgmedallion.capture.run import capture_needs_spark
-
-                needs = session is not None or capture_needs_spark(cfg)
-                capture_spark = lakehouse() if needs else None
-                result.capture = run_capture(capture_spark, cfg, **capture_kwargs)
+                result.capture = capture()
             elif stage == "silver":
                 from pgmedallion.silver.build import run_silver
 
                 result.silver = run_silver(lakehouse(), cfg)
+                if result.silver.resync and recapture:
+                    tables = ", ".join(result.silver.resync)
+                    log.info("capturing again: silver asked for a new snapshot of %s", tables)
+                    again = capture()
+                    result.capture = again if result.capture is None else result.capture.then(again)
+                    result.silver = result.silver.then(run_silver(lakehouse(), cfg))
             elif stage == "gold":
                 from pgmedallion.gold.build import run_gold
 

@@ -117,10 +117,7 @@ def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
         more, redone = _run_once(spark, cfg)
         if more.run is None or more.run <= (result.run or 0):
             break  # nothing after it (or the same run again: never loop on it)
-        rows = dict(result.rows)
-        for table, count in more.rows.items():
-            rows[table] = rows.get(table, 0) + count
-        result = SilverResult(more.run, more.frontier, rows, result.errors + more.errors)
+        result = result.then(more)
     return result
 
 
@@ -157,6 +154,7 @@ def _run_once(spark: SparkSession, cfg: Config) -> tuple[SilverResult, bool]:
         return table_diffs(oid, wal_good, copy_rows, copy_widths[oid])
 
     work, rows, adjusted = _run_tables(spark, cfg, n, r, diffs_of, wal_good)
+    resync = _request_resync(spark, cfg, n, r)
     _write_run(spark, n, source, r, work, adjusted)
     wal.unpersist()
     wal_diffs.unpersist()
@@ -166,7 +164,26 @@ def _run_once(spark: SparkSession, cfg: Config) -> tuple[SilverResult, bool]:
         format_lsn(plan.f_to),
         len(r.errors),
     )
-    return SilverResult(plan.run, plan.f_to, rows, len(r.errors)), plan.redo
+    return SilverResult(plan.run, plan.f_to, rows, len(r.errors), resync), plan.redo
+
+
+def _request_resync(spark: SparkSession, cfg: Config, n: Names, r: _Run) -> tuple[str, ...]:
+    """Ask capture to snapshot again the tables whose stream this run could not follow
+    (:func:`catalog.unfollowed`), unless a request is pending already; before ``_progress``, so
+    a crash in between asks again when the run is redone. Returns their names."""
+    wanted = catalog.unfollowed(r.tables, r.errors, cfg)
+    if not wanted:
+        return ()
+    bronze = session_bronze(spark, cfg, n)
+    state = bronze.state()
+    new = {oid: why for oid, why in wanted.items() if oid not in state.resync}
+    for oid, why in sorted(new.items()):
+        name = r.tables[oid].qualified_name
+        log.warning("silver: %s: %s: asking capture to snapshot it again", name, why)
+    if new:
+        tables = [(oid, r.tables[oid].schema, r.tables[oid].name) for oid in sorted(new)]
+        bronze.request_resync(tables, state.frontier or 0, reasons=new)
+    return tuple(sorted(r.tables[oid].qualified_name for oid in wanted))
 
 
 def _read_control(spark: SparkSession, n: Names, r: _Run, cfg: Config, taken: set[str]) -> None:

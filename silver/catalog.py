@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pgmedallion.capture.pgoutput import MSG_RELATION, MSG_TRUNCATE, Relation, Truncate, decode
+from pgmedallion.capture.schema_changes import Changes
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.silver.changes import LayoutIndex, TableColumn, plan_columns
@@ -353,6 +354,30 @@ def plan_layouts(
         layouts[oid] = (index, width)
         copy_widths[oid] = (copy_width, width)
     return layouts, copy_widths, errors
+
+
+def unfollowed(
+    tables: dict[int, TableInfo], errors: list[ErrorRecord], cfg: Config
+) -> dict[int, str]:
+    """The tables a new snapshot must make exact, and why: a Relation in this run's window
+    that silver cannot follow (``SchemaIncompatible``), under a policy that resyncs
+    (``capture.schema_changes``' rule decides, as for the catalog's changes). Capture's
+    catalog check takes most migrations before silver reads them; what it cannot tell apart
+    shows here first: a rename or retype of a column added after the table's snapshot (the
+    snapshot's catalog never knew it), a column added and renamed between two runs."""
+    found: dict[int, list[str]] = defaultdict(list)
+    for e in errors:
+        if e.code == SchemaIncompatible.__name__ and e.table_oid in tables and e.message:
+            if e.message not in found[e.table_oid]:
+                found[e.table_oid].append(e.message)
+    out = {}
+    for oid, problems in found.items():
+        policy = cfg.policy(tables[oid].qualified_name).on_schema_change
+        stream = [f"a change in the stream silver cannot follow ({p})" for p in problems]
+        reason = Changes(unfollowable=stream).resync_reason(policy)
+        if reason:
+            out[oid] = reason
+    return out
 
 
 def _table_layouts(

@@ -131,6 +131,19 @@ class SilverResult:
     rows: dict[str, int]
     """``schema.table`` -> diff rows appended."""
     errors: int
+    resync: tuple[str, ...] = ()
+    """``schema.table`` of the tables this call asked capture to snapshot again: their stream
+    has a change silver cannot follow (see :func:`pgmedallion.silver.catalog.unfollowed`)."""
+
+    def then(self, more: SilverResult) -> SilverResult:
+        """This call's result followed by ``more``'s (a later call's): rows and errors add up."""
+        if more.run is None:
+            return self
+        rows = dict(self.rows)
+        for table, count in more.rows.items():
+            rows[table] = rows.get(table, 0) + count
+        resync = tuple(sorted(set(self.resync) | set(more.resync)))
+        return SilverResult(more.run, more.frontier, rows, self.errors + more.errors, resync)
 
 
 class Names:
