@@ -136,10 +136,11 @@ def source_rows_at_snapshot(
     tables: dict[int, list[str]],
     *,
     workers: int = 2,
-) -> tuple[int, DataFrame]:
-    """(L, rows) of ``tables`` (oid -> column names) read at one new exported snapshot, as
-    capture lands them: the publication's row filter applied, hashed columns hashed
-    (``pgmedallion.capture.published``).
+) -> tuple[int, DataFrame, dict[int, list[str]]]:
+    """(L, rows, absent) of ``tables`` (oid -> column names) read at one new exported snapshot,
+    as capture lands them: the publication's row filter applied, hashed columns hashed
+    (``pgmedallion.capture.published``). ``absent``: oid -> the columns a table no longer has
+    at L (renamed or dropped since silver's snapshot of it): such a table is not read.
 
     The rows (``table_oid``, ``values`` as text) are staged with a local checkpoint before the
     snapshot is released.
@@ -157,6 +158,13 @@ def source_rows_at_snapshot(
                     (list(tables),),
                 ).fetchall()
             )
+            present: dict[int, set[str]] = {}
+            for oid, column in conn.execute(
+                "SELECT attrelid::int8, attname FROM pg_attribute WHERE attrelid = ANY(%s::oid[])"
+                " AND attnum > 0 AND NOT attisdropped",
+                (list(tables),),
+            ).fetchall():
+                present.setdefault(oid, set()).add(column)
             blocks = estimate_table_block_counts(conn, list(tables))
             shapes = published(conn, cfg.source.publication, list(tables))
             version = conn.info.server_version
@@ -165,9 +173,14 @@ def source_rows_at_snapshot(
             conn.close()
         tasks = []
         hash_key = None
+        absent = {}
         for oid, columns in tables.items():
             if oid not in names:
                 continue  # dropped: verify reports it as missing
+            absent[oid] = [c for c in columns if c not in present.get(oid, ())]
+            if absent[oid]:
+                continue
+            del absent[oid]
             schema, name = names[oid].split("\x1f", 1)
             pii = cfg.policy(f"{schema}.{name}").pii()
             if HASH in pii.values() and hash_key is None:
@@ -201,7 +214,7 @@ def source_rows_at_snapshot(
             )
             .localCheckpoint(eager=True)
         )
-    return point.snapshot_lsn, rows
+    return point.snapshot_lsn, rows, absent
 
 
 def _checksum(df: DataFrame) -> tuple[int, int]:
@@ -247,7 +260,7 @@ def verify(
             for oid, info in load_tables(spark, cfg).items()
             if info.snapshot_lsn is not None
         }
-        lsn, rows = source_rows_at_snapshot(spark, cfg, columns(read))
+        lsn, rows, absent = source_rows_at_snapshot(spark, cfg, columns(read))
         if catch_up:
             for _ in range(5):
                 frontier = _silver_frontier(spark, cfg)
@@ -274,6 +287,9 @@ def verify(
     gold_frontiers = _gold_frontiers(spark, cfg) if check_gold else {}
     checks = []
     for oid, info in sorted(tables.items(), key=lambda kv: kv[1].qualified_name):
+        if oid in absent:
+            checks.append(_not_comparable(info, absent[oid], cfg))
+            continue
         columns = [(c["name"], pg_type_of(c)) for c in info.columns]
         names = [c for c, _ in columns]
         source = rows.where(F.col("table_oid") == oid).select(
@@ -302,6 +318,22 @@ def verify(
     result = VerifyResult(lsn, checks)
     log.info("verify at %s: %s", format_lsn(lsn), "OK" if result.ok else "FAILED")
     return result
+
+
+def _not_comparable(info, absent: list[str], cfg: Config) -> TableCheck:
+    """A table whose columns in silver the source no longer has, after the catch-up run: its
+    schema change is not followed (policy ``error``, or capture could not run)."""
+    policy = cfg.policy(info.qualified_name).on_schema_change
+    why = (
+        f"columns {', '.join(absent)} are no longer at the source (renamed or dropped): "
+        f"silver still has the table as its snapshot had it (on_schema_change = {policy!r}"
+        + (
+            "; `pgmedallion resync` snapshots it again)"
+            if policy == "error"
+            else "; the next `pgmedallion run` snapshots it again)"
+        )
+    )
+    return TableCheck(info.qualified_name, 0, 0, False, samples=[why])
 
 
 def _cols(names: list[str]):

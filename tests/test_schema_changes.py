@@ -202,6 +202,13 @@ def test_the_policy_decides_what_a_migration_does(spark, db, policy, snapshots_a
             ("f", "SchemaIncompatible"),
         }
         assert _snapshots(spark, cfg) == 1
+        # verify names why it cannot compare the tables (the source lost a column silver has)
+        checked = verify(spark, cfg)
+        assert not checked.ok
+        for check in checked.tables:
+            assert not check.exact and "columns note are no longer at the source" in str(
+                check.samples
+            ), checked.report()
 
 
 def _catalog(*columns, key=("id",), relfilenode=100):
