@@ -58,15 +58,23 @@ def touched(result) -> set[int]:
 
 
 def maintain(
-    spark: SparkSession, cfg: Config, files: int = FILES, tables: set[int] | None = None
+    spark: SparkSession,
+    cfg: Config,
+    files: int = FILES,
+    tables: set[int] | None = None,
+    limit: int | None = None,
 ) -> list[str]:
     """Compact the source's tables that have more than ``files`` data files (``tables``: only
-    these OIDs' silver and gold tables, with the layers' own); what was done."""
+    these OIDs' silver and gold tables, with the layers' own); what was done. ``limit``: at
+    most that many compactions in this call (a continuous pipeline spreads them over its
+    applications; the rest wait for the next call)."""
     started = time.monotonic()
     done: list[str] = []
     dirs = {layer: delta_rs.schema_dir(spark, cfg.schema(layer)) for layer in ("silver", "gold")}
 
     def crowded(layer: str, name: str) -> bool:
+        if limit is not None and len(done) >= limit:
+            return False
         path = delta_rs.table_dir(dirs[layer], name)
         count = data_files(spark, cfg.qualified(layer, name), path)
         return count is not None and count > files
