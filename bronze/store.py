@@ -56,6 +56,7 @@ from pgmedallion.bronze.writer import (
     DeltaRsWriter,
     write_data_file,
 )
+from pgmedallion.core.errors import PipelineError
 from pgmedallion.core.failpoints import failpoint
 
 log = logging.getLogger(__name__)
@@ -314,11 +315,15 @@ class Bronze(ABC):
             buffer.add(
                 "resync", lsn, table_oid=oid, table_schema=schema, table_name=name, payload=payload
             )
-        batch_id = self.next_batch_id()
         # Its own transaction id: a capture committing the same batch id at the same time (a
-        # continuous capture) must not make Delta skip either commit as a repeat.
-        self.append(buffer.to_arrow(batch_id), batch_id, self.app + "-resync")
-        return batch_id
+        # continuous capture) must not make Delta skip either commit as a repeat. Two requests
+        # at once (silver's and a person's) can take the same id: the one Delta skips as a
+        # repeat is made again under the next id.
+        for _ in range(5):
+            batch_id = self.next_batch_id()
+            if self.append(buffer.to_arrow(batch_id), batch_id, self.app + "-resync"):
+                return batch_id
+        raise PipelineError("the resync request could not be committed (5 tries)")
 
 
 def _state(

@@ -212,7 +212,7 @@ def _apply_until_stopped(
     is applied."""
     applied: int | None = None
     first = True
-    since_upkeep, grown = 0, set()
+    since_upkeep, grown, compacted = 0, set(), set()
     while True:
         capture_done = not capture.is_alive()
         version = bronze_version(spark, cfg, bronze_dir)
@@ -242,8 +242,8 @@ def _apply_until_stopped(
             if on_applied is not None:
                 on_applied(app)
             since_upkeep += 1
-            if since_upkeep >= UPKEEP_EVERY and not _upkeep(spark, cfg, grown):
-                since_upkeep, grown = 0, set()  # nothing (more) to compact
+            if since_upkeep >= UPKEEP_EVERY and not _upkeep(spark, cfg, grown, compacted):
+                since_upkeep, grown, compacted = 0, set(), set()  # the round is over
             continue  # look again at once: more may have landed meanwhile
         if capture_done:
             break  # capture stopped and everything it committed is applied
@@ -262,14 +262,20 @@ UPKEEP_PER_APPLICATION = 1
 as it has tables to compact (all at once took about 20 s, an application's p95 twice over)."""
 
 
-def _upkeep(spark: SparkSession, cfg: Config, tables: set[int]) -> bool:
+def _upkeep(
+    spark: SparkSession, cfg: Config, tables: set[int], compacted: set[tuple[str, str]]
+) -> bool:
     """One step of a round of upkeep: at most :data:`UPKEEP_PER_APPLICATION` compactions among
     ``tables`` (the ones applications changed since the last round) and the layers' own tables
-    (``pgmedallion.maintain``). Whether it compacted any (then the round goes on after the
-    next application). A failure is reported and ends the round; the pipeline goes on (the
-    tables are as they were: each compaction is one commit)."""
+    (``pgmedallion.maintain``), each table once per round (``compacted``). Whether it
+    compacted any (then the round goes on after the next application). A failure is reported
+    and ends the round; the pipeline goes on (the tables are as they were: each compaction is
+    one commit)."""
     try:
-        return bool(maintain(spark, cfg, tables=tables, limit=UPKEEP_PER_APPLICATION))
+        step = maintain(
+            spark, cfg, tables=tables, limit=UPKEEP_PER_APPLICATION, compacted=compacted
+        )
+        return bool(step)
     except Exception as exc:
         log.warning("continuous: maintenance failed, the pipeline goes on: %s", exc)
         return False

@@ -63,21 +63,28 @@ def maintain(
     files: int = FILES,
     tables: set[int] | None = None,
     limit: int | None = None,
+    compacted: set[tuple[str, str]] | None = None,
 ) -> list[str]:
     """Compact the source's tables that have more than ``files`` data files (``tables``: only
     these OIDs' silver and gold tables, with the layers' own); what was done. ``limit``: at
-    most that many compactions in this call (a continuous pipeline spreads them over its
-    applications; the rest wait for the next call)."""
+    most that many compactions in this call; ``compacted``: ``(layer, table)`` compacted by
+    earlier calls of the same round, left alone, and added to as tables are compacted (a
+    continuous pipeline spreads a round over its applications: a round ends when a call
+    finds nothing left, however many tables stay crowded or grow meanwhile)."""
     started = time.monotonic()
     done: list[str] = []
     dirs = {layer: delta_rs.schema_dir(spark, cfg.schema(layer)) for layer in ("silver", "gold")}
+    compacted = set() if compacted is None else compacted
 
     def crowded(layer: str, name: str) -> bool:
-        if limit is not None and len(done) >= limit:
+        if (limit is not None and len(done) >= limit) or (layer, name) in compacted:
             return False
         path = delta_rs.table_dir(dirs[layer], name)
         count = data_files(spark, cfg.qualified(layer, name), path)
-        return count is not None and count > files
+        if count is None or count <= files:
+            return False
+        compacted.add((layer, name))  # tried once this round, whatever it achieves
+        return True
 
     known = load_tables(spark, cfg)
     for (oid, _), reported in sorted(read_reported(spark, cfg).items()):

@@ -142,7 +142,7 @@ def run(
             result.current = True
             return result
         rest = tuple(s for s in stages if s != "capture")
-        more = run_stages(session, cfg, rest, show=show, recapture=True)
+        more = run_stages(session, cfg, rest, show=show, recapture=True, **capture_kwargs)
         if more.capture is not None:
             result.capture = result.capture.then(more.capture)
         result.silver, result.gold, result.marts = more.silver, more.gold, more.marts

@@ -330,7 +330,8 @@ def _not_comparable(info, absent: list[str], cfg: Config) -> TableCheck:
         + (
             "; `pgmedallion resync` snapshots it again)"
             if policy == "error"
-            else "; the next `pgmedallion run` snapshots it again)"
+            else "; a run snapshots it again once the stream shows the change, which needs a "
+            "change of the table, or now with `pgmedallion resync`)"
         )
     )
     return TableCheck(info.qualified_name, 0, 0, False, samples=[why])

@@ -104,6 +104,8 @@ class _Run:
     """``tables`` as the run read them (``_tables`` is written only when they changed)."""
     gone: dict[int, TableInfo] = field(default_factory=dict)
     """The tables this run took out of silver (dropped at the source): their errors' names."""
+    layout_errors: list[ErrorRecord] = field(default_factory=list)
+    """The window's Relations silver cannot follow (``SchemaIncompatible``, per Relation)."""
 
 
 def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
@@ -171,12 +173,17 @@ def _request_resync(spark: SparkSession, cfg: Config, n: Names, r: _Run) -> tupl
     """Ask capture to snapshot again the tables whose stream this run could not follow
     (:func:`catalog.unfollowed`), unless a request is pending already; before ``_progress``, so
     a crash in between asks again when the run is redone. Returns their names."""
-    wanted = catalog.unfollowed(r.tables, r.errors, cfg)
+    wanted = catalog.unfollowed(r.tables, r.layout_errors, cfg)
     if not wanted:
         return ()
     bronze = session_bronze(spark, cfg, n)
     state = bronze.state()
-    new = {oid: why for oid, why in wanted.items() if oid not in state.resync}
+    new = {
+        oid: why
+        for oid, (why, lsn) in wanted.items()
+        if oid not in state.resync  # asked for already, not taken yet
+        and not (oid in state.snapshots and state.snapshots[oid][0] > lsn)  # taken since
+    }
     for oid, why in sorted(new.items()):
         name = r.tables[oid].qualified_name
         log.warning("silver: %s: %s: asking capture to snapshot it again", name, why)
@@ -228,6 +235,7 @@ def _read_relations(
     catalog.add_stream_tables(r.tables, relations, cfg, taken, r.window_relations, r.retired)
     layouts, copy_widths, errors = catalog.plan_layouts(r.tables, relations, cfg, r.plan.f_from)
     r.errors += errors
+    r.layout_errors = errors
     r.truncate_at = catalog.truncates_by_table(truncates, r.tables)
     return layouts, copy_widths
 

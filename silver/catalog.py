@@ -357,26 +357,30 @@ def plan_layouts(
 
 
 def unfollowed(
-    tables: dict[int, TableInfo], errors: list[ErrorRecord], cfg: Config
-) -> dict[int, str]:
-    """The tables a new snapshot must make exact, and why: a Relation in this run's window
-    that silver cannot follow (``SchemaIncompatible``), under a policy that resyncs
-    (``capture.schema_changes``' rule decides, as for the catalog's changes). Capture's
-    catalog check takes most migrations before silver reads them; what it cannot tell apart
-    shows here first: a rename or retype of a column added after the table's snapshot (the
-    snapshot's catalog never knew it), a column added and renamed between two runs."""
+    tables: dict[int, TableInfo], layout_errors: list[ErrorRecord], cfg: Config
+) -> dict[int, tuple[str, int]]:
+    """The tables a new snapshot must make exact, why, and the last LSN it must cover: the
+    Relations in this run's window that silver cannot follow (``layout_errors``, from
+    :func:`plan_layouts`), under a policy that resyncs (``capture.schema_changes``' rule
+    decides, as for the catalog's changes). Capture's catalog check takes most migrations
+    before silver reads them; what it cannot tell apart shows here first: a rename or retype of
+    a column added after the table's snapshot (the snapshot's catalog never knew it), a column
+    added and renamed between two runs."""
     found: dict[int, list[str]] = defaultdict(list)
-    for e in errors:
-        if e.code == SchemaIncompatible.__name__ and e.table_oid in tables and e.message:
-            if e.message not in found[e.table_oid]:
-                found[e.table_oid].append(e.message)
+    last: dict[int, int] = {}
+    for e in layout_errors:
+        if e.table_oid not in tables or not e.message:
+            continue
+        if e.message not in found[e.table_oid]:
+            found[e.table_oid].append(e.message)
+        last[e.table_oid] = max(last.get(e.table_oid, 0), e.lsn or 0)
     out = {}
     for oid, problems in found.items():
         policy = cfg.policy(tables[oid].qualified_name).on_schema_change
         stream = [f"a change in the stream silver cannot follow ({p})" for p in problems]
         reason = Changes(unfollowable=stream).resync_reason(policy)
         if reason:
-            out[oid] = reason
+            out[oid] = (reason, last[oid])
     return out
 
 
