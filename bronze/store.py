@@ -262,6 +262,22 @@ class Bronze(ABC):
         )
         return [(r, json.loads(self._payload(r) or b"{}")) for r in events[:newest]]
 
+    def followed_catalogs(self, oids: Sequence[int]) -> dict[int, tuple[int, dict]]:
+        """OID -> (snapshot LSN, catalog) of the newest ``schema_change`` record of each table
+        among ``oids`` that holds the catalog capture saw when it recorded the change."""
+        wanted = set(oids)
+        newest: dict[int, tuple[int, int, dict]] = {}
+        for r in self._records():
+            oid = r["table_oid"]
+            if r["kind"] != "schema_change" or oid not in wanted:
+                continue
+            if oid in newest and newest[oid][0] >= r["batch_id"]:
+                continue
+            p = json.loads(self._payload(r))
+            if p.get("catalog"):
+                newest[oid] = (r["batch_id"], int(p["snapshot_lsn"]), p["catalog"])
+        return {oid: (lsn, catalog) for oid, (_, lsn, catalog) in newest.items()}
+
     def followed_changes(self) -> set[tuple[int, str, int]]:
         """``(table_oid, change, snapshot LSN)`` of every schema change recorded as followed."""
         found = set()
@@ -271,19 +287,23 @@ class Bronze(ABC):
                 found.add((r["table_oid"], p["change"], int(p["snapshot_lsn"])))
         return found
 
-    def record_followed(self, changes: Sequence[tuple[int, str, str, str, int]], lsn: int) -> int:
+    def record_followed(
+        self, changes: Sequence[tuple[int, str, str, str, int, dict | None]], lsn: int
+    ) -> int:
         """One batch of ``schema_change`` records: ``(oid, schema, name, change, snapshot
-        LSN)``, each a schema change since the table's snapshot that capture follows without a
-        new one, noticed at ``lsn`` (the bronze frontier). Returns the batch id."""
+        LSN, catalog)``, each a schema change since the table's snapshot that capture follows
+        without a new one, noticed at ``lsn`` (the bronze frontier), with the table's catalog
+        as capture saw it then (later changes are compared with it). Returns the batch id."""
         now = datetime.now(UTC)
         buffer = RecordBuffer(self.source, "schema-" + now.strftime("%Y%m%dT%H%M%S%f"))
-        for oid, schema, name, change, snapshot_lsn in changes:
+        for oid, schema, name, change, snapshot_lsn, catalog in changes:
             payload = json_payload(
                 {
                     "change": change,
                     "done": "followed",
                     "snapshot_lsn": snapshot_lsn,
                     "noticed_at": now.isoformat(),
+                    **({"catalog": catalog} if catalog is not None else {}),
                 }
             )
             buffer.add(

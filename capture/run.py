@@ -220,7 +220,7 @@ def _record_followed(
         for change in changes(then, survey.catalogs[oid]).followed:
             if (oid, change, lsn) not in known:
                 log.info("%s.%s: %s: followed", schema, name, change)
-                new.append((oid, schema, name, change, lsn))
+                new.append((oid, schema, name, change, lsn, survey.catalogs[oid].to_record()))
     if new:
         bronze.record_followed(new, state.frontier or 0)
     return bool(new)
@@ -240,6 +240,7 @@ def _changed_since_snapshot(
         if oid in survey.shapes or oid in survey.leaves or oid in survey.catalogs
     )
     moved = {}
+    baselines = _baselines(bronze, wanted)
     for oid, record in bronze.snapshot_schemas(wanted).items():
         if oid in survey.leaves and tuple(record.get("partitions", ())) != survey.leaves[oid]:
             moved[oid] = "partitions attached or detached"
@@ -248,7 +249,8 @@ def _changed_since_snapshot(
         if oid in survey.shapes:
             why.append(_reshaped(target, captured[oid], survey.shapes[oid], record))
         if oid in survey.catalogs:
-            why.append(_migrated(target, captured[oid], survey.catalogs[oid], record))
+            then = baselines.get(oid) or Catalog.from_record(record.get("catalog"))
+            why.append(_migrated(target, captured[oid], survey.catalogs[oid], then))
         if any(why):
             moved[oid] = "; ".join(w for w in why if w)
     for table in survey.published:
@@ -276,13 +278,28 @@ def _renamed(target: CaptureTarget, then: tuple[str, str] | None, now: Published
     return f"table renamed from {old} to {new}"
 
 
-def _migrated(target: CaptureTarget, table: tuple[str, str], catalog: Catalog, record: dict) -> str:
-    """Why a schema change since ``table``'s snapshot ``record`` needs a new snapshot under
-    its ``on_schema_change`` policy ("": none does; see ``capture.schema_changes``)."""
-    then = Catalog.from_record(record.get("catalog"))
+def _migrated(
+    target: CaptureTarget, table: tuple[str, str], catalog: Catalog, then: Catalog | None
+) -> str:
+    """Why a schema change since ``then`` (the catalog of ``table``'s snapshot, or as capture
+    last recorded following a change since it) needs a new snapshot under its
+    ``on_schema_change`` policy ("": none does; see ``capture.schema_changes``)."""
     if then is None:  # a snapshot taken before snapshots recorded the catalog
         return ""
     return changes(then, catalog).resync_reason(target.on_schema_change(".".join(table)))
+
+
+def _baselines(bronze: Bronze, oids: Sequence[int]) -> dict[int, Catalog]:
+    """The catalog each table's columns are compared with where capture followed a change
+    since the table's newest snapshot: as capture saw it then. A column added after the
+    snapshot is in it, so its rename or retype later is a change (the snapshot's catalog
+    never knew the column: there it looks like an addition)."""
+    snapshots = bronze.state().snapshots
+    out = {}
+    for oid, (snapshot_lsn, record) in bronze.followed_catalogs(oids).items():
+        if oid in snapshots and snapshots[oid][0] == snapshot_lsn:
+            out[oid] = Catalog.from_record(record)
+    return out
 
 
 def _reshaped(
@@ -509,12 +526,18 @@ def _reshaped_meanwhile(
     finally:
         conn.close()
     recorded = bronze.snapshot_schemas(sorted(set(shapes) | set(catalogs)))
+    baselines = _baselines(bronze, sorted(catalogs))
     return any(
         _reshaped(target, captured[oid], shapes[oid], recorded[oid])
         for oid in shapes
         if oid in recorded
     ) or any(
-        _migrated(target, captured[oid], catalogs[oid], recorded[oid])
+        _migrated(
+            target,
+            captured[oid],
+            catalogs[oid],
+            baselines.get(oid) or Catalog.from_record(recorded[oid].get("catalog")),
+        )
         for oid in catalogs
         if oid in recorded
     )

@@ -352,10 +352,11 @@ def test_a_kill_between_a_migration_and_the_rows_after_it(spark, db, tmp_path):
 
 def test_a_column_added_after_the_snapshot_then_renamed_or_retyped(spark, db):
     """The snapshot's catalog does not know a column added after it, so a later rename of it
-    looks like an addition there: the stream shows it (a Relation without the column silver
-    holds), and silver, under ``follow``, asks for the new snapshot itself; the same run takes
-    it; the same for a retype that does not rewrite the table. Then a column added and renamed
-    between two runs, with a row written in between (the stream holds both Relations)."""
+    looks like an addition there. Capture compares the catalog with the one it recorded when
+    it followed the addition: a rename with no row changed since (no Relation in the stream)
+    is seen there. What neither catalog can tell, a column added and renamed between two runs
+    with a row written in between (the stream holds both Relations), silver sees, and under
+    ``follow`` it asks for the new snapshot itself; the same run takes it."""
     with psycopg.connect(**db, autocommit=True) as conn:
         conn.execute(SCHEMA)
     cfg = make_config(db, "sa")
@@ -366,17 +367,19 @@ def test_a_column_added_after_the_snapshot_then_renamed_or_retyped(spark, db):
             [
                 "ALTER TABLE {t} ADD COLUMN g int",
                 "ALTER TABLE {t} ADD COLUMN m numeric(8,2)",
-                "UPDATE {t} SET g = id, m = 1.5 WHERE id % 3 = 0",
+                "ALTER TABLE {t} ADD COLUMN p int",
+                "UPDATE {t} SET g = id, m = 1.5, p = 7 WHERE id % 3 = 0",
             ],
             1,
         ),
+        (["ALTER TABLE {t} RENAME p TO q"], 2),  # no row changes: nothing in the stream
         (
-            [  # neither rewrites the table: the catalog sees two columns added since
+            [  # neither rewrites the table
                 "ALTER TABLE {t} RENAME g TO h",
                 "ALTER TABLE {t} ALTER COLUMN m TYPE numeric(10,2)",
                 "UPDATE {t} SET h = -id, m = 12345678.5 WHERE id % 4 = 0",
             ],
-            2,
+            3,
         ),
         (
             [
@@ -385,18 +388,18 @@ def test_a_column_added_after_the_snapshot_then_renamed_or_retyped(spark, db):
                 "ALTER TABLE {t} RENAME k TO k2",
                 "UPDATE {t} SET k2 = 'b' WHERE id % 5 = 0",
             ],
-            3,
+            4,
         ),
     ]
     for statements, snapshots in steps:
         with psycopg.connect(**db, autocommit=True) as conn:
             for statement in statements:
                 _both(conn, statement)
-        result = run_stages(spark, cfg)
+        run_stages(spark, cfg)
         assert_exact(verify(spark, cfg), _counts(db))
         assert _snapshots(spark, cfg) == snapshots, statements
-        assert result.silver.errors == 0 or snapshots > 1, statements
-    assert _gold_columns(spark, cfg, "d")[-3:] == ["h", "m", "k2"]
+    assert _gold_columns(spark, cfg, "d")[-4:] == ["h", "m", "q", "k2"]
     reasons = _reasons(spark, cfg)
-    assert any("silver cannot follow (column(s) dropped or renamed: g;" in r for r in reasons)
-    assert any("column(s) changed type: m)" in r for r in reasons), reasons
+    assert "column p renamed to q" in reasons, reasons
+    assert any("column g renamed to h" in r for r in reasons), reasons
+    assert any("silver cannot follow (column(s) dropped or renamed: k)" in r for r in reasons)
