@@ -240,8 +240,9 @@ def _changed_since_snapshot(
         if oid in survey.shapes or oid in survey.leaves or oid in survey.catalogs
     )
     moved = {}
-    baselines = _baselines(bronze, wanted)
-    for oid, record in bronze.snapshot_schemas(wanted).items():
+    recorded = bronze.snapshot_schemas(wanted)
+    baselines = _baselines(bronze, recorded)
+    for oid, record in recorded.items():
         if oid in survey.leaves and tuple(record.get("partitions", ())) != survey.leaves[oid]:
             moved[oid] = "partitions attached or detached"
             continue
@@ -249,8 +250,7 @@ def _changed_since_snapshot(
         if oid in survey.shapes:
             why.append(_reshaped(target, captured[oid], survey.shapes[oid], record))
         if oid in survey.catalogs:
-            then = baselines.get(oid) or Catalog.from_record(record.get("catalog"))
-            why.append(_migrated(target, captured[oid], survey.catalogs[oid], then))
+            why.append(_migrated(target, captured[oid], survey.catalogs[oid], baselines[oid]))
         if any(why):
             moved[oid] = "; ".join(w for w in why if w)
     for table in survey.published:
@@ -289,16 +289,19 @@ def _migrated(
     return changes(then, catalog).resync_reason(target.on_schema_change(".".join(table)))
 
 
-def _baselines(bronze: Bronze, oids: Sequence[int]) -> dict[int, Catalog]:
-    """The catalog each table's columns are compared with where capture followed a change
-    since the table's newest snapshot: as capture saw it then. A column added after the
-    snapshot is in it, so its rename or retype later is a change (the snapshot's catalog
-    never knew the column: there it looks like an addition)."""
+def _baselines(bronze: Bronze, recorded: Mapping[int, dict]) -> dict[int, Catalog | None]:
+    """The catalog each table's columns are compared with, by OID (``recorded``: its newest
+    snapshot's record): as capture saw it when it last followed a change since that snapshot,
+    else the snapshot's own. A column added after the snapshot is in the former, so renaming
+    or retyping it later is a change (the snapshot's catalog never knew the column: there it
+    looks like an addition). None: a snapshot taken before snapshots recorded the catalog."""
     snapshots = bronze.state().snapshots
+    followed = bronze.followed_catalogs(list(recorded))
     out = {}
-    for oid, (snapshot_lsn, record) in bronze.followed_catalogs(oids).items():
-        if oid in snapshots and snapshots[oid][0] == snapshot_lsn:
-            out[oid] = Catalog.from_record(record)
+    for oid, record in recorded.items():
+        snapshot_lsn, catalog = followed.get(oid, (None, None))
+        current = oid in snapshots and snapshots[oid][0] == snapshot_lsn
+        out[oid] = Catalog.from_record(catalog if current else record.get("catalog"))
     return out
 
 
@@ -526,18 +529,13 @@ def _reshaped_meanwhile(
     finally:
         conn.close()
     recorded = bronze.snapshot_schemas(sorted(set(shapes) | set(catalogs)))
-    baselines = _baselines(bronze, sorted(catalogs))
+    baselines = _baselines(bronze, {oid: recorded[oid] for oid in catalogs if oid in recorded})
     return any(
         _reshaped(target, captured[oid], shapes[oid], recorded[oid])
         for oid in shapes
         if oid in recorded
     ) or any(
-        _migrated(
-            target,
-            captured[oid],
-            catalogs[oid],
-            baselines.get(oid) or Catalog.from_record(recorded[oid].get("catalog")),
-        )
+        _migrated(target, captured[oid], catalogs[oid], baselines[oid])
         for oid in catalogs
         if oid in recorded
     )
