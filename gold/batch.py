@@ -18,11 +18,16 @@ must be Spark's, the rule conditions (Spark SQL), in one job per
 The rules are the functions a large table's build applies bucket by bucket in Spark
 (``gold.on_spark``): one definition, two places to run it.
 
-What qualifies: an incremental build of a table whose gold and silver tables are local, of at
-most ``[lakehouse] small_table_rows`` rows, with gold's columns as silver's, no quarantine
-table, and no map column. A table whose new state sends a row to quarantine goes back to the
-per-table path (which writes the quarantine) before anything is written, and so does one whose
-MERGE delta-rs refuses.
+What qualifies: an incremental build of a table whose gold and silver tables are local, with
+gold's columns as silver's, no quarantine table, and no map column, when the table has at most
+``[lakehouse] small_table_rows`` rows, or when its run brings at most that many diffs and its
+key has an integer column: then only the gold rows those diffs can touch are read (the key's
+integer columns narrow delta-rs' read by value lists or ranges; ``old_state`` still picks the
+touched keys' rows exactly), and delta-rs' MERGE rewrites the files holding them. A large
+table's run with more diffs goes the per-table path. A full build qualifies when silver's
+table has at most ``small_table_rows`` rows. A table whose new state sends a row to quarantine
+goes back to the per-table path (which writes the quarantine) before anything is written, and so
+does one whose MERGE delta-rs refuses.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -113,7 +119,7 @@ def qualifies(t: Table, exists: bool) -> _Item | None:
     if applied is not None and t.silver_run <= applied.silver_run:
         return None  # no idempotency record to commit under
     mode = build_mode(t, applied)
-    if mode == "incremental" and applied.rows <= delta_rs.small_rows():
+    if mode == "incremental" and (applied.rows <= delta_rs.small_rows() or _narrowing_columns(t)):
         return _Item(t, applied, mode, exists)
     quarantine = str(Path(t.path).parent / (t.info.silver_table + "__quarantine").lower())
     if mode == "full" and not delta_rs.usable(quarantine) and delta_rs.small(t.silver_path):
@@ -129,19 +135,64 @@ def _state(item: _Item) -> None:
         ensure_gold(t, False)
     names = t.names
     after = item.applied.silver_run if item.mode == "incremental" else None
+    large = item.mode == "incremental" and item.applied.rows > delta_rs.small_rows()
+    if large:
+        where = t.updates_where(after)
+        sql = "SELECT count(*) AS n FROM t" + (f" WHERE {where}" if where else "")
+        n = delta_rs.query(t.silver_path, sql).column("n")[0].as_py()
+        if n > delta_rs.small_rows():
+            raise _TooLarge(f"{n} diffs into {item.applied.rows} rows")
+    updates = delta_rs.read_arrow(t.silver_path, [*names, LSN, DIFF], t.updates_where(after))
     where = None if item.mode == "incremental" else "false"  # a full build reads no gold rows
+    if large:
+        where = _narrowing(updates, _narrowing_columns(t))
     gold = delta_rs.read_arrow(t.path, [*names, LSN], where)
     item.arrow = _nullable(gold.schema)
     diffs = item.arrow.append(pa.field(DIFF, pa.int64()))
-    updates = _conformed(
-        delta_rs.read_arrow(t.silver_path, [*names, LSN, DIFF], t.updates_where(after)), diffs
-    )
+    updates = _conformed(updates, diffs)
     keys = updates.select(t.key)
     old = rules_of.old_state(_conformed(gold, item.arrow), keys, t.key, names)
     item.old_rows = old.num_rows
     item.affected = rules_of.affected_keys(keys, old, t.key)
     both = pa.concat_tables([updates, _conformed(old, diffs)])
     item.state = rules_of.state_of(both, names, t.info.primary_key)
+
+
+class _TooLarge(Exception):
+    """A large table's run with more diffs than the driver takes: the per-table path builds it."""
+
+
+_INTEGERS = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+_LISTED = 10_000
+"""Up to this many distinct values narrow a read by a value list, more by their range."""
+
+
+def _narrowing_columns(t: Table) -> list[str]:
+    """The key's integer columns (every column is the key of a table without one)."""
+    types = {f.name: f.dataType for f in t.columns}
+    return [k for k in t.key if isinstance(types.get(k), _INTEGERS)]
+
+
+def _narrowing(updates: pa.Table, columns: list[str]) -> str:
+    """DataFusion SQL true for every gold row whose key a diff in ``updates`` can touch (and
+    for some others): per integer key column, its values in the diffs (a list, or their range
+    when there are many), or NULL where a diff holds NULL there."""
+    terms = []
+    for name in columns:
+        column = updates.column(name)
+        quoted = delta_rs.sql_names([name])
+        values = pc.unique(column.drop_null())
+        if len(values) == 0:
+            term = "FALSE"
+        elif len(values) <= _LISTED:
+            term = f"{quoted} IN ({', '.join(str(int(v)) for v in values.to_pylist())})"
+        else:
+            low, high = pc.min_max(values).values()
+            term = f"{quoted} BETWEEN {int(low.as_py())} AND {int(high.as_py())}"
+        if column.null_count:
+            term = f"({term} OR {quoted} IS NULL)"
+        terms.append(f"({term})")
+    return " AND ".join(terms)
 
 
 def _nullable(schema: pa.Schema) -> pa.Schema:
@@ -215,6 +266,9 @@ def build_batched(
         try:
             _state(items[i])
             return True
+        except _TooLarge as reason:
+            log.info("%s: built alone (%s)", items[i].t.gold, reason)
+            return False
         except Exception as exc:  # e.g. a value the driver cannot take: Spark can
             log.warning("%s: built alone (%s)", items[i].t.gold, exc)
             return False

@@ -7,12 +7,19 @@ of them, a text key that changes) take the batched path: gold's first (full) bui
 stages' increments (silver runs the table with a float array alone: that type has no plain
 cast); ``verify`` is exact after every run. ``test_gold_rules`` holds the packed and the
 per-table application of gold's rules equal to a plain reference on random diffs.
+
+``[lakehouse] small_table_rows`` is 12 here, so two tables count as large: their first builds go
+the per-table path, and their increments are batched when a run brings few diffs (gold's rows
+read narrowed by the key's integer columns: ``accounts.id``; every integer column of the
+key-less ``lines``, whose diffs hold a NULL there), per table when it brings more. (Silver
+batches small tables only: the two go its per-table path.)
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from dataclasses import replace
 
 import psycopg
 
@@ -31,6 +38,7 @@ INSERT INTO readings VALUES (1, 'NaN', '{NaN,1}', '2026-01-01 00:00+00'),
     (2, '-0', '{-0,0}', NULL), (3, 'Infinity', NULL, '2026-02-01 12:00+05');
 INSERT INTO labels VALUES ('a', 'alpha'), ('b', 'beta'), ('c', 'gamma');
 INSERT INTO lines VALUES ('x', 1), ('x', 1), ('y', 2), (NULL, NULL);
+INSERT INTO lines SELECT 'w', g FROM generate_series(1, 20) g;
 CREATE PUBLICATION pub FOR ALL TABLES;
 """
 
@@ -69,6 +77,7 @@ def test_incremental_runs_of_small_tables_are_batched_and_exact(spark, db, caplo
     with psycopg.connect(**db, autocommit=True) as conn:
         conn.execute(SCHEMA)
     cfg = make_config(db, "batched")
+    cfg = replace(cfg, lakehouse=replace(cfg.lakehouse, small_table_rows=12))
     drop_schemas(spark, cfg)
     for step, changes in enumerate(["", *CHANGES]):
         with psycopg.connect(**db, autocommit=True) as conn:
@@ -82,8 +91,13 @@ def test_incremental_runs_of_small_tables_are_batched_and_exact(spark, db, caplo
         with caplog.at_level(logging.INFO, logger="pgmedallion.silver.batch"):
             with caplog.at_level(logging.INFO, logger="pgmedallion.gold.batch"):
                 run_stages(spark, cfg)
-        # The first run: gold's full builds batched, silver's snapshots table by table. Then
-        # increments; readings' float8[] has no plain cast: silver runs it alone.
-        expected = [("gold", 4, 0)] + ([("silver", 3, 1)] if step else [])
+        # The first run: the small tables' full builds batched, silver's snapshots table by
+        # table. Then increments; readings' float8[] has no plain cast: silver runs it alone
+        # (silver batches small tables only). accounts' first increment (23 diffs) is more
+        # than a large table's batch takes.
+        gold = [(2, 2), (3, 1), (4, 0)][step]
+        expected = [("gold", *gold)] + ([("silver", 1, 1)] if step else [])
         assert sorted(_batched(caplog)) == expected, caplog.text
+        too_large = "`batched_gold`.`public_accounts`: built alone (23 diffs into 50 rows)"
+        assert (too_large in caplog.text) == (step == 1), caplog.text
         assert_exact(verify(spark, cfg), counts)

@@ -8,7 +8,8 @@ old rows and silver's new diffs into MERGE operations that leave gold holding ex
 reference state: for the keys the diffs touch, every row value
 whose diffs (old gold rows counting +1) sum to m > 0, m times, at the largest LSN among them;
 other keys as they were; and both must fail the same rules on the same rows. Keyed and
-key-less tables, NULL keys, NaN and -0.0, negative multiplicities, several tables at once.
+key-less tables, NULL keys, NaN and -0.0, negative multiplicities, several tables at once, and
+tables counted as large (gold's rows read narrowed by the diffs' integer key values).
 Real Spark, real Delta tables (written by delta-rs).
 """
 
@@ -56,6 +57,8 @@ rows = st.tuples(
 tables = st.fixed_dictionaries(
     {
         "keyed": st.booleans(),
+        # a table above ``small_table_rows``: gold's rows read narrowed by the diffs' ids
+        "large": st.booleans(),
         "gold": st.lists(st.tuples(rows, st.integers(0, 3)), max_size=6),
         "diffs": st.lists(
             st.tuples(rows, st.integers(1, 6), st.sampled_from([-2, -1, 1, 2])), max_size=8
@@ -163,7 +166,8 @@ def item_of(table: dict, where) -> _Item:
         path=gold_path,
         updates_where=lambda after: None,
     )
-    item = _Item(t, SimpleNamespace(silver_run=0), "incremental", True)
+    rows = 10**12 if table["large"] else 0  # gold's rows as its last commit counted them
+    item = _Item(t, SimpleNamespace(silver_run=0, rows=rows), "incremental", True)
     _state(item)
     return item
 
