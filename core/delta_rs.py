@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 try:  # the `local` extra; a Databricks cluster commits through Spark
     from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
@@ -263,6 +264,41 @@ def small(path: str | None, columns: list[str] | None = None) -> bool:
     if counts.null_count:
         return False
     return sum(counts.to_pylist()) <= small_rows()
+
+
+def has_columns(path: str | None, columns: list[str]) -> bool:
+    """Whether the table at ``path`` is local and has every column of ``columns``."""
+    if not usable(path):
+        return False
+    have = {f.name for f in open_table(path).schema().fields}
+    return set(columns) <= have
+
+
+LISTED_VALUES = 10_000
+"""Up to this many distinct values narrow a read by a value list (:func:`narrowing`), more by
+their range."""
+
+
+def narrowing(values: dict[str, pa.Array | pa.ChunkedArray]) -> str:
+    """DataFusion SQL true for every row whose integer columns hold one of ``values`` (by
+    column name; a NULL among them admits NULL), and for some others: each column's distinct
+    values as a list, or their range when there are more than :data:`LISTED_VALUES`. A read
+    narrowed by it holds every row of the keys it names; the caller picks those exactly."""
+    terms = []
+    for name, column in values.items():
+        quoted = sql_names([name])
+        distinct = pc.unique(column.drop_null())
+        if len(distinct) == 0:
+            term = "FALSE"
+        elif len(distinct) <= LISTED_VALUES:
+            term = f"{quoted} IN ({', '.join(str(int(v)) for v in distinct.to_pylist())})"
+        else:
+            low, high = pc.min_max(distinct).values()
+            term = f"{quoted} BETWEEN {int(low.as_py())} AND {int(high.as_py())}"
+        if column.null_count:
+            term = f"({term} OR {quoted} IS NULL)"
+        terms.append(f"({term})")
+    return " AND ".join(terms) or "TRUE"
 
 
 def read_arrow(path: str, names: list[str], where: str | None = None) -> pa.Table:

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -145,7 +144,7 @@ def _state(item: _Item) -> None:
     updates = delta_rs.read_arrow(t.silver_path, [*names, LSN, DIFF], t.updates_where(after))
     where = None if item.mode == "incremental" else "false"  # a full build reads no gold rows
     if large:
-        where = _narrowing(updates, _narrowing_columns(t))
+        where = delta_rs.narrowing({k: updates.column(k) for k in _narrowing_columns(t)})
     gold = delta_rs.read_arrow(t.path, [*names, LSN], where)
     item.arrow = _nullable(gold.schema)
     diffs = item.arrow.append(pa.field(DIFF, pa.int64()))
@@ -163,36 +162,12 @@ class _TooLarge(Exception):
 
 
 _INTEGERS = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
-_LISTED = 10_000
-"""Up to this many distinct values narrow a read by a value list, more by their range."""
 
 
 def _narrowing_columns(t: Table) -> list[str]:
     """The key's integer columns (every column is the key of a table without one)."""
     types = {f.name: f.dataType for f in t.columns}
     return [k for k in t.key if isinstance(types.get(k), _INTEGERS)]
-
-
-def _narrowing(updates: pa.Table, columns: list[str]) -> str:
-    """DataFusion SQL true for every gold row whose key a diff in ``updates`` can touch (and
-    for some others): per integer key column, its values in the diffs (a list, or their range
-    when there are many), or NULL where a diff holds NULL there."""
-    terms = []
-    for name in columns:
-        column = updates.column(name)
-        quoted = delta_rs.sql_names([name])
-        values = pc.unique(column.drop_null())
-        if len(values) == 0:
-            term = "FALSE"
-        elif len(values) <= _LISTED:
-            term = f"{quoted} IN ({', '.join(str(int(v)) for v in values.to_pylist())})"
-        else:
-            low, high = pc.min_max(values).values()
-            term = f"{quoted} BETWEEN {int(low.as_py())} AND {int(high.as_py())}"
-        if column.null_count:
-            term = f"({term} OR {quoted} IS NULL)"
-        terms.append(f"({term})")
-    return " AND ".join(terms)
 
 
 def _nullable(schema: pa.Schema) -> pa.Schema:

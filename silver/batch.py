@@ -17,12 +17,14 @@ work is in the driver on a few rows:
                    ``txnVersion``) the per-table path makes, so a rerun skips it either way
 
 What qualifies: a table with changes in the window and nothing else (no snapshot rows, no
-truncate), whose silver table exists in a local directory with at most
-``[lakehouse] small_table_rows`` rows, whose window holds at most ``[lakehouse] batch_changes``
-changes, and whose types all have plain casts. A table whose cast leaves a row unsettled (a
-value that does not cast, or needs the full cast) goes back to the per-table path, which
-writes what this path would and also records the errors; so does one whose silver columns are
-not the run's (a new column: schema evolution is Spark's).
+truncate), whose silver table exists in a local directory, whose window holds at most
+``[lakehouse] batch_changes`` changes, and whose types all have plain casts; and whose earlier
+rows are few to read: none needed (no previous images to resolve), or at most
+``[lakehouse] small_table_rows`` rows, or an identity key with an integer column (the earlier
+rows are then read narrowed to the retracted keys' values of it). A table whose cast leaves a
+row unsettled (a value that does not cast, or needs the full cast) goes back to the per-table
+path, which writes what this path would and also records the errors; so does one whose silver
+columns are not the run's (a new column: schema evolution is Spark's).
 """
 
 from __future__ import annotations
@@ -80,12 +82,30 @@ class Outcome:
     errors: list[ErrorRecord]
 
 
-def qualifies(info: TableInfo, path: str | None, changes: int) -> bool:
-    """Whether the table may take this path (the cast's own test comes later)."""
+_INTEGER_TYPES = {20, 21, 23}  # int8, int2, int4
+
+
+def _narrowing_keys(info: TableInfo, keys: tuple[int, ...]) -> list[int]:
+    """The positions among ``keys`` of integer columns (domains over them included)."""
+    columns = info.columns
+    return [
+        p
+        for p in keys
+        if (columns[p].get("base_type_oid") or columns[p]["type_oid"]) in _INTEGER_TYPES
+    ]
+
+
+def qualifies(
+    info: TableInfo, path: str | None, changes: int, keys: tuple[int, ...] | None
+) -> bool:
+    """Whether the table may take this path (the cast's own test comes later). ``keys``: its
+    identity's key positions when its changes need previous images."""
     if changes > engine.current().batch_changes or not delta_rs.usable(path):
         return False
-    names = [c["name"] for c in info.columns]
-    return delta_rs.small(path, [*names, "_lsn", "_diff", "_run"])
+    columns = [*(c["name"] for c in info.columns), "_lsn", "_diff", "_run"]
+    if keys is None or _narrowing_keys(info, keys):
+        return delta_rs.has_columns(path, columns)  # no earlier row is read, or few are
+    return delta_rs.small(path, columns)
 
 
 def run_batched(
@@ -223,9 +243,14 @@ def _resolve(cand: Candidate, rows: pa.Table, names: list[str], run: int):
         for c in changes
         if c.kind == RETRACT and all(c.values[p] is not None for p in keys)
     }
+    narrowed = {
+        names[p]: pa.array([w[i] for w in wanted], rows.schema.field(names[p]).type)
+        for i, p in enumerate(keys)
+        if p in _narrowing_keys(cand.info, keys)
+    }
     base = [
         values
-        for values in _prior_rows(cand.path, names, run)
+        for values in _prior_rows(cand.path, names, run, narrowed)
         if all(values[p] is not None for p in keys)
         and tuple(hashable(values[p]) for p in keys) in wanted
     ]
@@ -244,8 +269,12 @@ def _resolve(cand: Candidate, rows: pa.Table, names: list[str], run: int):
     return table, unresolved
 
 
-def _prior_rows(path: str, names: list[str], run: int) -> list[list]:
+def _prior_rows(path: str, names: list[str], run: int, narrowed: dict[str, pa.Array]) -> list[list]:
     """The table's state before run ``run`` (:func:`pgmedallion.silver.identity.state_before`
-    of its rows of earlier runs, read by delta-rs)."""
-    earlier = delta_rs.read_arrow(path, [*names, LSN, DIFF], f"{RUN} < {int(run)}")
+    of its rows of earlier runs, read by delta-rs), of the rows whose integer key columns hold
+    the ``narrowed`` values (and maybe others; all rows when it is empty)."""
+    where = f"{RUN} < {int(run)}"
+    if narrowed:
+        where += f" AND {delta_rs.narrowing(narrowed)}"
+    earlier = delta_rs.read_arrow(path, [*names, LSN, DIFF], where)
     return [[r[n] for n in names] for r in state_before(earlier, names).to_pylist()]

@@ -345,7 +345,8 @@ def _run_batched(
     ]
 
     def takes(oid: int) -> bool:
-        return batch.qualifies(r.tables[oid], paths[oid], r.change_rows.get(oid, 0))
+        info, changes = r.tables[oid], r.change_rows.get(oid, 0)
+        return batch.qualifies(info, paths[oid], changes, r.identity_keys.get(oid))
 
     chosen = [
         oid

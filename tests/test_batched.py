@@ -11,8 +11,9 @@ per-table application of gold's rules equal to a plain reference on random diffs
 ``[lakehouse] small_table_rows`` is 12 here, so two tables count as large: their first builds go
 the per-table path, and their increments are batched when a run brings few diffs (gold's rows
 read narrowed by the key's integer columns: ``accounts.id``; every integer column of the
-key-less ``lines``, whose diffs hold a NULL there), per table when it brings more. (Silver
-batches small tables only: the two go its per-table path.)
+key-less ``lines``, whose diffs hold a NULL there), per table when it brings more. Silver
+batches both too: ``accounts``' earlier rows read narrowed to the retracted ids, ``lines``
+(REPLICA IDENTITY FULL) needs none.
 """
 
 from __future__ import annotations
@@ -92,11 +93,10 @@ def test_incremental_runs_of_small_tables_are_batched_and_exact(spark, db, caplo
             with caplog.at_level(logging.INFO, logger="pgmedallion.gold.batch"):
                 run_stages(spark, cfg)
         # The first run: the small tables' full builds batched, silver's snapshots table by
-        # table. Then increments; readings' float8[] has no plain cast: silver runs it alone
-        # (silver batches small tables only). accounts' first increment (23 diffs) is more
-        # than a large table's batch takes.
+        # table. Then increments; readings' float8[] has no plain cast: silver runs it alone.
+        # accounts' first increment (23 diffs) is more than a large table's gold batch takes.
         gold = [(2, 2), (3, 1), (4, 0)][step]
-        expected = [("gold", *gold)] + ([("silver", 1, 1)] if step else [])
+        expected = [("gold", *gold)] + ([("silver", 3, 1)] if step else [])
         assert sorted(_batched(caplog)) == expected, caplog.text
         too_large = "`batched_gold`.`public_accounts`: built alone (23 diffs into 50 rows)"
         assert (too_large in caplog.text) == (step == 1), caplog.text
