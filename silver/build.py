@@ -47,6 +47,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pgmedallion.bronze.spark_table import local_table_path
 from pgmedallion.capture.pgoutput import decode, format_lsn
 from pgmedallion.core import delta_rs, engine
 from pgmedallion.core.config import Config
@@ -137,22 +138,25 @@ def _run_once(spark: SparkSession, cfg: Config) -> tuple[SilverResult, bool]:
         plan.b_from,
         plan.b_to,
     )
-    bronze = spark.table(n.bronze).where(F.col("source") == source)
-    in_batches = bronze.where((F.col("batch_id") > plan.b_from) & (F.col("batch_id") <= plan.b_to))
     r = _Run(plan, load_tables(spark, cfg))
     r.tables_before = copy.deepcopy(r.tables)
     known_before = set(r.tables)
     taken = {t.silver_table for t in r.tables.values()}
     _read_control(spark, n, r, cfg, taken)
-    wal = _read_wal(r, bronze, known_before).persist(StorageLevel.MEMORY_AND_DISK)
+    wal = _read_wal(spark, n, source, r, known_before).persist(StorageLevel.MEMORY_AND_DISK)
     layouts, copy_widths = _read_relations(spark, cfg, n, r, wal, taken)
     wal_diffs = decoded_changes(wal, layouts)
     _read_changes(r, wal_diffs)
     _truncates(r, cfg)
-    copy_rows = in_batches.where(F.col("kind") == "copy").select("table_oid", "lsn", "payload")
     wal_good = wal_diffs.where(F.col("code").isNull())
 
     def diffs_of(oid: int) -> TableDiffs:
+        copy_rows = (
+            _bronze(spark, n, source)
+            .where((F.col("batch_id") > plan.b_from) & (F.col("batch_id") <= plan.b_to))
+            .where(F.col("kind") == "copy")
+            .select("table_oid", "lsn", "payload")
+        )
         return table_diffs(oid, wal_good, copy_rows, copy_widths[oid])
 
     work, rows, adjusted = _run_tables(spark, cfg, n, r, diffs_of, wal_good)
@@ -213,17 +217,52 @@ def _read_control(spark: SparkSession, n: Names, r: _Run, cfg: Config, taken: se
         spark.sql(f"DROP TABLE IF EXISTS {n.table(name)}")
 
 
-def _read_wal(r: _Run, bronze: DataFrame, known_before: set[int]) -> DataFrame:
+def _bronze(spark: SparkSession, n: Names, source: str) -> DataFrame:
+    """The source's rows of bronze, as Spark scans them."""
+    return spark.table(n.bronze).where(F.col("source") == source)
+
+
+def _read_wal(
+    spark: SparkSession, n: Names, source: str, r: _Run, known_before: set[int]
+) -> DataFrame:
     """The wal window: one read per transaction. A table silver held before and snapshots again
     now is rebuilt from its snapshot on (see :func:`table_run`): its changes above the snapshot
-    LSN that earlier runs read (a stream ahead of the snapshot) are read again."""
+    LSN that earlier runs read (a stream ahead of the snapshot) are read again.
+
+    Where bronze is a local directory and the window holds at most ``[lakehouse]
+    small_table_rows`` wal rows (a continuous application's, a small increment's), delta-rs
+    reads them into Spark's memory: a Spark scan pays for bronze's snapshot first, which a
+    capture committing every second keeps moving (0.6 s a run warm, 6 s in a cold process,
+    against 0.3 s and 0.5 s; measured on a continuous pipeline's bronze)."""
     p = r.plan
     rebuilt = {oid: lsn for oid, lsn in r.new_snapshots.items() if oid in known_before}
     reread_from = min([lsn + 1 for lsn in rebuilt.values()] + [p.f_from])
+    bronze = _small_window(spark, n, source, reread_from, p.f_to, p.b_to)
+    if bronze is None:
+        bronze = _bronze(spark, n, source)
     wal = wal_window(bronze, reread_from, p.f_to, p.b_to)
     if reread_from < p.f_from:
         wal = wal.where((F.col("lsn") >= p.f_from) | F.col("relid").isin(list(rebuilt)))
     return wal
+
+
+def _small_window(
+    spark: SparkSession, n: Names, source: str, f_from: int, f_to: int, b_to: int
+) -> DataFrame | None:
+    """Bronze's wal rows of ``[f_from, f_to)`` in batches up to ``b_to`` read by delta-rs, if
+    bronze is local and they are few (None: Spark scans bronze)."""
+    path = local_table_path(spark, n.bronze)
+    if not delta_rs.usable(path):
+        return None
+    literal = "'" + source.replace("'", "''") + "'"
+    where = (
+        f"source = {literal} AND kind = 'wal' AND lsn >= {int(f_from)} AND lsn < {int(f_to)}"
+        f" AND batch_id <= {int(b_to)}"
+    )
+    count = delta_rs.query(path, f"SELECT count(*) AS n FROM t WHERE {where}").column("n")[0]
+    if count.as_py() > delta_rs.small_rows():
+        return None
+    return delta_rs.read(spark, path, delta_rs.spark_schema(path), where)
 
 
 def _read_relations(
