@@ -75,7 +75,7 @@ def open_bronze(
         from pgmedallion.bronze.spark_table import ensure_bronze_table, local_table_path
 
         ensure_bronze_table(spark, table, path)
-        path = local_table_path(spark, table)
+        path = local_table_path(spark, table, path)
     reason = delta_rs_unusable(path)
     if reason is None:
         if spark is None:

@@ -274,6 +274,26 @@ def has_columns(path: str | None, columns: list[str]) -> bool:
     return set(columns) <= have
 
 
+def local_tables_current(spark, schema: str, tables: Mapping[str, set[str]]) -> bool:
+    """Whether every table of ``tables`` (name -> columns it must have) is a local directory of
+    Spark schema ``schema`` holding those columns: then a layer's tables need no creating nor
+    upgrading, and a cold process asks Spark nothing to know it (each ``CREATE TABLE IF NOT
+    EXISTS`` loads the table's Delta snapshot in the JVM: seconds before the first run)."""
+    try:
+        where = schema_dir(spark, schema)
+    except Exception:  # the schema is not there
+        return False
+    if where is None:
+        return False
+    for table, columns in tables.items():
+        path = table_dir(where, table)
+        if not usable(path):
+            return False
+        if columns and not columns <= {f.name for f in open_table(path).schema().fields}:
+            return False
+    return True
+
+
 LISTED_VALUES = 10_000
 """Up to this many distinct values narrow a read by a value list (:func:`narrowing`), more by
 their range."""

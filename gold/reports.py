@@ -101,6 +101,9 @@ def ensure_report_tables(spark: SparkSession, cfg: Config) -> None:
     ]
     if not first_time(spark, frontier, where):
         return
+    current = {"_frontier": {"source_time"}, "_quality": set()}
+    if delta_rs.local_tables_current(spark, cfg.schema("gold"), current):
+        return
     try:
         _ensure_report_tables(spark, cfg)
     except BaseException:

@@ -180,7 +180,9 @@ def run_continuous(
     spark = open_lakehouse(cfg)
     with stop_on_signals(stop, STOPPING):
         ensure_schemas(spark, cfg)
-        bronze_dir = local_table_path(spark, cfg.qualified("bronze", "bronze"))
+        bronze_dir = local_table_path(
+            spark, cfg.qualified("bronze", "bronze"), cfg.local_table_path("bronze", "bronze")
+        )
         through_spark = capture_needs_spark(cfg) or not _bronze_here(bronze_dir, cfg)
         capture = _Capture(
             _own_session(spark) if through_spark else None,

@@ -143,7 +143,7 @@ def _run_once(spark: SparkSession, cfg: Config) -> tuple[SilverResult, bool]:
     known_before = set(r.tables)
     taken = {t.silver_table for t in r.tables.values()}
     _read_control(spark, n, r, cfg, taken)
-    wal = _read_wal(spark, n, source, r, known_before).persist(StorageLevel.MEMORY_AND_DISK)
+    wal = _read_wal(spark, cfg, n, r, known_before).persist(StorageLevel.MEMORY_AND_DISK)
     layouts, copy_widths = _read_relations(spark, cfg, n, r, wal, taken)
     wal_diffs = decoded_changes(wal, layouts)
     _read_changes(r, wal_diffs)
@@ -223,7 +223,7 @@ def _bronze(spark: SparkSession, n: Names, source: str) -> DataFrame:
 
 
 def _read_wal(
-    spark: SparkSession, n: Names, source: str, r: _Run, known_before: set[int]
+    spark: SparkSession, cfg: Config, n: Names, r: _Run, known_before: set[int]
 ) -> DataFrame:
     """The wal window: one read per transaction. A table silver held before and snapshots again
     now is rebuilt from its snapshot on (see :func:`table_run`): its changes above the snapshot
@@ -237,9 +237,9 @@ def _read_wal(
     p = r.plan
     rebuilt = {oid: lsn for oid, lsn in r.new_snapshots.items() if oid in known_before}
     reread_from = min([lsn + 1 for lsn in rebuilt.values()] + [p.f_from])
-    bronze = _small_window(spark, n, source, reread_from, p.f_to, p.b_to)
+    bronze = _small_window(spark, cfg, n, reread_from, p.f_to, p.b_to)
     if bronze is None:
-        bronze = _bronze(spark, n, source)
+        bronze = _bronze(spark, n, cfg.source.name)
     wal = wal_window(bronze, reread_from, p.f_to, p.b_to)
     if reread_from < p.f_from:
         wal = wal.where((F.col("lsn") >= p.f_from) | F.col("relid").isin(list(rebuilt)))
@@ -247,14 +247,14 @@ def _read_wal(
 
 
 def _small_window(
-    spark: SparkSession, n: Names, source: str, f_from: int, f_to: int, b_to: int
+    spark: SparkSession, cfg: Config, n: Names, f_from: int, f_to: int, b_to: int
 ) -> DataFrame | None:
     """Bronze's wal rows of ``[f_from, f_to)`` in batches up to ``b_to`` read by delta-rs, if
     bronze is local and they are few (None: Spark scans bronze)."""
-    path = local_table_path(spark, n.bronze)
+    path = local_table_path(spark, n.bronze, cfg.local_table_path("bronze", "bronze"))
     if not delta_rs.usable(path):
         return None
-    literal = "'" + source.replace("'", "''") + "'"
+    literal = "'" + cfg.source.name.replace("'", "''") + "'"
     where = (
         f"source = {literal} AND kind = 'wal' AND lsn >= {int(f_from)} AND lsn < {int(f_to)}"
         f" AND batch_id <= {int(b_to)}"

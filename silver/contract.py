@@ -167,6 +167,14 @@ def ensure_silver_tables(spark: SparkSession, cfg: Config) -> None:
     where = lambda: [delta_rs.table_dir(delta_rs.schema_dir(spark, n.schema), t) for t in names]  # noqa: E731
     if not first_time(spark, n.progress, where):
         return
+    current = {
+        **{t: set() for t in names},
+        "_tables": {"snapshot_run"},
+        "_progress": {"tables", "source_time"},
+        "_plans": {"source_time"},
+    }
+    if delta_rs.local_tables_current(spark, n.schema, current):
+        return
     try:
         _ensure(spark, n)
     except BaseException:
