@@ -275,17 +275,22 @@ def has_columns(path: str | None, columns: list[str]) -> bool:
 
 
 def local_tables_current(spark, schema: str, tables: Mapping[str, set[str]]) -> bool:
-    """Whether every table of ``tables`` (name -> columns it must have) is a local directory of
-    Spark schema ``schema`` holding those columns: then a layer's tables need no creating nor
-    upgrading, and a cold process asks Spark nothing to know it (each ``CREATE TABLE IF NOT
-    EXISTS`` loads the table's Delta snapshot in the JVM: seconds before the first run)."""
+    """Whether every table of ``tables`` (name -> columns it must have) is in the catalog's
+    schema ``schema`` and a local directory holding those columns: then a layer's tables need
+    no creating nor upgrading, and a cold process asks only the metastore (each ``CREATE TABLE
+    IF NOT EXISTS`` loads the table's Delta snapshot in the JVM: seconds before the first
+    run). A directory the catalog does not list (a creation killed before its catalog entry, a
+    metastore lost) is left to the DDL, which repairs it."""
     try:
         where = schema_dir(spark, schema)
+        listed = {r["tableName"].lower() for r in spark.sql(f"SHOW TABLES IN {schema}").collect()}
     except Exception:  # the schema is not there
         return False
     if where is None:
         return False
     for table, columns in tables.items():
+        if table.lower() not in listed:
+            return False
         path = table_dir(where, table)
         if not usable(path):
             return False
@@ -302,23 +307,32 @@ their range."""
 def narrowing(values: dict[str, pa.Array | pa.ChunkedArray]) -> str:
     """DataFusion SQL true for every row whose integer columns hold one of ``values`` (by
     column name; a NULL among them admits NULL), and for some others: each column's distinct
-    values as a list, or their range when there are more than :data:`LISTED_VALUES`. A read
-    narrowed by it holds every row of the keys it names; the caller picks those exactly."""
+    values as a list within their range (the range lets file statistics skip files), or the
+    range alone when there are more than :data:`LISTED_VALUES`. A read narrowed by it holds
+    every row of the keys it names; the caller picks those exactly, and counts the rows first
+    (:func:`count`): a range or a column of few values can admit most of a table."""
     terms = []
     for name, column in values.items():
         quoted = sql_names([name])
         distinct = pc.unique(column.drop_null())
         if len(distinct) == 0:
             term = "FALSE"
-        elif len(distinct) <= LISTED_VALUES:
-            term = f"{quoted} IN ({', '.join(str(int(v)) for v in distinct.to_pylist())})"
         else:
             low, high = pc.min_max(distinct).values()
             term = f"{quoted} BETWEEN {int(low.as_py())} AND {int(high.as_py())}"
+            if len(distinct) <= LISTED_VALUES:
+                listed = ", ".join(str(int(v)) for v in distinct.to_pylist())
+                term = f"{term} AND {quoted} IN ({listed})"
         if column.null_count:
             term = f"({term} OR {quoted} IS NULL)"
         terms.append(f"({term})")
     return " AND ".join(terms) or "TRUE"
+
+
+def count(path: str, where: str | None = None) -> int:
+    """How many rows of the table at ``path`` satisfy ``where`` (DataFusion SQL)."""
+    sql = "SELECT count(*) AS n FROM t" + (f" WHERE {where}" if where else "")
+    return int(query(path, sql).column("n")[0].as_py())
 
 
 def read_arrow(path: str, names: list[str], where: str | None = None) -> pa.Table:

@@ -136,15 +136,16 @@ def _state(item: _Item) -> None:
     after = item.applied.silver_run if item.mode == "incremental" else None
     large = item.mode == "incremental" and item.applied.rows > delta_rs.small_rows()
     if large:
-        where = t.updates_where(after)
-        sql = "SELECT count(*) AS n FROM t" + (f" WHERE {where}" if where else "")
-        n = delta_rs.query(t.silver_path, sql).column("n")[0].as_py()
+        n = delta_rs.count(t.silver_path, t.updates_where(after))
         if n > delta_rs.small_rows():
             raise _TooLarge(f"{n} diffs into {item.applied.rows} rows")
     updates = delta_rs.read_arrow(t.silver_path, [*names, LSN, DIFF], t.updates_where(after))
     where = None if item.mode == "incremental" else "false"  # a full build reads no gold rows
     if large:
         where = delta_rs.narrowing({k: updates.column(k) for k in _narrowing_columns(t)})
+        n = delta_rs.count(t.path, where)
+        if n > delta_rs.small_rows():
+            raise _TooLarge(f"{n} gold rows to read for {updates.num_rows} diffs")
     gold = delta_rs.read_arrow(t.path, [*names, LSN], where)
     item.arrow = _nullable(gold.schema)
     diffs = item.arrow.append(pa.field(DIFF, pa.int64()))

@@ -65,6 +65,10 @@ _SUM_SHARED = (LSN, DIFF, RUN)
 _SUM_SCHEMA = T.StructType([T.StructField(LSN, T.LongType()), T.StructField(DIFF, T.LongType())])
 
 
+class TooLarge(Exception):
+    """More earlier rows to read than the driver takes: the per-table path runs the table."""
+
+
 @dataclass
 class Candidate:
     info: TableInfo
@@ -141,6 +145,9 @@ def run_batched(
         cand, rows = item
         try:
             return _resolved(cand, rows, run)
+        except TooLarge as reason:
+            log.info("%s: run alone (%s)", cand.info.qualified_name, reason)
+            return None
         except Exception as exc:  # e.g. a type DataFusion cannot group by: Spark can
             log.warning("%s: run alone (%s)", cand.info.qualified_name, exc)
             return None
@@ -246,7 +253,7 @@ def _resolve(cand: Candidate, rows: pa.Table, names: list[str], run: int):
     narrowed = {
         names[p]: pa.array([w[i] for w in wanted], rows.schema.field(names[p]).type)
         for i, p in enumerate(keys)
-        if p in _narrowing_keys(cand.info, keys)
+        if pa.types.is_integer(rows.schema.field(names[p]).type)
     }
     base = [
         values
@@ -276,5 +283,8 @@ def _prior_rows(path: str, names: list[str], run: int, narrowed: dict[str, pa.Ar
     where = f"{RUN} < {int(run)}"
     if narrowed:
         where += f" AND {delta_rs.narrowing(narrowed)}"
+    found = delta_rs.count(path, where)
+    if found > delta_rs.small_rows():
+        raise TooLarge(f"{found} earlier rows to read")
     earlier = delta_rs.read_arrow(path, [*names, LSN, DIFF], where)
     return [[r[n] for n in names] for r in state_before(earlier, names).to_pylist()]

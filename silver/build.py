@@ -259,10 +259,19 @@ def _small_window(
         f"source = {literal} AND kind = 'wal' AND lsn >= {int(f_from)} AND lsn < {int(f_to)}"
         f" AND batch_id <= {int(b_to)}"
     )
-    count = delta_rs.query(path, f"SELECT count(*) AS n FROM t WHERE {where}").column("n")[0]
-    if count.as_py() > delta_rs.small_rows():
+    try:
+        sql = f"SELECT count(*) AS n, sum(octet_length(payload)) AS b FROM t WHERE {where}"
+        (size,) = delta_rs.query(path, sql).to_pylist()
+        if size["n"] > delta_rs.small_rows() or (size["b"] or 0) > _SMALL_WINDOW_BYTES:
+            return None
+        return delta_rs.read(spark, path, delta_rs.spark_schema(path), where)
+    except Exception as exc:  # e.g. a reader feature delta-rs lacks: Spark scans bronze
+        log.info("silver: bronze's window read through Spark (delta-rs: %s)", exc)
         return None
-    return delta_rs.read(spark, path, delta_rs.spark_schema(path), where)
+
+
+_SMALL_WINDOW_BYTES = 256 * 1024 * 1024
+"""The most wal payload bytes :func:`_small_window` holds in the driver."""
 
 
 def _read_relations(
