@@ -66,6 +66,13 @@ def local_table_path(spark: SparkSession, table: str, managed: str | None = None
 _LOCATIONS: dict[tuple[str, str], str] = {}
 
 
+def bronze_dir(spark: SparkSession, cfg) -> str | None:
+    """Bronze's local directory for ``cfg`` (:func:`local_table_path` with the local catalog's
+    place for it), or None."""
+    bronze = cfg.qualified("bronze", "bronze")
+    return local_table_path(spark, bronze, cfg.local_table_path("bronze", "bronze"))
+
+
 def write_batch(df: DataFrame, table: str, source: str, batch_id: int, app: str | None = None):
     """Append one batch as one idempotent Delta commit."""
     (

@@ -48,7 +48,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from pgmedallion.bronze.spark_table import local_table_path
+from pgmedallion.bronze.spark_table import bronze_dir
 from pgmedallion.capture.options import StreamLimits, capture_needs_spark
 from pgmedallion.capture.run import stop_on_signals
 from pgmedallion.core import engine
@@ -180,10 +180,8 @@ def run_continuous(
     spark = open_lakehouse(cfg)
     with stop_on_signals(stop, STOPPING):
         ensure_schemas(spark, cfg)
-        bronze_dir = local_table_path(
-            spark, cfg.qualified("bronze", "bronze"), cfg.local_table_path("bronze", "bronze")
-        )
-        through_spark = capture_needs_spark(cfg) or not _bronze_here(bronze_dir, cfg)
+        bronze_path = bronze_dir(spark, cfg)
+        through_spark = capture_needs_spark(cfg) or not _bronze_here(bronze_path, cfg)
         capture = _Capture(
             _own_session(spark) if through_spark else None,
             cfg,
@@ -193,7 +191,7 @@ def run_continuous(
         )
         capture.start()
         try:
-            _apply_until_stopped(spark, cfg, capture, bronze_dir, poll_s, on_applied, result)
+            _apply_until_stopped(spark, cfg, capture, bronze_path, poll_s, on_applied, result)
         finally:  # an unexpected error, or a second signal: capture commits what it holds
             stop.set()
             capture.join()

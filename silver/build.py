@@ -47,7 +47,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pgmedallion.bronze.spark_table import local_table_path
+from pgmedallion.bronze.spark_table import bronze_dir
 from pgmedallion.capture.pgoutput import decode, format_lsn
 from pgmedallion.core import delta_rs, engine
 from pgmedallion.core.config import Config
@@ -251,7 +251,7 @@ def _small_window(
 ) -> DataFrame | None:
     """Bronze's wal rows of ``[f_from, f_to)`` in batches up to ``b_to`` read by delta-rs, if
     bronze is local and they are few (None: Spark scans bronze)."""
-    path = local_table_path(spark, n.bronze, cfg.local_table_path("bronze", "bronze"))
+    path = bronze_dir(spark, cfg)
     if not delta_rs.usable(path):
         return None
     literal = "'" + cfg.source.name.replace("'", "''") + "'"

@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pgmedallion.bronze.engines import DeltaRsBronze, delta_rs_unusable
-from pgmedallion.bronze.spark_table import SparkBronze, local_table_path
+from pgmedallion.bronze.spark_table import SparkBronze, bronze_dir
 from pgmedallion.bronze.store import Bronze
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
@@ -96,7 +96,7 @@ def session_bronze(spark: SparkSession, cfg: Config, n: Names) -> Bronze:
     """Bronze as the session's catalog has it: read by delta-rs where it is a local directory
     (its control records in milliseconds; one reader per process, so each data file is read
     once however many runs a long-lived process makes), else through Spark."""
-    path = local_table_path(spark, n.bronze, cfg.local_table_path("bronze", "bronze"))
+    path = bronze_dir(spark, cfg)
     if delta_rs.usable(path) and delta_rs_unusable(path) is None:
         key = (path, n.bronze, cfg.source.name)
         if key in _READERS:
