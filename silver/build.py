@@ -260,7 +260,11 @@ def _small_window(
         f" AND batch_id <= {int(b_to)}"
     )
     try:
-        sql = f"SELECT count(*) AS n, sum(octet_length(payload)) AS b FROM t WHERE {where}"
+        # bytes as half their hex: DataFusion's octet_length takes strings only (binary: an error)
+        sql = (
+            "SELECT count(*) AS n, sum(octet_length(encode(payload, 'hex'))) / 2 AS b"
+            f" FROM t WHERE {where}"
+        )
         (size,) = delta_rs.query(path, sql).to_pylist()
         if size["n"] > delta_rs.small_rows() or (size["b"] or 0) > _SMALL_WINDOW_BYTES:
             return None
