@@ -51,6 +51,15 @@ def data_files(spark: SparkSession, qualified: str, path: str | None) -> int | N
     return int(spark.sql(f"DESCRIBE DETAIL {qualified}").first()["numFiles"])
 
 
+def optimize(spark: SparkSession, qualified: str, path: str | None) -> None:
+    """Delta's ``OPTIMIZE`` of a table (small files bin-packed, the rows unchanged): by
+    delta-rs where the table is local, which needs no Spark job and no replay in the JVM of the
+    commits delta-rs made (measured in a continuous pipeline: a third of its upkeep time)."""
+    if delta_rs.usable(path) and delta_rs.compact(path):
+        return
+    spark.sql(f"OPTIMIZE {qualified}")
+
+
 def touched(result) -> set[int]:
     """The OIDs of the tables a gold run (``GoldResult``) built or held: the ones whose silver
     and gold tables may have gained files (an unchanged table's did not)."""
@@ -97,12 +106,12 @@ def maintain(
         ):
             done.append(f"silver {name}: applied diffs consolidated")
         if crowded("gold", name):
-            spark.sql(f"OPTIMIZE {cfg.qualified('gold', name)}")
+            optimize(spark, cfg.qualified("gold", name), delta_rs.table_dir(dirs["gold"], name))
             done.append(f"gold {name}: files compacted")
     for layer, names in OWN_TABLES.items():
         for name in names:
             if crowded(layer, name):
-                spark.sql(f"OPTIMIZE {cfg.qualified(layer, name)}")
+                optimize(spark, cfg.qualified(layer, name), delta_rs.table_dir(dirs[layer], name))
                 done.append(f"{layer} {name}: files compacted")
     if done:
         log.info("maintenance (%.1f s): %s", time.monotonic() - started, "; ".join(sorted(done)))
