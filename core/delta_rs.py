@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 try:  # the `local` extra; a Databricks cluster commits through Spark
     from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
-    from deltalake.exceptions import DeltaProtocolError
+    from deltalake.exceptions import DeltaError, DeltaProtocolError
 except ImportError:  # pragma: no cover - exercised only without the extra
     DeltaTable = None
 
@@ -273,10 +273,14 @@ def empty_commit(
 def compact(path: str) -> bool:
     """The table at ``path``'s small files bin-packed into larger ones, rows unchanged, in one
     commit that changes no data (Delta's ``OPTIMIZE`` without Z-order). False when delta-rs
-    cannot (a table feature it does not write): the caller runs ``OPTIMIZE`` through Spark."""
+    cannot (column mapping, another table feature it does not write, a failed commit): the
+    caller runs ``OPTIMIZE`` through Spark."""
+    table = open_table(path)
+    if table.metadata().configuration.get("delta.columnMapping.mode", "none") != "none":
+        return False  # delta-rs 1.x: "Column mapping is not supported for ... 'OPTIMIZE'"
     try:
-        open_table(path).optimize.compact()
-    except DeltaProtocolError as exc:
+        table.optimize.compact()
+    except DeltaError as exc:
         log.debug("delta-rs cannot compact %s (%s): through Spark", path, exc)
         return False
     return True

@@ -268,14 +268,17 @@ def _upkeep(
     """One step of a round of upkeep: at most :data:`UPKEEP_PER_APPLICATION` compactions among
     ``tables`` (the ones applications changed since the last round) and the layers' own tables
     (``pgmedallion.maintain``), each table once per round (``compacted``). Whether it
-    compacted any (then the round goes on after the next application). A failure is reported
-    and ends the round; the pipeline goes on (the tables are as they were: each compaction is
-    one commit)."""
+    compacted any (then the round goes on after the next application). A failed compaction is
+    reported and the round goes on with the other tables (the failed one is in ``compacted``:
+    not tried again this round); the pipeline goes on (the table is as it was: each compaction
+    is one commit). Ending the round there left the silver tables after it uncompacted round
+    after round, until their earlier rows were too many for the batched path."""
+    tried = len(compacted)
     try:
         step = maintain(
             spark, cfg, tables=tables, limit=UPKEEP_PER_APPLICATION, compacted=compacted
         )
         return bool(step)
     except Exception as exc:
-        log.warning("continuous: maintenance failed, the pipeline goes on: %s", exc)
-        return False
+        log.warning("continuous: a compaction failed, the pipeline goes on: %s", exc)
+        return len(compacted) > tried  # a failure before any table was tried ends the round
