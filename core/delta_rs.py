@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -27,7 +28,7 @@ import pyarrow.compute as pc
 
 try:  # the `local` extra; a Databricks cluster commits through Spark
     from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
-    from deltalake.exceptions import DeltaError, DeltaProtocolError
+    from deltalake.exceptions import DeltaProtocolError
 except ImportError:  # pragma: no cover - exercised only without the extra
     DeltaTable = None
 
@@ -140,13 +141,19 @@ def open_table(path: str) -> DeltaTable:
     is no longer the one opened (dropped and created again, its log cleaned up): then the
     commit file of the version held is gone or another file, and the table is read afresh.
     One object per table is shared by the threads of the process; delta-rs serializes their
-    calls into it."""
+    calls into it, but a write commits outside its lock and then stores its new state: two
+    threads writing one table at once could leave it at the older of their versions (no two
+    threads write one table here: a stage gives each table to one thread)."""
     with _OPENED_LOCK:
         held = _OPENED.pop(path, None)
+    table = None
     if held is not None and _commit_stamp(path, held[1]) == held[2]:
-        table = held[0]
-        table.update_incremental()
-    else:
+        try:
+            held[0].update_incremental()
+            table = held[0]
+        except Exception as exc:  # read afresh below
+            log.debug("delta-rs: %s read again (%s)", path, exc)
+    if table is None:
         table = DeltaTable(path)
     version = table.version()
     stamp = _commit_stamp(path, version)
@@ -158,18 +165,25 @@ def open_table(path: str) -> DeltaTable:
     return table
 
 
-_OPENED: OrderedDict[str, tuple[DeltaTable, int, tuple[int, int, int]]] = OrderedDict()
+_OPENED: OrderedDict[str, tuple[DeltaTable, int, tuple[int, int, int, int]]] = OrderedDict()
 _OPENED_MOST = 256
 _OPENED_LOCK = threading.Lock()
 
 
-def _commit_stamp(path: str, version: int) -> tuple[int, int, int] | None:
-    """Which file the commit of ``version`` of the table at ``path`` is (None: none is)."""
+def _commit_stamp(path: str, version: int) -> tuple[int, int, int, int] | None:
+    """Which commit of ``version`` the table at ``path`` has (None: none): its file (inode,
+    time, size, which a table dropped and written again within milliseconds can repeat) and a
+    checksum of its first bytes (the commit's time and transaction id are there)."""
     try:
-        st = os.stat(Path(path) / "_delta_log" / f"{version:020d}.json")
+        with open(Path(path) / "_delta_log" / f"{version:020d}.json", "rb") as f:
+            st = os.fstat(f.fileno())
+            head = f.read(_STAMP_BYTES)
     except OSError:
         return None
-    return st.st_ino, st.st_mtime_ns, st.st_size
+    return st.st_ino, st.st_mtime_ns, st.st_size, zlib.crc32(head)
+
+
+_STAMP_BYTES = 64 * 1024
 
 
 def done(table: DeltaTable, app: str, version: int) -> bool:
@@ -275,12 +289,12 @@ def compact(path: str) -> bool:
     commit that changes no data (Delta's ``OPTIMIZE`` without Z-order). False when delta-rs
     cannot (column mapping, another table feature it does not write, a failed commit): the
     caller runs ``OPTIMIZE`` through Spark."""
-    table = open_table(path)
-    if table.metadata().configuration.get("delta.columnMapping.mode", "none") != "none":
-        return False  # delta-rs 1.x: "Column mapping is not supported for ... 'OPTIMIZE'"
     try:
+        table = open_table(path)
+        if table.metadata().configuration.get("delta.columnMapping.mode", "none") != "none":
+            return False  # delta-rs 1.x: "Column mapping is not supported for ... 'OPTIMIZE'"
         table.optimize.compact()
-    except DeltaError as exc:
+    except Exception as exc:
         log.debug("delta-rs cannot compact %s (%s): through Spark", path, exc)
         return False
     return True

@@ -88,12 +88,10 @@ def maintain(
     def crowded(layer: str, name: str) -> bool:
         if (limit is not None and len(done) >= limit) or (layer, name) in compacted:
             return False
+        compacted.add((layer, name))  # looked at once this round, whatever comes of it
         path = delta_rs.table_dir(dirs[layer], name)
         count = data_files(spark, cfg.qualified(layer, name), path)
-        if count is None or count <= files:
-            return False
-        compacted.add((layer, name))  # tried once this round, whatever it achieves
-        return True
+        return count is not None and count > files
 
     known = load_tables(spark, cfg)
     for (oid, _), reported in sorted(read_reported(spark, cfg).items()):

@@ -260,13 +260,12 @@ def _small_window(
         f" AND batch_id <= {int(b_to)}"
     )
     try:
+        if delta_rs.count(path, where) > delta_rs.small_rows():
+            return None
         # bytes as half their hex: DataFusion's octet_length takes strings only (binary: an error)
-        sql = (
-            "SELECT count(*) AS n, sum(octet_length(encode(payload, 'hex'))) / 2 AS b"
-            f" FROM t WHERE {where}"
-        )
+        sql = f"SELECT sum(octet_length(encode(payload, 'hex'))) / 2 AS b FROM t WHERE {where}"
         (size,) = delta_rs.query(path, sql).to_pylist()
-        if size["n"] > delta_rs.small_rows() or (size["b"] or 0) > _SMALL_WINDOW_BYTES:
+        if (size["b"] or 0) > _SMALL_WINDOW_BYTES:
             return None
         return delta_rs.read(spark, path, delta_rs.spark_schema(path), where)
     except Exception as exc:  # e.g. a reader feature delta-rs lacks: Spark scans bronze
