@@ -268,9 +268,9 @@ class LakehouseConfig:
     """Tables a stage works on at once."""
     small_table_rows: int = 100_000
     """Tables up to this many rows are read and committed through delta-rs (engine auto)."""
-    batch_changes: int = 20_000
+    batch_changes: int = 100_000
     """Silver batches a table into a few shared Spark jobs when its run holds at most this many
-    changes."""
+    changes (a 1% update of a 4M-row table: 40,000)."""
 
 
 ENGINES = ("auto", "delta-rs", "spark")

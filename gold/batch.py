@@ -140,13 +140,13 @@ def _state(item: _Item) -> None:
         if n > delta_rs.small_rows():
             raise _TooLarge(f"{n} diffs into {item.applied.rows} rows")
     updates = delta_rs.read_arrow(t.silver_path, [*names, LSN, DIFF], t.updates_where(after))
-    where = None if item.mode == "incremental" else "false"  # a full build reads no gold rows
+    parts = ["TRUE"] if item.mode == "incremental" else ["FALSE"]  # a full build reads none
     if large:
-        where = delta_rs.narrowing({k: updates.column(k) for k in _narrowing_columns(t)})
-        n = delta_rs.count(t.path, where)
+        parts = delta_rs.narrowings({k: updates.column(k) for k in _narrowing_columns(t)})
+        n = delta_rs.count_narrowed(t.path, None, parts)
         if n > delta_rs.small_rows():
             raise _TooLarge(f"{n} gold rows to read for {updates.num_rows} diffs")
-    gold = delta_rs.read_arrow(t.path, [*names, LSN], where)
+    gold = delta_rs.read_narrowed(t.path, [*names, LSN], None, parts)
     item.arrow = _nullable(gold.schema)
     diffs = item.arrow.append(pa.field(DIFF, pa.int64()))
     updates = _conformed(updates, diffs)

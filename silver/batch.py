@@ -281,10 +281,9 @@ def _prior_rows(path: str, names: list[str], run: int, narrowed: dict[str, pa.Ar
     of its rows of earlier runs, read by delta-rs), of the rows whose integer key columns hold
     the ``narrowed`` values (and maybe others; all rows when it is empty)."""
     where = f"{RUN} < {int(run)}"
-    if narrowed:
-        where += f" AND {delta_rs.narrowing(narrowed)}"
-    found = delta_rs.count(path, where)
+    parts = delta_rs.narrowings(narrowed) if narrowed else ["TRUE"]
+    found = delta_rs.count_narrowed(path, where, parts)
     if found > delta_rs.small_rows():
         raise TooLarge(f"{found} earlier rows to read")
-    earlier = delta_rs.read_arrow(path, [*names, LSN, DIFF], where)
+    earlier = delta_rs.read_narrowed(path, [*names, LSN, DIFF], where, parts)
     return [[r[n] for n in names] for r in state_before(earlier, names).to_pylist()]

@@ -1,8 +1,10 @@
-"""The narrowed reads of the batched paths (``core.delta_rs.narrowing``): a large table's gold rows,
-or silver's earlier rows, are read only where the changed keys' integer values can be, and the
+"""The narrowed reads of the batched paths (``core.delta_rs.narrowings``): a large table's gold
+rows, or silver's earlier rows, are read only where the changed keys' integer values can be, and the
 rules then pick the touched keys' rows exactly. So the filter must admit every row holding the
 values it was built from, whatever they are: NULLs, the extremes of int64, one value, many
-(more than ``LISTED_VALUES``: a range), none. Real Delta tables written and read by delta-rs.
+(more than ``LISTED_VALUES``: several lists, each a query; past ``LISTS`` of them: a range),
+none; and a row once only (the lists are disjoint). Real Delta tables written and read by
+delta-rs.
 """
 
 from __future__ import annotations
@@ -45,21 +47,34 @@ def test_a_narrowed_read_holds_every_row_of_the_values_it_names(where, rows, pic
     chosen = [rows[i] for i in picks if i < len(rows)]
     ids = pa.array([r[0] for r in chosen] + extra, pa.int64())
     ns = pa.array([r[1] for r in chosen], pa.int16())
-    sql = delta_rs.narrowing({"id": ids, "n": ns})
-    read = set(delta_rs.read_arrow(path, ["seq"], sql).column("seq").to_pylist())
+    parts = delta_rs.narrowings({"id": ids, "n": ns})
+    seqs = delta_rs.read_narrowed(path, ["seq"], None, parts).column("seq").to_pylist()
+    read = set(seqs)
+    assert len(read) == len(seqs)  # no row twice
     wanted = {i for i, r in enumerate(rows) if r in chosen}
     assert wanted <= read
-    assert delta_rs.count(path, sql) == len(read)
+    assert delta_rs.count_narrowed(path, None, parts) == len(read)
     if not chosen and not extra:
         assert read == set()  # no values: nothing to read
 
 
-def test_many_values_narrow_by_their_range(where):
+def test_many_values_narrow_by_several_lists_then_by_their_range(where, monkeypatch):
+    monkeypatch.setattr(delta_rs, "LISTED_VALUES", 50)
+    monkeypatch.setattr(delta_rs, "LISTS", 3)
     path = str(where / "many")
-    write_deltalake(path, pa.table({"id": pa.array(range(30_000), pa.int64())}), mode="overwrite")
-    many = delta_rs.LISTED_VALUES + 1
-    values = pa.array(range(100, 100 + 2 * many, 2), pa.int64())
-    sql = delta_rs.narrowing({"id": values})
-    assert " IN " not in sql
-    read = delta_rs.read_arrow(path, ["id"], sql).column("id").to_pylist()
-    assert sorted(read) == list(range(100, 100 + 2 * many - 1))
+    ids = pa.array([*range(3_000), None], pa.int64())
+    write_deltalake(path, pa.table({"id": ids}), mode="overwrite")
+    for count, step in ((51, 7), (150, 3), (151, 2)):
+        values = pa.array([*range(100, 100 + step * count, step), None], pa.int64())
+        parts = delta_rs.narrowings({"id": values})
+        expected = [v for v in values.to_pylist() if v is not None]
+        if count <= 150:
+            assert len(parts) == -(-count // 50)
+            assert all(" IN " in p for p in parts)
+        else:  # past three lists: the range alone
+            assert len(parts) == 1 and " IN " not in parts[0]
+            expected = list(range(100, 100 + step * (count - 1) + 1))
+        got = delta_rs.read_narrowed(path, ["id"], "id >= 0 OR id IS NULL", parts)
+        assert sorted(v for v in got.column("id").to_pylist() if v is not None) == expected
+        assert got.column("id").null_count == 1  # the NULL row, once
+        assert delta_rs.count_narrowed(path, None, parts) == got.num_rows
