@@ -33,7 +33,7 @@ from pgmedallion.capture.options import (
     StreamLimits,
     StreamResult,
 )
-from pgmedallion.capture.pgoutput import format_lsn
+from pgmedallion.capture.pgoutput import MSG_RELATION, Relation, decode, format_lsn
 from pgmedallion.capture.published import StreamPolicies, published
 from pgmedallion.capture.replication import (
     PG_EPOCH_US,
@@ -67,6 +67,7 @@ def land_stream(
     new_tables: Callable[[list[PublishedTable]], bool] | None = None,
     result: StreamResult | None = None,
     state: BronzeState | None = None,
+    unchecked: Callable[[Relation], bool] | None = None,
 ) -> StreamResult:
     """Stream the slot into bronze from bronze's frontier.
 
@@ -75,7 +76,10 @@ def land_stream(
     (checked every ``limits.publication_check_interval_s``) ``new_tables`` says the publication
     gained tables that need a snapshot first. ``result`` is updated as batches commit, so a
     caller still knows what landed when an error ends the stream. ``state`` is bronze's state if
-    the caller has just read it (nothing was written since).
+    the caller has just read it (nothing was written since). ``unchecked``: a Relation message
+    for which it says True is not landed: the stream ends before it (its transaction is not
+    acknowledged, so the next session sends it again) with ``new_tables`` set, for the caller
+    to look at the catalog first.
     """
     options = options or CaptureOptions()
     result = result if result is not None else StreamResult()
@@ -110,7 +114,7 @@ def land_stream(
             )
             try:
                 loop = _Loop(stop_at, options.stop or threading.Event(), end_at, options.limits)
-                _stream_loop(stream, writer, conn, target, loop, new_tables, policies)
+                _stream_loop(stream, writer, conn, target, loop, new_tables, policies, unchecked)
             except PipelineError:
                 writer.salvage()
                 raise
@@ -168,6 +172,7 @@ def _stream_loop(
     loop: _Loop,
     new_tables: Callable[[list[PublishedTable]], bool] | None,
     policies: StreamPolicies | None,
+    unchecked: Callable[[Relation], bool] | None = None,
 ) -> None:
     stop_at, stop, end_at, limits = loop.stop_at, loop.stop, loop.end_at, loop.limits
     continuous = stop_at is None
@@ -177,6 +182,7 @@ def _stream_loop(
         DELTA_RS_BATCH_MESSAGES if small else STREAM_BATCH_MESSAGES
     )
     max_bytes = limits.batch_bytes or (DELTA_RS_BATCH_BYTES if small else STREAM_BATCH_BYTES)
+    halted = False
     while True:
         deadline = time.monotonic() + limits.commit_interval_s if continuous else None
         if end_at is not None:
@@ -192,6 +198,13 @@ def _stream_loop(
             commit_lsn, end_lsn, xid, ordinal, _, payload = event
             if policies is not None:
                 payload = policies(payload)
+            if (
+                unchecked is not None
+                and payload[0] == MSG_RELATION[0]
+                and unchecked(decode(payload))
+            ):
+                halted = writer.result.new_tables = True
+                break
             add(commit_lsn, end_lsn, xid, ordinal, payload)
             messages += 1
             if messages >= max_messages or len(data) >= max_bytes:
@@ -204,7 +217,7 @@ def _stream_loop(
                     break
         now = time.monotonic()
         caught_up = stop_at is not None and stream.position >= stop_at and not stream.in_transaction
-        stopping = stop.is_set() or caught_up or (end_at is not None and now >= end_at)
+        stopping = halted or stop.is_set() or caught_up or (end_at is not None and now >= end_at)
         if continuous and not stopping and now >= next_check:
             next_check = now + limits.publication_check_interval_s
             published = publication_tables(conn, target.publication)

@@ -82,7 +82,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -122,7 +122,7 @@ from pgmedallion.capture.options import (
     capture_needs_spark,
     capture_target,
 )
-from pgmedallion.capture.pgoutput import format_lsn
+from pgmedallion.capture.pgoutput import Relation, format_lsn
 from pgmedallion.capture.published import Published, Shape
 from pgmedallion.capture.published import published as published_shapes
 from pgmedallion.capture.schema_changes import ERROR, RESYNC, Catalog, catalog_of, changes
@@ -188,6 +188,8 @@ class _Run:
     totals: _Totals = field(default_factory=_Totals)
     expected: dict[int, PublishedTable] = field(default_factory=dict)
     """Tables being snapshotted: an attempt that fails on one still knows it was wanted."""
+    halted_on: set[tuple[int, tuple[str, ...]]] = field(default_factory=set)
+    """``(table OID, column names)`` of the Relations a stream stopped before (each once)."""
 
     @property
     def stop(self) -> threading.Event:
@@ -503,12 +505,47 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
         new_tables=new_tables,
         result=totals.stream,
         state=state,
+        unchecked=_unchecked_columns(bronze, run, watched),
     )
     again = stream.new_tables
     stream.new_tables = False
     if not again and not stop.is_set() and _reshaped_meanwhile(bronze, target, _captured(bronze)):
         again = True  # the next attempt snapshots them before silver reads this stream
     return again
+
+
+def _unchecked_columns(bronze: Bronze, run: _Run, watched: set[int]) -> Callable[[Relation], bool]:
+    """Whether the stream must stop before a Relation message: one naming a column the
+    catalog capture compared (the baseline of :func:`_baselines`, current as this attempt
+    streams) did not have. The DDL then came after this attempt's look at the catalog, and
+    what silver gives the rows from before the column (NULL, or the value ``ADD COLUMN ...
+    DEFAULT`` gave them) is recorded only by a look: the next attempt looks again before the
+    message lands (it is sent again in the next session). Once per table and columns."""
+    recorded = bronze.snapshot_schemas(sorted(watched))
+    live = {
+        oid: {c.name for c in catalog.columns if not c.dropped}
+        for oid, catalog in _baselines(bronze, recorded).items()
+        if catalog is not None
+    }
+
+    def unchecked(relation: Relation) -> bool:
+        names = live.get(relation.relid)
+        if names is None:
+            return False
+        new = tuple(sorted({c.name for c in relation.columns} - names))
+        if not new or (relation.relid, new) in run.halted_on:
+            return False
+        run.halted_on.add((relation.relid, new))
+        log.info(
+            "%s.%s: column(s) %s not yet compared with the catalog: looking at it before the"
+            " stream goes on",
+            relation.namespace,
+            relation.name,
+            ", ".join(new),
+        )
+        return True
+
+    return unchecked
 
 
 def _captured(bronze: Bronze) -> dict[int, tuple[str, str]]:
@@ -525,7 +562,7 @@ def _reshaped_meanwhile(
     conn = connect(target.conninfo)
     try:
         shapes = published_shapes(conn, target.publication, list(captured))
-        catalogs = catalog_of(conn, sorted(captured))
+        catalogs = _landed_catalogs(conn, target, captured, sorted(captured), shapes)
     finally:
         conn.close()
     recorded = bronze.snapshot_schemas(sorted(set(shapes) | set(catalogs)))
@@ -577,6 +614,24 @@ class _Survey:
     """The captured tables' catalog fingerprints now (``capture.schema_changes``)."""
 
 
+def _landed_catalogs(
+    conn: psycopg.Connection,
+    target: CaptureTarget,
+    captured: Mapping[int, tuple[str, str]],
+    oids: Sequence[int],
+    shapes: Mapping[int, Published],
+) -> dict[int, Catalog]:
+    """The catalog fingerprints of ``oids`` now, as bronze may hold them: a withheld column's
+    missing value forgotten (``Catalog.landed``; the snapshot's record is shaped the same
+    way)."""
+    out = {}
+    for oid, catalog in catalog_of(conn, oids).items():
+        shape = shapes.get(oid)
+        policied = target.pii.get(".".join(captured[oid]), {}) if oid in captured else {}
+        out[oid] = catalog.landed(shape.columns if shape else None, set(policied))
+    return out
+
+
 def _survey(
     target: CaptureTarget,
     captured: dict[int, tuple[str, str]],
@@ -591,7 +646,9 @@ def _survey(
         noticed_at = current_wal_lsn(conn) if gone else 0
         leaves = leaf_partitions(conn, [t.oid for t in published if t.oid in captured])
         shapes = published_shapes(conn, target.publication, [t.oid for t in published])
-        catalogs = catalog_of(conn, [t.oid for t in published if t.oid in captured])
+        catalogs = _landed_catalogs(
+            conn, target, captured, [t.oid for t in published if t.oid in captured], shapes
+        )
     finally:
         conn.close()
     gone_tables = [known[oid] for oid in gone]

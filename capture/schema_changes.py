@@ -18,7 +18,9 @@ primary key, and the table's ``relfilenode`` (a rewrite gives it a new one). A s
 records that fingerprint (:func:`catalog_of`); capture compares it with the catalog now at the
 start of each attempt and after each stream (``capture.run``), and :func:`changes` says what
 moved. What it calls *followed* is exact without a new snapshot: a column added with no value
-for existing rows (they read NULL, as silver gives earlier rows of a new column). Everything
+for existing rows (they read NULL, as silver gives earlier rows of a new column), or with a
+constant one (``ADD COLUMN c ... DEFAULT 1``: no rewrite, existing rows read ``attmissingval``,
+which the catalog record carries to silver for the rows from before the column). Everything
 else (``resync`` reasons) is made exact by snapshotting the table again, which the rewinds make
 correct at any LSN; the table's policy ``on_schema_change`` decides (``follow``: resync what
 cannot be followed, ``resync``: every change, ``error``: neither, changes stop at
@@ -27,8 +29,8 @@ cannot be followed, ``resync``: every change, ``error``: neither, changes stop a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
 
 import psycopg
 from psycopg import sql
@@ -50,6 +52,11 @@ class CatalogColumn:
     """``atthasmissing``: rows written before the column was added read a stored value."""
     generated: str
     """``attgenerated``: ``''``, ``s`` stored, ``v`` virtual."""
+    missing: str | None = None
+    """With ``has_missing``: the value rows written before the column was added read, as its
+    type's output text (``attmissingval``); None where it is not known here (a catalog
+    recorded before capture read it, or a column a policy or the publication withholds, whose
+    value must not reach bronze)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,31 @@ class Catalog:
     relfilenode: int
     """0 for a partitioned table (its leaves hold the rows; attaching and detaching them is
     ``capture.run``'s other check)."""
+
+    def landed(self, column_list: Sequence[str] | None, policied: Collection[str]) -> Catalog:
+        """The catalog as bronze may hold it: the missing values of columns withheld from
+        bronze (outside the publication's ``column_list``, or with a column policy in
+        ``policied``) forgotten, so no value of theirs lands."""
+        listed = None if column_list is None else set(column_list)
+
+        def withheld(name: str) -> bool:
+            return name in policied or (listed is not None and name not in listed)
+
+        return replace(
+            self,
+            columns=tuple(
+                replace(c, missing=None) if c.missing is not None and withheld(c.name) else c
+                for c in self.columns
+            ),
+        )
+
+    def missing_values(self) -> dict[str, str]:
+        """Live column name -> the value rows from before its addition read (where known)."""
+        return {
+            c.name: c.missing
+            for c in self.columns
+            if not c.dropped and c.has_missing and c.missing is not None
+        }
 
     def to_record(self) -> dict:
         return {
@@ -74,7 +106,7 @@ class Catalog:
         if not record:
             return None
         return Catalog(
-            tuple(CatalogColumn(*c) for c in record["columns"]),
+            tuple(CatalogColumn(*c) for c in record["columns"]),  # older records: 9 fields
             tuple(record["primary_key"]),
             int(record["relfilenode"]),
         )
@@ -106,7 +138,10 @@ def catalog_of(conn: psycopg.Connection, oids: Sequence[int]) -> dict[int, Catal
             sql.SQL(
                 "SELECT a.attrelid::int8, a.attnum::int, a.attname, a.atttypid::int8,"
                 " a.atttypmod, a.attnotnull, a.attisdropped, a.atthasmissing,"
-                " a.attgenerated::text"
+                " a.attgenerated::text,"
+                # the missing value as its type's output text (the array holds one element)
+                " CASE WHEN a.atthasmissing AND NOT a.attisdropped"
+                "  THEN (a.attmissingval::text::text[])[1] END"
                 " FROM pg_attribute a WHERE a.attrelid = ANY(ARRAY[{}]::oid[]) AND a.attnum > 0"
                 " ORDER BY a.attrelid, a.attnum"
             ).format(wanted)
@@ -156,10 +191,14 @@ def changes(then: Catalog, now: Catalog) -> Changes:
     for column in added:
         if column.dropped:
             out.unfollowable.append("a column added since the snapshot was dropped")
-        elif column.has_missing:
-            out.unfollowable.append(f"column {column.name} added with a value for existing rows")
         elif column.generated:
             out.unfollowable.append(f"generated column {column.name} added")
+        elif column.has_missing and (column.missing is None or rewritten):
+            out.unfollowable.append(f"column {column.name} added with a value for existing rows")
+        elif column.has_missing:
+            # ADD COLUMN ... DEFAULT <constant>: existing rows read attmissingval; silver gives
+            # it to the rows from before the column (the value itself is never logged)
+            out.followed.append(f"column {column.name} added (existing rows read its default)")
         elif rewritten:
             out.unfollowable.append(
                 f"column {column.name} added and the table rewritten (a volatile default)"

@@ -72,7 +72,7 @@ from pgmedallion.capture.published import (
     Shape,
     check_protected_present,
 )
-from pgmedallion.capture.schema_changes import catalog_of
+from pgmedallion.capture.schema_changes import Catalog, catalog_of
 
 log = logging.getLogger(__name__)
 
@@ -413,6 +413,10 @@ def shaped(schema: TableSchema, shape: Shape) -> TableSchema:
         columns.append(column)
     kept = {column.name for column in columns}
     key = schema.primary_key if all(k in kept for k in schema.primary_key) else ()
+    catalog = Catalog.from_record(schema.catalog)
+    if catalog is not None:  # no value of a withheld column in bronze, not even its default
+        policied = {name for name, _ in shape.policies}
+        schema = replace(schema, catalog=catalog.landed(shape.column_list, policied).to_record())
     return replace(schema, columns=tuple(columns), primary_key=key, shape=shape)
 
 

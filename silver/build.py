@@ -65,7 +65,7 @@ from pgmedallion.silver.catalog import load_tables
 from pgmedallion.silver.changes import RETRACT
 from pgmedallion.silver.contract import Names, SilverResult, TableInfo, ensure_silver_tables
 from pgmedallion.silver.decode import TableDiffs, decoded_changes, table_diffs, wal_window
-from pgmedallion.silver.errors import ErrorRecord, TableTruncated
+from pgmedallion.silver.errors import ErrorRecord, SchemaIncompatible, TableTruncated
 from pgmedallion.silver.identity import resolve_previous_images
 from pgmedallion.silver.plan import Plan, control_errors, last_frontier, plan_run, session_bronze
 from pgmedallion.silver.rewind import consolidated, truncated, with_rewinds
@@ -73,6 +73,7 @@ from pgmedallion.silver.write import (
     append_diffs,
     create_diff_table,
     diffs_app,
+    restate_added,
     write_adjustments,
     write_errors,
     write_progress,
@@ -107,6 +108,9 @@ class _Run:
     """The tables this run took out of silver (dropped at the source): their errors' names."""
     layout_errors: list[ErrorRecord] = field(default_factory=list)
     """The window's Relations silver cannot follow (``SchemaIncompatible``, per Relation)."""
+    restated: set[int] = field(default_factory=set)
+    """Tables whose earlier rows took a column's value for existing rows
+    (:func:`_restate_added`)."""
 
 
 def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
@@ -284,11 +288,36 @@ def _read_relations(
     r.window_relations, truncates = catalog.window_messages(wal)
     relations = catalog.known_relations(spark, n, cfg.source.name, r.plan.run, r.window_relations)
     catalog.add_stream_tables(r.tables, relations, cfg, taken, r.window_relations, r.retired)
-    layouts, copy_widths, errors = catalog.plan_layouts(r.tables, relations, cfg, r.plan.f_from)
+    followed = session_bronze(spark, cfg, n).followed_catalogs(sorted(r.tables))
+    missing = catalog.missing_values(followed, r.tables)
+    layouts, copy_widths, errors = catalog.plan_layouts(
+        r.tables, relations, cfg, r.plan.f_from, missing
+    )
+    errors += _filled_beyond_copy(r, copy_widths)
     r.errors += errors
     r.layout_errors = errors
     r.truncate_at = catalog.truncates_by_table(truncates, r.tables)
     return layouts, copy_widths
+
+
+def _filled_beyond_copy(r: _Run, copy_widths: dict[int, tuple[int, int]]) -> list[ErrorRecord]:
+    """A ``SchemaIncompatible`` error (so a new snapshot, see :func:`_request_resync`) for each
+    table whose snapshot this run reads while a Relation of the run adds a column with a value
+    for the rows already there: the snapshot's COPY rows predate the column and would read
+    NULL in it. Rare (the column added while the table was first read); the new snapshot
+    holds the column."""
+    out = []
+    for oid in sorted(r.copied & set(r.tables)):
+        info = r.tables[oid]
+        copy_width, _ = copy_widths[oid]
+        added = [c["name"] for c in info.columns[copy_width:] if c.get("missing") is not None]
+        if added:
+            message = (
+                f"column(s) {', '.join(added)} added with a value for existing rows while the"
+                " table's snapshot was read"
+            )
+            out.append(ErrorRecord(oid, r.plan.f_to, SchemaIncompatible.__name__, message))
+    return out
 
 
 def _read_changes(r: _Run, wal_diffs: DataFrame) -> None:
@@ -339,7 +368,9 @@ def _run_tables(
         for oid in r.tables
         if oid in r.changed or oid in r.copied or oid in r.new_snapshots or oid in r.truncate_at
     )
-    existing = catalog.silver_tables(spark, n) if work else set()
+    filled = _added_with_values(r)
+    existing = catalog.silver_tables(spark, n) if work or filled else set()
+    _restate_added(spark, n, r, filled, existing)
     schema_dir = delta_rs.schema_dir(spark, n.schema) if work else None
     paths = {oid: delta_rs.table_dir(schema_dir, r.tables[oid].silver_table) for oid in work}
     rows: dict[str, int] = {}
@@ -370,6 +401,50 @@ def _run_tables(
         r.errors.extend(cast_errors)
         adjusted += [(oid, *a) for a in table_adjusted]
     return work, rows, adjusted
+
+
+def _added_with_values(r: _Run) -> dict[int, list[str]]:
+    """OID -> the columns this run adds to the table that the source added with a value for
+    the rows already there (a column entry's ``missing``), for tables silver holds and does
+    not rebuild from a new snapshot in this run."""
+    out = {}
+    for oid, info in sorted(r.tables.items()):
+        before = r.tables_before.get(oid)
+        if before is None or oid in r.new_snapshots:
+            continue
+        known = {c["name"] for c in before.columns}
+        names = [
+            c["name"]
+            for c in info.columns
+            if c["name"] not in known and c.get("missing") is not None
+        ]
+        if names:
+            out[oid] = names
+    return out
+
+
+def _restate_added(
+    spark: SparkSession, n: Names, r: _Run, filled: dict[int, list[str]], existing: set[str]
+) -> None:
+    """The rows earlier runs wrote take the value of each column in ``filled`` (see
+    ``silver.write.restate_added``), before this run's rows are appended or read back as
+    previous images; a value that does not cast asks for a new snapshot instead."""
+    for oid, names in filled.items():
+        info = r.tables[oid]
+        if info.silver_table.lower() not in existing:
+            continue
+        log.info(
+            "silver: %s: column(s) %s added with a value for existing rows: the rows silver"
+            " holds take it",
+            info.qualified_name,
+            ", ".join(names),
+        )
+        why = restate_added(spark, n.table(info.silver_table), info, names, r.plan.run)
+        r.restated.add(oid)
+        if why:
+            error = ErrorRecord(oid, r.plan.f_to, SchemaIncompatible.__name__, why)
+            r.layout_errors.append(error)
+            r.errors.append(error)
 
 
 def _run_batched(
@@ -440,7 +515,7 @@ def _write_run(
         write_relations(spark, n, source, run, [(decode(p).relid, lsn, o, p) for lsn, o, p in new])
     catalog.write_tables(spark, n, source, r.tables, r.tables_before)
     # The tables whose silver state or errors this run changed: gold leaves the others alone.
-    touched = set(work) | {e.table_oid for e in r.errors if e.table_oid is not None}
+    touched = set(work) | r.restated | {e.table_oid for e in r.errors if e.table_oid is not None}
     touched = sorted(touched | {a[0] for a in adjusted})
     write_progress(spark, n, source, run, r.plan.f_to, r.plan.b_to, touched, r.plan.source_time)
 

@@ -10,16 +10,17 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from collections.abc import Mapping
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pgmedallion.capture.pgoutput import MSG_RELATION, MSG_TRUNCATE, Relation, Truncate, decode
-from pgmedallion.capture.schema_changes import Changes
+from pgmedallion.capture.schema_changes import Catalog, Changes
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
-from pgmedallion.silver.changes import LayoutIndex, TableColumn, plan_columns
+from pgmedallion.silver.changes import LayoutIndex, TableColumn, plan_columns, with_fill
 from pgmedallion.silver.contract import Names, TableInfo
 from pgmedallion.silver.decode import message_type
 from pgmedallion.silver.errors import ErrorRecord, SchemaIncompatible
@@ -89,7 +90,12 @@ def column_entry(c: dict) -> dict:
         "infinity",
     )
     text = ("type_name", "category", "target", "infinity")
-    return {k: c.get(k, "" if k in text else 0) for k in keys}
+    entry = {k: c.get(k, "" if k in text else 0) for k in keys}
+    if c.get("missing") is not None:
+        # a column added with a value for the rows already there (ADD COLUMN ... DEFAULT 1):
+        # that value as text, which rows from before the column hold (silver.changes.with_fill)
+        entry["missing"] = c["missing"]
+    return entry
 
 
 def silver_tables(spark: SparkSession, n: Names) -> set[str]:
@@ -340,17 +346,26 @@ Layouts = dict[int, tuple[LayoutIndex, int]]
 
 
 def plan_layouts(
-    tables: dict[int, TableInfo], relations: Relations, cfg: Config, f_from: int
+    tables: dict[int, TableInfo],
+    relations: Relations,
+    cfg: Config,
+    f_from: int,
+    missing: Mapping[int, Mapping[str, tuple[int, str]]] | None = None,
 ) -> tuple[Layouts, dict[int, tuple[int, int]], list[ErrorRecord]]:
     """Each table's Relations laid out against its columns (new columns added to the table):
     the layouts, the COPY widths (OID -> (COPY columns, silver columns)), and a
-    ``SchemaIncompatible`` error for each Relation in the window silver cannot follow."""
+    ``SchemaIncompatible`` error for each Relation in the window silver cannot follow.
+    ``missing``: OID -> column name -> (type OID, the value rows from before the column read),
+    from capture's catalog record of the table (:func:`missing_values`)."""
     layouts: Layouts = {}
     copy_widths: dict[int, tuple[int, int]] = {}
     errors: list[ErrorRecord] = []
+    missing = missing or {}
     for oid, info in tables.items():
         copy_width = len(info.columns)
-        index, width = _table_layouts(info, relations.get(oid, []), cfg, f_from, errors)
+        index, width = _table_layouts(
+            info, relations.get(oid, []), cfg, f_from, errors, missing.get(oid, {})
+        )
         layouts[oid] = (index, width)
         copy_widths[oid] = (copy_width, width)
     return layouts, copy_widths, errors
@@ -384,8 +399,30 @@ def unfollowed(
     return out
 
 
+def missing_values(
+    followed: Mapping[int, tuple[int, dict]], tables: Mapping[int, TableInfo]
+) -> dict[int, dict[str, tuple[int, str]]]:
+    """OID -> column -> (type OID, value) of the columns added with a value for the rows
+    already there, as capture's newest catalog record since the table's snapshot says
+    (``followed``: ``Bronze.followed_catalogs``, OID -> (snapshot LSN, catalog))."""
+    out = {}
+    for oid, (snapshot_lsn, record) in followed.items():
+        info = tables.get(oid)
+        catalog = Catalog.from_record(record)
+        if info is None or catalog is None or info.snapshot_lsn != snapshot_lsn:
+            continue
+        types = {c.name: c.type_oid for c in catalog.columns if not c.dropped}
+        out[oid] = {name: (types[name], v) for name, v in catalog.missing_values().items()}
+    return out
+
+
 def _table_layouts(
-    info: TableInfo, relations: list, cfg: Config, f_from: int, errors: list[ErrorRecord]
+    info: TableInfo,
+    relations: list,
+    cfg: Config,
+    f_from: int,
+    errors: list[ErrorRecord],
+    missing: Mapping[str, tuple[int, str]],
 ) -> tuple[LayoutIndex, int]:
     base = [TableColumn(c["name"], c["type_oid"], c["typmod"]) for c in info.columns]
     rels = sorted(relations, key=lambda e: (e[0], e[1]))
@@ -405,7 +442,12 @@ def _table_layouts(
     policy = cfg.policy(info.qualified_name)
     for c in final:
         if c.name not in known:
-            info.columns.append(_new_column(c.name, c.type_oid, c.typmod, policy))
+            entry = _new_column(c.name, c.type_oid, c.typmod, policy)
+            type_oid, value = missing.get(c.name, (None, None))
+            if type_oid == c.type_oid:  # (capture records no value for a withheld column)
+                entry["missing"] = value
+            info.columns.append(entry)
+    rel_layouts = with_fill(rel_layouts, [c.get("missing") for c in info.columns])
     index = LayoutIndex(
         [((lsn, ordinal), lay) for (lsn, ordinal, _), lay in zip(rels, rel_layouts, strict=False)]
     )

@@ -26,7 +26,8 @@ an old row with an unchanged-TOAST marker is ``MissingToast``.
 
 Column layouts. The table's columns are those of its schema record (the catalog at the
 snapshot), extended by columns that later Relation messages add: rows from before an added
-column carry NULL there. A Relation that drops, renames or retypes a known column (another type,
+column carry NULL there, or the value PostgreSQL gives them when the column was added with one
+(:func:`with_fill`). A Relation that drops, renames or retypes a known column (another type,
 or a type modifier that changes its Spark type, such as numeric(10,2) to numeric(12,2)) makes the
 layout incompatible (``SchemaIncompatible``): changes read against it produce no rows.
 """
@@ -75,6 +76,10 @@ class Layout:
     problem: str | None = None
     keys: tuple[int, ...] = ()
     """The table positions of the columns the Relation marks as its replica identity's key."""
+    fill: tuple[str | None, ...] = ()
+    """What a row read against this Relation holds in the table's columns it lacks, by table
+    position (empty: NULL in all): the value rows from before a column read when it was added
+    with one (``ADD COLUMN ... DEFAULT 1``, see :func:`with_fill`)."""
 
 
 PLAIN, RETRACT, FILL = 0, 1, 2
@@ -168,6 +173,21 @@ def plan_columns(
     return columns, layouts
 
 
+def with_fill(layouts: Sequence[Layout], fill: Sequence[str | None]) -> list[Layout]:
+    """``layouts`` reading ``fill[i]`` (text) in table column ``i`` where a Relation lacks it.
+
+    A column added with a value for the rows already there (``ADD COLUMN c ... DEFAULT 1``:
+    PostgreSQL stores it once, ``attmissingval``, and writes no row) holds that value in every
+    row written before it existed, so a change read against a Relation from before the column
+    (an insert, an update's old or new row) carries it, as its retraction later does."""
+    if not any(v is not None for v in fill):
+        return list(layouts)
+    return [
+        layout if layout.positions is None else replace(layout, fill=tuple(fill))
+        for layout in layouts
+    ]
+
+
 class LayoutIndex:
     """The layout in effect for a table at a stream position ``(lsn, ordinal)``."""
 
@@ -192,7 +212,7 @@ def _text(value) -> str | None:
 def _row(values, layout: Layout, width: int, old: list | None) -> tuple[list, tuple[int, ...]]:
     """The tuple in table column order, and the positions of its unchanged-TOAST values that
     ``old`` could not fill (NULL in the row)."""
-    row: list[str | None] = [None] * width
+    row: list[str | None] = list(layout.fill) if layout.fill else [None] * width
     if len(values) != len(layout.positions):
         raise SchemaIncompatible(
             f"tuple has {len(values)} columns, its Relation {len(layout.positions)}",
@@ -212,7 +232,7 @@ def _row(values, layout: Layout, width: int, old: list | None) -> tuple[list, tu
 
 
 def _old_row(values, layout: Layout, width: int) -> list:
-    row: list = [None] * width
+    row: list = list(layout.fill) if layout.fill else [None] * width
     if len(values) != len(layout.positions):
         raise SchemaIncompatible(
             f"old tuple has {len(values)} columns, its Relation {len(layout.positions)}",

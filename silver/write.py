@@ -17,6 +17,7 @@ from pyspark.sql import types as T
 
 from pgmedallion.core import delta_rs
 from pgmedallion.core.failpoints import failpoint
+from pgmedallion.core.naming import quote
 from pgmedallion.core.spark import create_table
 from pgmedallion.silver.contract import Names, TableInfo
 from pgmedallion.silver.errors import ErrorRecord
@@ -217,3 +218,41 @@ def write_progress(
     )
     rows = [(source, run, frontier, batch, tables, source_time)]
     append(spark, n, "_progress", rows, ddl, source, run, stamp="completed_at")
+
+
+def restate_added(
+    spark: SparkSession, target: str, info: TableInfo, names: list[str], run: int
+) -> str | None:
+    """Give the rows of runs before ``run`` the value of each column of ``names``: columns this
+    run adds to the table that PostgreSQL added with a value for the rows already there
+    (``ADD COLUMN c ... DEFAULT 1``: ``attmissingval``, the column entry's ``missing``), which
+    every row silver holds from before the column reads at the source.
+
+    One overwrite commit adds the columns and restates those rows, so no reader sees them
+    with NULL there; a redo after a crash makes the same commit again (every row of an earlier
+    run predates the column). Returns why it could not (a value the column's cast rejects:
+    the table then needs a new snapshot), or None."""
+    from pgmedallion.silver.cast_columns import cast_values
+    from pgmedallion.silver.casts import CAST_ERRORS_COLUMN
+    from pgmedallion.silver.pgtypes import pg_type_of
+
+    entries = [c for c in info.columns if c["name"] in names]
+    texts = spark.createDataFrame([([c["missing"] for c in entries],)], "values array<string>")
+    renamed = [(f"_pgm_added_{i}", pg_type_of(c)) for i, c in enumerate(entries)]
+    values = cast_values(texts, "values", renamed)
+    (check,) = values.select(F.size(CAST_ERRORS_COLUMN).alias("errors")).collect()
+    if check["errors"]:
+        return "the value for existing rows of column(s) " + ", ".join(names) + " does not cast"
+    earlier = spark.table(target)
+    joined = earlier.crossJoin(values.drop(CAST_ERRORS_COLUMN))
+    restated = {
+        c["name"]: F.when(F.col("_run") < run, F.col(alias)).otherwise(
+            F.col(quote(c["name"])) if c["name"] in earlier.columns else F.lit(None)
+        )
+        for (alias, _), c in zip(renamed, entries, strict=True)
+    }
+    out = [restated.pop(name, F.col(quote(name))).alias(name) for name in earlier.columns]
+    out += [value.alias(name) for name, value in restated.items()]
+    failpoint("silver.before_restate")
+    joined.select(*out).writeTo(target).option("mergeSchema", "true").overwrite(F.lit(True))
+    return None
