@@ -14,6 +14,7 @@ The points (``grep -rn 'failpoint("'`` finds them): ``snapshot.copy_chunk`` (per
 ``snapshot.after_commit`` (committed, the table locks still held), ``bronze.before_commit`` and
 ``bronze.after_commit`` (a stream batch, around its commit; after it, not yet acknowledged),
 ``silver.before_append`` and ``silver.after_append`` (around a table's diffs append),
+``silver.before_restate`` (a column added with a default: its earlier rows not yet given it),
 ``gold.after_table`` (one table's MERGE committed) and ``gold.before_reports`` (every table
 done, the reports not written).
 
