@@ -252,7 +252,9 @@ def _changed_since_snapshot(
         if oid in survey.shapes:
             why.append(_reshaped(target, captured[oid], survey.shapes[oid], record))
         if oid in survey.catalogs:
-            why.append(_migrated(target, captured[oid], survey.catalogs[oid], baselines[oid]))
+            why.append(
+                _migrated(target, captured[oid], survey.catalogs[oid], baselines[oid], record)
+            )
         if any(why):
             moved[oid] = "; ".join(w for w in why if w)
     for table in survey.published:
@@ -281,14 +283,20 @@ def _renamed(target: CaptureTarget, then: tuple[str, str] | None, now: Published
 
 
 def _migrated(
-    target: CaptureTarget, table: tuple[str, str], catalog: Catalog, then: Catalog | None
+    target: CaptureTarget,
+    table: tuple[str, str],
+    catalog: Catalog,
+    then: Catalog | None,
+    record: Mapping,
 ) -> str:
     """Why a schema change since ``then`` (the catalog of ``table``'s snapshot, or as capture
     last recorded following a change since it) needs a new snapshot under its
     ``on_schema_change`` policy ("": none does; see ``capture.schema_changes``)."""
     if then is None:  # a snapshot taken before snapshots recorded the catalog
         return ""
-    return changes(then, catalog).resync_reason(target.on_schema_change(".".join(table)))
+    snapshot = Catalog.from_record(record.get("catalog"))
+    found = changes(then, catalog, snapshot)
+    return found.resync_reason(target.on_schema_change(".".join(table)))
 
 
 def _baselines(bronze: Bronze, recorded: Mapping[int, dict]) -> dict[int, Catalog | None]:
@@ -505,7 +513,7 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
         new_tables=new_tables,
         result=totals.stream,
         state=state,
-        unchecked=_unchecked_columns(bronze, run, watched),
+        unchecked=_unchecked_columns(bronze, target, run, watched, survey.shapes),
     )
     again = stream.new_tables
     stream.new_tables = False
@@ -514,34 +522,51 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
     return again
 
 
-def _unchecked_columns(bronze: Bronze, run: _Run, watched: set[int]) -> Callable[[Relation], bool]:
-    """Whether the stream must stop before a Relation message: one naming a column the
-    catalog capture compared (the baseline of :func:`_baselines`, current as this attempt
-    streams) did not have. The DDL then came after this attempt's look at the catalog, and
-    what silver gives the rows from before the column (NULL, or the value ``ADD COLUMN ...
-    DEFAULT`` gave them) is recorded only by a look: the next attempt looks again before the
-    message lands (it is sent again in the next session). Once per table and columns."""
+def _unchecked_columns(
+    bronze: Bronze, target: CaptureTarget, run: _Run, watched: set[int], shapes: Mapping
+) -> Callable[[Relation], bool]:
+    """Whether the stream must stop before a Relation message that names a column the catalog
+    capture compared (the baseline of :func:`_baselines`, current as this attempt streams) did
+    not have, or lacks one it had and publishes. The DDL then came after this attempt's look at
+    the catalog, and what silver does with it (NULL or the default in the rows from before a
+    new column, a rename, a drop) is recorded only by a look: the next attempt looks again
+    before the message lands (the next session sends it again). Once per table and columns."""
     recorded = bronze.snapshot_schemas(sorted(watched))
-    live = {
-        oid: {c.name for c in catalog.columns if not c.dropped}
-        for oid, catalog in _baselines(bronze, recorded).items()
-        if catalog is not None
+    baselines = {
+        oid: catalog for oid, catalog in _baselines(bronze, recorded).items() if catalog is not None
     }
 
+    def published_names(oid: int, relation: Relation) -> tuple[set[str], set[str]]:
+        """The baseline's live columns, and those of them the stream must carry."""
+        catalog = baselines[oid]
+        shape = shapes.get(oid)
+        listed = None if shape is None or shape.columns is None else set(shape.columns)
+        rules = target.pii.get(f"{relation.namespace}.{relation.name}", {})
+        live = {c.name for c in catalog.columns if not c.dropped}
+        sent = {
+            c.name
+            for c in catalog.columns
+            if not c.dropped
+            and rules.get(c.name) != "exclude"
+            and (c.name in listed if listed is not None else not c.generated)
+        }
+        return live, sent
+
     def unchecked(relation: Relation) -> bool:
-        names = live.get(relation.relid)
-        if names is None:
+        if relation.relid not in baselines:
             return False
-        new = tuple(sorted({c.name for c in relation.columns} - names))
-        if not new or (relation.relid, new) in run.halted_on:
+        live, sent = published_names(relation.relid, relation)
+        names = {c.name for c in relation.columns}
+        moved = tuple(sorted((names - live) | (sent - names)))
+        if not moved or (relation.relid, moved) in run.halted_on:
             return False
-        run.halted_on.add((relation.relid, new))
+        run.halted_on.add((relation.relid, moved))
         log.info(
-            "%s.%s: column(s) %s not yet compared with the catalog: looking at it before the"
-            " stream goes on",
+            "%s.%s: column(s) %s not as capture last compared the catalog: looking at it"
+            " before the stream goes on",
             relation.namespace,
             relation.name,
-            ", ".join(new),
+            ", ".join(moved),
         )
         return True
 
@@ -572,7 +597,7 @@ def _reshaped_meanwhile(
         for oid in shapes
         if oid in recorded
     ) or any(
-        _migrated(target, captured[oid], catalogs[oid], baselines[oid])
+        _migrated(target, captured[oid], catalogs[oid], baselines[oid], recorded[oid])
         for oid in catalogs
         if oid in recorded
     )

@@ -20,7 +20,11 @@ start of each attempt and after each stream (``capture.run``), and :func:`change
 moved. What it calls *followed* is exact without a new snapshot: a column added with no value
 for existing rows (they read NULL, as silver gives earlier rows of a new column), or with a
 constant one (``ADD COLUMN c ... DEFAULT 1``: no rewrite, existing rows read ``attmissingval``,
-which the catalog record carries to silver for the rows from before the column). Everything
+which the catalog record carries to silver for the rows from before the column), a column
+dropped whose name no other column took (silver and gold drop it; the rows keep their other
+values), a column renamed to a name no column had, its old name taken by none (silver and gold
+rename it; a swap of two names stays a new snapshot: which Relation came before it cannot be
+told by names). Everything
 else (``resync`` reasons) is made exact by snapshotting the table again, which the rewinds make
 correct at any LSN; the table's policy ``on_schema_change`` decides (``follow``: resync what
 cannot be followed, ``resync``: every change, ``error``: neither, changes stop at
@@ -165,20 +169,32 @@ def catalog_of(conn: psycopg.Connection, oids: Sequence[int]) -> dict[int, Catal
     }
 
 
-def changes(then: Catalog, now: Catalog) -> Changes:
-    """What changed from ``then`` (a snapshot's record) to ``now``, column by attnum."""
+def changes(then: Catalog, now: Catalog, snapshot: Catalog | None = None) -> Changes:
+    """What changed from ``then`` to ``now``, column by attnum. ``then`` is the table's
+    snapshot's catalog, or one capture recorded since: then ``snapshot`` is the snapshot's.
+    Silver follows a drop or a rename of a column its snapshot had (it knows that column's
+    attnum), so a column added since is snapshotted again when it is dropped or renamed."""
     out = Changes()
     before = {c.attnum: c for c in then.columns}
     after = {c.attnum: c for c in now.columns}
+    live_now = {c.name for c in now.columns if not c.dropped}
+    live_then = {c.name for c in then.columns if not c.dropped}
+    at_snapshot = {c.attnum for c in (snapshot or then).columns if not c.dropped}
     for attnum, old in sorted(before.items()):
         new = after.get(attnum)
         if old.dropped:
             continue
         if new is None or new.dropped:
-            out.unfollowable.append(f"column {old.name} dropped")
+            if old.name in live_now or old.attnum not in at_snapshot:
+                out.unfollowable.append(f"column {old.name} dropped and its name given again")
+            else:  # silver and gold drop it too (only under `follow`: see silver.catalog)
+                out.followed.append(f"column {old.name} dropped")
             continue
         if new.name != old.name:
-            out.unfollowable.append(f"column {old.name} renamed to {new.name}")
+            if old.name in live_now or new.name in live_then or old.attnum not in at_snapshot:
+                out.unfollowable.append(f"column {old.name} renamed to {new.name}")
+            else:  # silver and gold rename it (only under `follow`: see silver.catalog)
+                out.followed.append(f"column {old.name} renamed to {new.name}")
         if (new.type_oid, new.typmod) != (old.type_oid, old.typmod):
             out.unfollowable.append(f"column {new.name} changed type")
         if new.not_null != old.not_null:

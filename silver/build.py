@@ -108,9 +108,12 @@ class _Run:
     """The tables this run took out of silver (dropped at the source): their errors' names."""
     layout_errors: list[ErrorRecord] = field(default_factory=list)
     """The window's Relations silver cannot follow (``SchemaIncompatible``, per Relation)."""
-    restated: set[int] = field(default_factory=set)
-    """Tables whose earlier rows took a column's value for existing rows
-    (:func:`_restate_added`)."""
+    reshaped: set[int] = field(default_factory=set)
+    """Tables whose silver table this run reshaped without appending to it: earlier rows that
+    took an added column's value (:func:`_restate_added`), columns dropped
+    (:func:`_drop_followed`)."""
+    followed: dict[int, catalog.Followed] = field(default_factory=dict)
+    """OID -> the drops and renames of the source's columns this run follows."""
 
 
 def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:
@@ -288,11 +291,17 @@ def _read_relations(
     r.window_relations, truncates = catalog.window_messages(wal)
     relations = catalog.known_relations(spark, n, cfg.source.name, r.plan.run, r.window_relations)
     catalog.add_stream_tables(r.tables, relations, cfg, taken, r.window_relations, r.retired)
-    followed = session_bronze(spark, cfg, n).followed_catalogs(sorted(r.tables))
+    bronze = session_bronze(spark, cfg, n)
+    followed = bronze.followed_catalogs(sorted(r.tables))
     missing = catalog.missing_values(followed, r.tables)
+    snapshots = bronze.snapshot_schemas(sorted(followed)) if followed else {}
+    r.followed = catalog.followed_columns(followed, snapshots, r.tables, cfg, r.copied)
     layouts, copy_widths, errors = catalog.plan_layouts(
-        r.tables, relations, cfg, r.plan.f_from, missing
+        r.tables, relations, cfg, r.plan.f_from, missing, r.followed
     )
+    for oid, f in sorted(r.followed.items()):
+        if f.problem:  # a new snapshot makes it exact (see _request_resync)
+            errors.append(ErrorRecord(oid, r.plan.f_to, SchemaIncompatible.__name__, f.problem))
     errors += _filled_beyond_copy(r, copy_widths)
     r.errors += errors
     r.layout_errors = errors
@@ -369,7 +378,8 @@ def _run_tables(
         if oid in r.changed or oid in r.copied or oid in r.new_snapshots or oid in r.truncate_at
     )
     filled = _added_with_values(r)
-    existing = catalog.silver_tables(spark, n) if work or filled else set()
+    existing = catalog.silver_tables(spark, n) if work or filled or r.followed else set()
+    _reshape_followed(spark, n, r, existing)
     _restate_added(spark, n, r, filled, existing)
     schema_dir = delta_rs.schema_dir(spark, n.schema) if work else None
     paths = {oid: delta_rs.table_dir(schema_dir, r.tables[oid].silver_table) for oid in work}
@@ -423,6 +433,38 @@ def _added_with_values(r: _Run) -> dict[int, list[str]]:
     return out
 
 
+def _reshape_followed(spark: SparkSession, n: Names, r: _Run, existing: set[str]) -> None:
+    """Rename and drop in the silver tables the columns the source renamed and dropped
+    (``r.followed``): Delta's column mapping does both without rewriting a file. Before this
+    run's rows are appended, which have the new names; a redo after a crash finds each done
+    (a rename is made only while the old name is there and the new one is not)."""
+    for oid, f in sorted(r.followed.items()):
+        info = r.tables[oid]
+        if f.problem or info.silver_table.lower() not in existing:
+            continue
+        target = n.table(info.silver_table)
+        have = set(spark.table(target).columns)
+        for old, new in sorted(f.renamed.items()):
+            if old in have and new not in have:
+                log.info(
+                    "silver: %s: column %s renamed to %s at the source: renamed here too",
+                    info.qualified_name,
+                    old,
+                    new,
+                )
+                spark.sql(f"ALTER TABLE {target} RENAME COLUMN {quote(old)} TO {quote(new)}")
+                r.reshaped.add(oid)
+        gone = sorted(name for name in f.dropped if name in have)
+        if gone:
+            log.info(
+                "silver: %s: column(s) %s dropped at the source: dropped here too",
+                info.qualified_name,
+                ", ".join(gone),
+            )
+            spark.sql(f"ALTER TABLE {target} DROP COLUMNS ({', '.join(quote(g) for g in gone)})")
+            r.reshaped.add(oid)
+
+
 def _restate_added(
     spark: SparkSession, n: Names, r: _Run, filled: dict[int, list[str]], existing: set[str]
 ) -> None:
@@ -440,7 +482,7 @@ def _restate_added(
             ", ".join(names),
         )
         why = restate_added(spark, n.table(info.silver_table), info, names, r.plan.run)
-        r.restated.add(oid)
+        r.reshaped.add(oid)
         if why:
             error = ErrorRecord(oid, r.plan.f_to, SchemaIncompatible.__name__, why)
             r.layout_errors.append(error)
@@ -515,7 +557,7 @@ def _write_run(
         write_relations(spark, n, source, run, [(decode(p).relid, lsn, o, p) for lsn, o, p in new])
     catalog.write_tables(spark, n, source, r.tables, r.tables_before)
     # The tables whose silver state or errors this run changed: gold leaves the others alone.
-    touched = set(work) | r.restated | {e.table_oid for e in r.errors if e.table_oid is not None}
+    touched = set(work) | r.reshaped | {e.table_oid for e in r.errors if e.table_oid is not None}
     touched = sorted(touched | {a[0] for a in adjusted})
     write_progress(spark, n, source, run, r.plan.f_to, r.plan.b_to, touched, r.plan.source_time)
 

@@ -11,13 +11,14 @@ import json
 import re
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pgmedallion.capture.pgoutput import MSG_RELATION, MSG_TRUNCATE, Relation, Truncate, decode
-from pgmedallion.capture.schema_changes import Catalog, Changes
+from pgmedallion.capture.schema_changes import FOLLOW, Catalog, Changes
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.silver.changes import LayoutIndex, TableColumn, plan_columns, with_fill
@@ -351,20 +352,29 @@ def plan_layouts(
     cfg: Config,
     f_from: int,
     missing: Mapping[int, Mapping[str, tuple[int, str]]] | None = None,
+    follow: Mapping[int, Followed] | None = None,
 ) -> tuple[Layouts, dict[int, tuple[int, int]], list[ErrorRecord]]:
     """Each table's Relations laid out against its columns (new columns added to the table):
     the layouts, the COPY widths (OID -> (COPY columns, silver columns)), and a
     ``SchemaIncompatible`` error for each Relation in the window silver cannot follow.
     ``missing``: OID -> column name -> (type OID, the value rows from before the column read),
-    from capture's catalog record of the table (:func:`missing_values`)."""
+    from capture's catalog record of the table (:func:`missing_values`); ``follow``: OID -> the
+    drops and renames since the table's snapshot (:func:`followed_columns`), applied first."""
     layouts: Layouts = {}
     copy_widths: dict[int, tuple[int, int]] = {}
     errors: list[ErrorRecord] = []
     missing = missing or {}
+    follow = follow or {}
     for oid, info in tables.items():
         copy_width = len(info.columns)
         index, width = _table_layouts(
-            info, relations.get(oid, []), cfg, f_from, errors, missing.get(oid, {})
+            info,
+            relations.get(oid, []),
+            cfg,
+            f_from,
+            errors,
+            missing.get(oid, {}),
+            follow.get(oid),
         )
         layouts[oid] = (index, width)
         copy_widths[oid] = (copy_width, width)
@@ -416,6 +426,98 @@ def missing_values(
     return out
 
 
+@dataclass
+class Followed:
+    """What silver does to a table's columns for the drops and renames capture followed
+    (:func:`followed_columns`)."""
+
+    dropped: set[str] = field(default_factory=set)
+    """Silver's columns the source dropped."""
+    renamed: dict[str, str] = field(default_factory=dict)
+    """Silver's column name -> its name at the source now."""
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Every name a Relation may give a followed column (its snapshot's name, silver's name)
+    -> its name now; a dropped column's names -> "" (left out)."""
+    attnums: dict[str, int] = field(default_factory=dict)
+    """A renamed column's name now -> its attnum (kept in its entry from now on)."""
+    problem: str = ""
+    """A column silver holds that the source no longer has and that it cannot follow: the
+    table needs a new snapshot."""
+
+
+def followed_columns(
+    followed: Mapping[int, tuple[int, dict]],
+    snapshots: Mapping[int, Mapping],
+    tables: Mapping[int, TableInfo],
+    cfg: Config,
+    copied: set[int],
+) -> dict[int, Followed]:
+    """OID -> the drops and renames of the table's columns since its snapshot, as capture's
+    newest catalog record says (``followed``: OID -> (snapshot LSN, catalog); ``snapshots``:
+    OID -> its snapshot's schema record, whose catalog gives each column's attnum; a column
+    silver renamed keeps its attnum in its entry). Only under ``on_schema_change = "follow"``
+    (``error`` keeps the table as it was), and not for a table whose snapshot this run reads
+    (its COPY rows have the old columns: the Relations then ask for a new snapshot, as
+    before). Capture follows these only for columns the snapshot had and with names no other
+    column had (no swap), and snapshots the table again otherwise; a column silver holds that
+    the record does not explain is a ``problem`` (a new snapshot too)."""
+    out = {}
+    for oid, (snapshot_lsn, record) in followed.items():
+        info = tables.get(oid)
+        if info is None or oid in copied or info.snapshot_lsn != snapshot_lsn:
+            continue
+        policy = cfg.policy(info.qualified_name)
+        if policy.on_schema_change != FOLLOW:
+            continue
+        now = Catalog.from_record(record)
+        then = Catalog.from_record((snapshots.get(oid) or {}).get("catalog"))
+        if now is None or then is None:
+            continue
+        at_snapshot = {c.name: c.attnum for c in then.columns if not c.dropped}
+        snapshot_name = {attnum: name for name, attnum in at_snapshot.items()}
+        live = {c.name: c.attnum for c in now.columns if not c.dropped}
+        by_attnum = {c.attnum: c for c in now.columns}
+        f = Followed()
+        for entry in info.columns:
+            name = entry["name"]
+            attnum = entry.get("attnum") or at_snapshot.get(name)
+            if name in live:
+                if attnum is not None and live[name] != attnum:
+                    f.problem = f"column {name} is another column at the source now"
+                continue
+            column = by_attnum.get(attnum) if attnum is not None else None
+            if column is None or attnum not in snapshot_name:
+                f.problem = f"column {name} is no longer at the source"
+            elif policy.columns.get(name) or policy.columns.get(column.name):
+                f.problem = f"column {name} has a column policy and was renamed or dropped"
+            elif column.dropped:
+                f.dropped.add(name)
+                f.aliases.update({name: "", snapshot_name[attnum]: ""})
+            else:
+                f.renamed[name] = column.name
+                f.attnums[column.name] = attnum
+                f.aliases.update({name: column.name, snapshot_name[attnum]: column.name})
+        if f.dropped or f.renamed or f.problem:
+            out[oid] = f
+    return out
+
+
+def _follow(info: TableInfo, f: Followed) -> None:
+    """``info``'s columns after the drops and renames of ``f`` (a renamed column keeps its
+    attnum in its entry, since its snapshot's catalog knows it by its old name)."""
+    columns = []
+    for entry in info.columns:
+        name = entry["name"]
+        if name in f.dropped:
+            continue
+        if name in f.renamed:
+            entry = {**entry, "name": f.renamed[name], "attnum": f.attnums[f.renamed[name]]}
+        columns.append(entry)
+    info.columns = columns
+    info.not_null = [f.renamed.get(n, n) for n in info.not_null if n not in f.dropped]
+    info.primary_key = [f.renamed.get(n, n) for n in info.primary_key]
+
+
 def _table_layouts(
     info: TableInfo,
     relations: list,
@@ -423,7 +525,12 @@ def _table_layouts(
     f_from: int,
     errors: list[ErrorRecord],
     missing: Mapping[str, tuple[int, str]],
+    follow: Followed | None,
 ) -> tuple[LayoutIndex, int]:
+    aliases: dict[str, str] = {}
+    if follow is not None and not follow.problem:
+        _follow(info, follow)
+        aliases = follow.aliases
     base = [TableColumn(c["name"], c["type_oid"], c["typmod"]) for c in info.columns]
     rels = sorted(relations, key=lambda e: (e[0], e[1]))
     entries = {c["name"]: c for c in info.columns}
@@ -433,7 +540,7 @@ def _table_layouts(
         return spark_type(pg_type_of(column_entry({**entry, "typmod": col.typmod})))
 
     final, rel_layouts = plan_columns(
-        base, [(lsn, rel) for lsn, _, rel in rels], info.snapshot_lsn, target_type
+        base, [(lsn, rel) for lsn, _, rel in rels], info.snapshot_lsn, target_type, aliases
     )
     for (lsn, _, _rel), layout in zip(rels, rel_layouts, strict=False):
         if layout.positions is None and lsn >= f_from:

@@ -35,7 +35,7 @@ layout incompatible (``SchemaIncompatible``): changes read against it produce no
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -116,6 +116,7 @@ def plan_columns(
     relations: Sequence[tuple[int, Relation]],
     snapshot_lsn: int | None = None,
     target_type: Callable[[TableColumn], object] | None = None,
+    aliases: Mapping[str, str] | None = None,
 ) -> tuple[list[TableColumn], list[Layout]]:
     """The table's final columns and each ``(lsn, Relation)``'s layout, in stream order.
 
@@ -125,12 +126,23 @@ def plan_columns(
     Relation from before the snapshot may lack columns added since (NULL there), or have
     columns the snapshot has not, or has with another type (dropped, retyped, hashed or no
     longer published by then): those are left out (position ``DISCARDED``). Rewinds retract
-    such a Relation's changes anyway.
+    such a Relation's changes anyway. ``aliases``: the names a Relation may give a column the
+    source renamed since (its name now) or dropped ("": never the table's again, left out of
+    the Relations that still have it), from ``silver.catalog.followed_columns``.
     """
+    aliases = aliases or {}
     columns = list(base)
     index = {c.name: i for i, c in enumerate(columns)}
     layouts = []
     for lsn, rel in relations:
+        if aliases:
+            rel = replace(
+                rel,
+                columns=tuple(
+                    replace(c, name=aliases[c.name]) if c.name in aliases else c
+                    for c in rel.columns
+                ),
+            )
         names = [c.name for c in rel.columns]
         before_snapshot = snapshot_lsn is not None and lsn <= snapshot_lsn
         missing = [] if before_snapshot else [c.name for c in columns if c.name not in names]
@@ -161,7 +173,7 @@ def plan_columns(
             layouts.append(Layout(None, "; ".join(parts)))
             continue
         for c in rel.columns:
-            if c.name not in index and not before_snapshot:
+            if c.name not in index and not before_snapshot and c.name != "":
                 index[c.name] = len(columns)
                 columns.append(TableColumn(c.name, c.type_oid, c.type_modifier))
         layouts.append(

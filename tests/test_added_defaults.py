@@ -169,7 +169,7 @@ def test_a_default_added_while_capture_streams(spark, db, caplog):
 
             # the first Relation naming the columns stops the stream (the other table's
             # migration is recorded by the same look when it came before it)
-            while seen("not yet compared with the catalog") < 1 or seen("streaming slot") < 2:
+            while seen("as capture last compared") < 1 or seen("streaming slot") < 2:
                 assert time.monotonic() < deadline and not failures, failures
                 time.sleep(0.2)
             time.sleep(3)  # the next session lands the rows

@@ -92,7 +92,7 @@ MIGRATIONS = [
         ],
         False,
     ),
-    ("drop a column", ["ALTER TABLE {t} DROP COLUMN note"], False),
+    ("drop a column", ["ALTER TABLE {t} DROP COLUMN note"], True),
     (
         "add with a volatile default",
         ["ALTER TABLE {t} ADD COLUMN r float8 DEFAULT random()"],
@@ -211,11 +211,17 @@ def test_the_policy_decides_what_a_migration_does(spark, db, policy, snapshots_a
 
 
 def _catalog(*columns, key=("id",), relfilenode=100):
-    """A catalog fingerprint: columns as (attnum, name, type oid[, dropped, has_missing])."""
+    """A catalog fingerprint: columns as (attnum, name, type oid[, dropped, has_missing]);
+    has_missing a string: the missing value itself."""
     out = []
     for attnum, name, type_oid, *flags in columns:
         dropped, has_missing = (flags + [False, False])[:2]
-        out.append(CatalogColumn(attnum, name, type_oid, -1, False, dropped, has_missing, ""))
+        missing = has_missing if isinstance(has_missing, str) else None
+        out.append(
+            CatalogColumn(
+                attnum, name, type_oid, -1, False, dropped, bool(has_missing), "", missing
+            )
+        )
     return Catalog(tuple(out), tuple(key), relfilenode)
 
 
@@ -234,7 +240,12 @@ BEFORE = _catalog((1, "id", 23), (2, "f1", 23), (3, "f2", 23))
         (
             _catalog((1, "id", 23), (2, "f1", 23), (3, "f2", 23), (4, "c", 23, False, True)),
             [],
-            ["column c added with a value for existing rows"],
+            ["column c added with a value for existing rows"],  # a value not known here
+        ),
+        (
+            _catalog((1, "id", 23), (2, "f1", 23), (3, "f2", 23), (4, "c", 23, False, "7")),
+            ["column c added (existing rows read its default)"],
+            [],
         ),
         (
             _catalog((1, "id", 23), (2, "f1", 23), (3, "f2", 23), (4, "c", 25), relfilenode=101),
@@ -249,7 +260,12 @@ BEFORE = _catalog((1, "id", 23), (2, "f1", 23), (3, "f2", 23))
         (  # dropped and added again under the same name: the Relation looks the same
             _catalog((1, "id", 23), (2, "f1", 23), (3, "x", 23, True), (4, "f2", 23)),
             ["column f2 added (NULL in existing rows)"],
+            ["column f2 dropped and its name given again"],
+        ),
+        (  # a drop alone: followed (silver and gold drop the column)
+            _catalog((1, "id", 23), (2, "f1", 23), (3, "x", 23, True)),
             ["column f2 dropped"],
+            [],
         ),
         (
             _catalog((1, "id", 23), (2, "f1", 20), (3, "f2", 23)),

@@ -1,0 +1,158 @@
+"""``ALTER TABLE ... DROP COLUMN`` followed in place: silver and gold drop the column (Delta's
+column mapping, no file rewritten in silver) and keep every row, with no new snapshot.
+
+The state after a drop is the rows as they were without that column, so rows that differed only
+in it become equal, and a key-less table then holds them twice: the multiset must stay exact
+when one of them is deleted. PostgreSQL is the oracle (``verify`` after every run).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import psycopg
+from chispa import assert_df_equality
+
+from pgmedallion.core.config import TablePolicy
+from pgmedallion.pipeline import run_stages
+from pgmedallion.verify import verify
+from tests.workload import assert_exact, drop_schemas, make_config
+
+SCHEMA = """
+CREATE TABLE d (id int PRIMARY KEY, f1 int NOT NULL, gone text NOT NULL, note text);
+CREATE TABLE f (id int PRIMARY KEY, f1 int NOT NULL, gone text NOT NULL, note text);
+ALTER TABLE f REPLICA IDENTITY FULL;
+CREATE TABLE k (n int, gone text);
+ALTER TABLE k REPLICA IDENTITY FULL;
+INSERT INTO d SELECT g, g, 'x' || g, 'n' || g FROM generate_series(1, 30) g;
+INSERT INTO f SELECT g, g, 'x' || g, 'n' || g FROM generate_series(1, 30) g;
+INSERT INTO k VALUES (1, 'a'), (1, 'b'), (2, 'c');
+CREATE PUBLICATION pub FOR ALL TABLES;
+"""
+
+
+def _sql(conninfo, *statements: str) -> None:
+    with psycopg.connect(**conninfo, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+def _snapshots(spark, cfg) -> int:
+    bronze = spark.table(cfg.qualified("bronze", "bronze"))
+    return bronze.where("kind = 'copy'").select("batch_id").distinct().count()
+
+
+def _columns(spark, cfg, layer: str, table: str) -> list[str]:
+    df = spark.table(cfg.qualified(layer, f"public_{table}"))
+    return [c for c in df.columns if not c.startswith("_")]
+
+
+def test_a_dropped_column_leaves_silver_and_gold_in_place(spark, db, caplog):
+    _sql(db, SCHEMA)
+    cfg = make_config(db, "dropflw")
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    assert _snapshots(spark, cfg) == 1
+    _sql(
+        db,
+        "UPDATE d SET gone = 'changed' WHERE id = 1",  # read against the Relation with it
+        "UPDATE f SET gone = 'changed' WHERE id = 1",
+        "ALTER TABLE d DROP COLUMN gone",
+        "ALTER TABLE f DROP COLUMN gone",
+        "ALTER TABLE k DROP COLUMN gone",
+        "UPDATE d SET f1 = f1 + 100 WHERE id % 5 = 0",
+        "UPDATE f SET f1 = f1 + 100 WHERE id % 5 = 0",
+        "INSERT INTO d (id, f1) VALUES (1000, 1)",
+        "INSERT INTO f (id, f1) VALUES (1000, 1)",
+        "DELETE FROM d WHERE id = 4",
+        "DELETE FROM f WHERE id = 4",
+        "DELETE FROM k WHERE ctid = (SELECT min(ctid) FROM k WHERE n = 1)",  # one of two equal
+    )
+    with caplog.at_level(logging.INFO, logger="pgmedallion"):
+        run_stages(spark, cfg)
+    assert_exact(verify(spark, cfg))
+    assert _snapshots(spark, cfg) == 1, "followed without a new snapshot"
+    dropped = [r.getMessage() for r in caplog.records if "dropped here too" in r.getMessage()]
+    assert len(dropped) == 3, dropped
+    for table in ("d", "f"):
+        assert _columns(spark, cfg, "silver", table) == ["id", "f1", "note"]
+        assert _columns(spark, cfg, "gold", table) == ["id", "f1", "note"]
+    gold_k = spark.table(cfg.qualified("gold", "public_k")).select("n")
+    assert_df_equality(
+        gold_k,
+        spark.createDataFrame([(1,), (2,)], "n int"),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+    # a later run reads the Relations of before the drop again: the column stays gone
+    _sql(db, "UPDATE d SET note = 'later' WHERE id < 10", "DELETE FROM k WHERE n = 2")
+    run_stages(spark, cfg)
+    assert_exact(verify(spark, cfg))
+    assert _columns(spark, cfg, "silver", "d") == ["id", "f1", "note"]
+    assert _snapshots(spark, cfg) == 1
+
+
+def test_under_error_a_drop_is_not_followed(spark, db):
+    """``on_schema_change = "error"`` keeps the table as its snapshot had it."""
+    _sql(db, SCHEMA)
+    cfg = make_config(db, "droperr")
+    cfg = replace(cfg, tables={"public.d": TablePolicy(on_schema_change="error")})
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    _sql(db, "ALTER TABLE d DROP COLUMN gone", "UPDATE d SET f1 = 0 WHERE id = 1")
+    run_stages(spark, cfg)
+    assert "gone" in _columns(spark, cfg, "silver", "d")
+    errors = spark.table(cfg.qualified("silver", "_errors")).where("code = 'SchemaIncompatible'")
+    assert errors.count() >= 1
+
+
+def test_a_renamed_column_is_renamed_in_place(spark, db, caplog):
+    """``RENAME COLUMN`` of a column the snapshot had, to a name no column had: silver renames
+    its column (column mapping), gold takes the new name, values stay with their column, with
+    no new snapshot; also with no row changed after it (nothing in the stream), and again in a
+    later run. A swap of two names is still snapshotted again (see test_schema_changes)."""
+    _sql(db, SCHEMA)
+    cfg = make_config(db, "renflw")
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    _sql(
+        db,
+        "UPDATE d SET note = 'before' WHERE id = 2",
+        "UPDATE f SET note = 'before' WHERE id = 2",
+        "ALTER TABLE d RENAME COLUMN note TO remark",
+        "ALTER TABLE f RENAME COLUMN note TO remark",
+        "ALTER TABLE k RENAME COLUMN gone TO kept",  # no row of k changes: no Relation
+        "UPDATE d SET remark = 'after', f1 = -1 WHERE id % 6 = 0",
+        "UPDATE f SET remark = 'after', f1 = -1 WHERE id % 6 = 0",
+        "INSERT INTO d (id, f1, gone, remark) VALUES (1000, 1, 'g', 'r')",
+        "DELETE FROM f WHERE id = 5",
+    )
+    with caplog.at_level(logging.INFO, logger="pgmedallion"):
+        run_stages(spark, cfg)
+    assert_exact(verify(spark, cfg))
+    assert _snapshots(spark, cfg) == 1, "followed without a new snapshot"
+    renamed = [r.getMessage() for r in caplog.records if "renamed here too" in r.getMessage()]
+    assert len(renamed) == 3, renamed
+    for table in ("d", "f"):
+        assert _columns(spark, cfg, "gold", table) == ["id", "f1", "gone", "remark"]
+    assert _columns(spark, cfg, "gold", "k") == ["n", "kept"]
+    with psycopg.connect(**db) as conn:
+        rows = conn.execute("SELECT id, remark FROM d").fetchall()
+    gold = spark.table(cfg.qualified("gold", "public_d")).select("id", "remark")
+    assert_df_equality(
+        gold,
+        spark.createDataFrame(rows, gold.schema),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+    # renamed again, in a later run
+    _sql(
+        db,
+        "ALTER TABLE d RENAME COLUMN remark TO memo",
+        "UPDATE d SET memo = 'again' WHERE id = 3",
+    )
+    run_stages(spark, cfg)
+    assert_exact(verify(spark, cfg))
+    assert _snapshots(spark, cfg) == 1
+    assert _columns(spark, cfg, "gold", "d") == ["id", "f1", "gone", "memo"]
