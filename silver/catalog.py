@@ -478,6 +478,13 @@ def followed_columns(
         live = {c.name: c.attnum for c in now.columns if not c.dropped}
         by_attnum = {c.attnum: c for c in now.columns}
         f = Followed()
+        for column in then.columns:  # later runs still read Relations with the old names
+            now_column = by_attnum.get(column.attnum)
+            if column.dropped or now_column is None or now_column.name == column.name:
+                continue
+            if column.name in live:  # the old name is another column's now: ambiguous
+                f.problem = f"column {column.name} is another column at the source now"
+            f.aliases[column.name] = "" if now_column.dropped else now_column.name
         for entry in info.columns:
             name = entry["name"]
             attnum = entry.get("attnum") or at_snapshot.get(name)
@@ -492,12 +499,12 @@ def followed_columns(
                 f.problem = f"column {name} has a column policy and was renamed or dropped"
             elif column.dropped:
                 f.dropped.add(name)
-                f.aliases.update({name: "", snapshot_name[attnum]: ""})
+                f.aliases[name] = ""
             else:
                 f.renamed[name] = column.name
                 f.attnums[column.name] = attnum
-                f.aliases.update({name: column.name, snapshot_name[attnum]: column.name})
-        if f.dropped or f.renamed or f.problem:
+                f.aliases[name] = column.name
+        if f.aliases or f.problem:
             out[oid] = f
     return out
 

@@ -12,9 +12,11 @@ import logging
 from dataclasses import replace
 
 import psycopg
+import pytest
 from chispa import assert_df_equality
 
 from pgmedallion.core.config import TablePolicy
+from pgmedallion.gold.quality import GoldQualityError
 from pgmedallion.pipeline import run_stages
 from pgmedallion.verify import verify
 from tests.workload import assert_exact, drop_schemas, make_config
@@ -94,15 +96,18 @@ def test_a_dropped_column_leaves_silver_and_gold_in_place(spark, db, caplog):
 
 
 def test_under_error_a_drop_is_not_followed(spark, db):
-    """``on_schema_change = "error"`` keeps the table as its snapshot had it."""
+    """``on_schema_change = "error"`` keeps the table as its snapshot had it: its changes after
+    the drop are ``SchemaIncompatible`` errors, which hold gold's table (its quality rule)."""
     _sql(db, SCHEMA)
     cfg = make_config(db, "droperr")
     cfg = replace(cfg, tables={"public.d": TablePolicy(on_schema_change="error")})
     drop_schemas(spark, cfg)
     run_stages(spark, cfg)
     _sql(db, "ALTER TABLE d DROP COLUMN gone", "UPDATE d SET f1 = 0 WHERE id = 1")
-    run_stages(spark, cfg)
+    with pytest.raises(GoldQualityError, match="no_definite_errors"):
+        run_stages(spark, cfg)
     assert "gone" in _columns(spark, cfg, "silver", "d")
+    assert "gone" in _columns(spark, cfg, "gold", "d")
     errors = spark.table(cfg.qualified("silver", "_errors")).where("code = 'SchemaIncompatible'")
     assert errors.count() >= 1
 
