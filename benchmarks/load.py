@@ -110,6 +110,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--skip-noop", action="store_true", help="do not time a last run with nothing new"
     )
+    parser.add_argument(
+        "--migrations",
+        action="store_true",
+        help="then time the run after each of three schema migrations (followed in place) and "
+        "one after `pgmedallion resync` (a new snapshot, what a migration cost before)",
+    )
 
 
 def table_name(rows: int) -> str:
@@ -180,6 +186,8 @@ def run(args: argparse.Namespace) -> Result:
         check_sample(env, name, jdbc_path, wave, "the JDBC table")
         if not args.skip_noop:
             ours["noop"] = procs.pgmedallion("noop")
+        if args.migrations:
+            migrate(env, procs, name, table, gold_path, ours)
     finally:
         with env.connect() as conn:
             drop_slot(conn, SLOT)
@@ -198,7 +206,14 @@ class Processes:
         self.peer_env = {**base, "PYTHONPATH": python_path}
 
     def pgmedallion(self, label: str, command: str = "run") -> ProcessRun:
-        argv = [sys.executable, "-m", "pgmedallion.cli", "--config", str(self.config), command]
+        argv = [
+            sys.executable,
+            "-m",
+            "pgmedallion.cli",
+            "--config",
+            str(self.config),
+            *command.split(),
+        ]
         return self._run(argv, label, self.ours_env, self.root)
 
     def jdbc(self, label: str, *, start_only: bool = False, packages: bool = True) -> ProcessRun:
@@ -291,6 +306,51 @@ def build_table(conn, ident: sql.Identifier, rows: int) -> None:
         )
     conn.execute(sql.SQL("ALTER TABLE {} ADD PRIMARY KEY (id)").format(ident))
     conn.execute(sql.SQL("VACUUM ANALYZE {}").format(ident))
+
+
+MIGRATIONS = (
+    ("add_default", "ALTER TABLE {t} ADD COLUMN m1 int DEFAULT 1 NOT NULL", "m1"),
+    ("rename", "ALTER TABLE {t} RENAME COLUMN note TO remark", "remark"),
+    ("drop", "ALTER TABLE {t} DROP COLUMN c", None),
+)
+"""``--migrations``: (label, DDL, a column gold must then have)."""
+
+
+def migrate(
+    env: BenchEnv,
+    procs: Processes,
+    name: str,
+    table: dict[str, int],
+    gold_path: Path,
+    ours: dict[str, ProcessRun],
+) -> None:
+    """Each migration, then 100 updated rows (the stream then carries the new Relation), then a
+    timed ``pgmedallion run``: gold holds every row, with the new columns. Then ``pgmedallion
+    resync`` (a request only) and a timed run: the new snapshot every one of these cost before
+    they were followed in place. ``pgmedallion verify`` (untimed) must end exact. The table's
+    mark is cleared, so the next ``load`` builds it again."""
+    ident = sql.Identifier("public", name)
+    try:
+        for label, ddl, column in MIGRATIONS:
+            with env.connect() as conn:
+                conn.execute(ddl.format(t=ident.as_string(conn)))
+                conn.execute(
+                    sql.SQL("UPDATE {} SET b = -b WHERE id <= {}").format(
+                        ident, sql.Literal(table["min_id"] + 99)
+                    )
+                )
+            ours[label] = procs.pgmedallion(label)
+            check_gold_count(gold_path, table["rows"])
+            names = [f.name for f in _delta_query(gold_path, "SELECT * FROM t LIMIT 0").schema]
+            if column is not None and column not in names:
+                raise RuntimeError(f"gold has no column {column} after {label}: {names}")
+        procs.pgmedallion("resync-request", f"resync --request-only public.{name}")
+        ours["resync"] = procs.pgmedallion("resync")
+        check_gold_count(gold_path, table["rows"])
+        procs.pgmedallion("verify", "verify")
+    finally:
+        with env.connect() as conn:
+            conn.execute(sql.SQL("COMMENT ON TABLE {} IS NULL").format(ident))
 
 
 def _comment(conn, name: str) -> str | None:
@@ -463,6 +523,15 @@ def report(
     )
     if noop is not None:
         say(f"nothing new: pgmedallion run {noop.seconds:.1f} s")
+    for label, *_ in MIGRATIONS:
+        if label in ours:
+            say(
+                f"after migration {label}: pgmedallion run {ours[label].seconds:.1f} s, "
+                f"JDBC reload {jdbc_reload.seconds:.1f} s: ratio "
+                f"{jdbc_reload.seconds / ours[label].seconds:.2f}"
+            )
+    if "resync" in ours:
+        say(f"a new snapshot (pgmedallion resync, then run): {ours['resync'].seconds:.1f} s")
     runs = {**{k: v for k, v in ours.items()}, **{f"jdbc_{k}": v for k, v in peer.items()}}
     say(
         "peak RSS of the process trees: "
@@ -474,13 +543,18 @@ def report(
         ours=Timing("pgmedallion", first.seconds),
         peer=Timing("spark.read.jdbc", jdbc_first.seconds),
         goal=GOAL_FIRST,
-        params={"rows": args.rows, "skip_noop": args.skip_noop},
+        params={"rows": args.rows, "skip_noop": args.skip_noop, "migrations": args.migrations},
         details={
             "table": table_name(args.rows),
             "table_bytes": table["bytes"],
             "first_s": round(first.seconds, 2),
             "update_s": round(update.seconds, 2),
             "noop_s": None if noop is None else round(noop.seconds, 2),
+            "migrations_s": {
+                label: round(ours[label].seconds, 2)
+                for label in [m[0] for m in MIGRATIONS] + ["resync"]
+                if label in ours
+            },
             "jdbc_first_s": round(jdbc_first.seconds, 2),
             "jdbc_reload_s": round(jdbc_reload.seconds, 2),
             "first_ratio": round(first_ratio, 3),

@@ -211,13 +211,17 @@ class Bronze(ABC):
             counts[f"{schema}.{name}"] = counts.get(f"{schema}.{name}", 0) + rows
         return counts
 
-    def snapshot_schemas(self, oids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    def snapshot_schemas(
+        self, oids: Sequence[int], upto: int | None = None
+    ) -> dict[int, dict[str, Any]]:
         """OID -> the table schema recorded by the table's newest snapshot (its JSON object:
-        columns, leaf partitions, shape)."""
+        columns, leaf partitions, shape); ``upto``: among batches up to that one."""
         wanted = set(oids)
         newest: dict[int, dict[str, Any]] = {}
         for r in self._records():
             if r["kind"] != "schema" or r["table_oid"] not in wanted:
+                continue
+            if upto is not None and r["batch_id"] > upto:
                 continue
             if r["table_oid"] not in newest or newest[r["table_oid"]]["batch_id"] < r["batch_id"]:
                 newest[r["table_oid"]] = r
@@ -262,14 +266,20 @@ class Bronze(ABC):
         )
         return [(r, json.loads(self._payload(r) or b"{}")) for r in events[:newest]]
 
-    def followed_catalogs(self, oids: Sequence[int]) -> dict[int, tuple[int, dict]]:
+    def followed_catalogs(
+        self, oids: Sequence[int], upto: int | None = None
+    ) -> dict[int, tuple[int, dict]]:
         """OID -> (snapshot LSN, catalog) of the newest ``schema_change`` record of each table
-        among ``oids`` that holds the catalog capture saw when it recorded the change."""
+        among ``oids`` that holds the catalog capture saw when it recorded the change;
+        ``upto``: among batches up to that one (a silver run's window, so that its redo after
+        a crash decides the same)."""
         wanted = set(oids)
         newest: dict[int, tuple[int, int, dict]] = {}
         for r in self._records():
             oid = r["table_oid"]
             if r["kind"] != "schema_change" or oid not in wanted:
+                continue
+            if upto is not None and r["batch_id"] > upto:
                 continue
             if oid in newest and newest[oid][0] >= r["batch_id"]:
                 continue

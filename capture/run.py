@@ -77,6 +77,7 @@ reads as a streaming source.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
@@ -188,8 +189,9 @@ class _Run:
     totals: _Totals = field(default_factory=_Totals)
     expected: dict[int, PublishedTable] = field(default_factory=dict)
     """Tables being snapshotted: an attempt that fails on one still knows it was wanted."""
-    halted_on: set[tuple[int, tuple[str, ...]]] = field(default_factory=set)
-    """``(table OID, column names)`` of the Relations a stream stopped before (each once)."""
+    halted_on: set[tuple[int, tuple[str, ...], str]] = field(default_factory=set)
+    """``(table OID, column names, baseline)`` of the Relations a stream stopped before (each
+    once per baseline catalog)."""
 
     @property
     def stop(self) -> threading.Event:
@@ -204,25 +206,29 @@ def _record_followed(
     state: BronzeState,
     moved: Mapping[int, str],
 ) -> bool:
-    """Record each schema change capture follows without a new snapshot (a column added
-    without a value for existing rows), once per table and snapshot, at bronze's frontier, so
-    ``status`` can say what was followed and when. Returns whether it recorded any."""
+    """Record each schema change capture follows without a new snapshot (``changes``'
+    ``followed``) since the table's baseline (its newest record, or its snapshot's catalog:
+    :func:`_baselines`), with the catalog as capture sees it now, at bronze's frontier: silver
+    follows that record, and ``status`` says what was followed and when. A value for existing
+    rows the catalog no longer holds (a rewrite since cleared it) is carried over from the
+    baseline. Returns whether it recorded any."""
     wanted = sorted(oid for oid in survey.catalogs if oid in state.snapshots and oid not in moved)
     if not wanted:
         return False
-    known = bronze.followed_changes()
+    recorded = bronze.snapshot_schemas(wanted)
+    baselines = _baselines(bronze, recorded)
     new = []
-    for oid, record in bronze.snapshot_schemas(wanted).items():
+    for oid, record in recorded.items():
         lsn, schema, name = state.snapshots[oid]
         if target.on_schema_change(f"{schema}.{name}") == RESYNC:
             continue  # every change resyncs the table (its reason is recorded with it)
-        then = Catalog.from_record(record.get("catalog"))
+        then = baselines[oid]
         if then is None:
             continue
-        for change in changes(then, survey.catalogs[oid]).followed:
-            if (oid, change, lsn) not in known:
-                log.info("%s.%s: %s: followed", schema, name, change)
-                new.append((oid, schema, name, change, lsn, survey.catalogs[oid].to_record()))
+        now = survey.catalogs[oid].keeping_missing(then)
+        for change in changes(then, now, Catalog.from_record(record.get("catalog"))).followed:
+            log.info("%s.%s: %s: followed", schema, name, change)
+            new.append((oid, schema, name, change, lsn, now.to_record()))
     if new:
         bronze.record_followed(new, state.frontier or 0)
     return bool(new)
@@ -535,6 +541,9 @@ def _unchecked_columns(
     baselines = {
         oid: catalog for oid, catalog in _baselines(bronze, recorded).items() if catalog is not None
     }
+    fingerprints = {
+        oid: json.dumps(catalog.to_record(), sort_keys=True) for oid, catalog in baselines.items()
+    }
 
     def published_names(oid: int, relation: Relation) -> tuple[set[str], set[str]]:
         """The baseline's live columns, and those of them the stream must carry."""
@@ -558,9 +567,12 @@ def _unchecked_columns(
         live, sent = published_names(relation.relid, relation)
         names = {c.name for c in relation.columns}
         moved = tuple(sorted((names - live) | (sent - names)))
-        if not moved or (relation.relid, moved) in run.halted_on:
+        # once per baseline: a later migration that moves the same names (a column dropped,
+        # then one added under its name) is looked at again
+        seen = (relation.relid, moved, fingerprints[relation.relid])
+        if not moved or seen in run.halted_on:
             return False
-        run.halted_on.add((relation.relid, moved))
+        run.halted_on.add(seen)
         log.info(
             "%s.%s: column(s) %s not as capture last compared the catalog: looking at it"
             " before the stream goes on",
@@ -582,8 +594,9 @@ def _reshaped_meanwhile(
     bronze: Bronze, target: CaptureTarget, captured: dict[int, tuple[str, str]]
 ) -> bool:
     """Whether a captured table's shape changed while the stream ran (an ``ALTER
-    PUBLICATION`` then sits in what was just landed). Tables are named as their snapshot
-    recorded them, as :func:`_changed_since_snapshot` names them."""
+    PUBLICATION`` then sits in what was just landed), or its catalog needs a new snapshot or a
+    record of a followed change. Tables are named as their snapshot recorded them, as
+    :func:`_changed_since_snapshot` names them."""
     conn = connect(target.conninfo)
     try:
         shapes = published_shapes(conn, target.publication, list(captured))
@@ -598,9 +611,19 @@ def _reshaped_meanwhile(
         if oid in recorded
     ) or any(
         _migrated(target, captured[oid], catalogs[oid], baselines[oid], recorded[oid])
+        or (oid in shapes and _unrecorded(catalogs[oid], baselines[oid], recorded[oid]))
         for oid in catalogs
         if oid in recorded
     )
+
+
+def _unrecorded(catalog: Catalog, then: Catalog | None, record: Mapping) -> bool:
+    """Whether the catalog holds a change capture follows (``changes``' ``followed``) that no
+    record has yet: the next attempt records it before its stream (silver and gold follow the
+    record; a ``DROP NOT NULL`` or a rename with no row changed shows in no Relation)."""
+    if then is None:
+        return False
+    return bool(changes(then, catalog, Catalog.from_record(record.get("catalog"))).followed)
 
 
 def _provide_slot(target: CaptureTarget, frontier: int | None, snapshotted: bool) -> None:
@@ -645,6 +668,7 @@ def _landed_catalogs(
     captured: Mapping[int, tuple[str, str]],
     oids: Sequence[int],
     shapes: Mapping[int, Published],
+    names_now: Mapping[int, tuple[str, str]] | None = None,
 ) -> dict[int, Catalog]:
     """The catalog fingerprints of ``oids`` now, as bronze may hold them: a withheld column's
     missing value forgotten (``Catalog.landed``; the snapshot's record is shaped the same
@@ -652,8 +676,9 @@ def _landed_catalogs(
     out = {}
     for oid, catalog in catalog_of(conn, oids).items():
         shape = shapes.get(oid)
-        policied = target.pii.get(".".join(captured[oid]), {}) if oid in captured else {}
-        out[oid] = catalog.landed(shape.columns if shape else None, set(policied))
+        names = [captured.get(oid), (names_now or {}).get(oid)]  # its policies under either
+        policied = {c for n in names if n for c in target.pii.get(".".join(n), {})}
+        out[oid] = catalog.landed(shape.columns if shape else None, policied)
     return out
 
 
@@ -672,7 +697,12 @@ def _survey(
         leaves = leaf_partitions(conn, [t.oid for t in published if t.oid in captured])
         shapes = published_shapes(conn, target.publication, [t.oid for t in published])
         catalogs = _landed_catalogs(
-            conn, target, captured, [t.oid for t in published if t.oid in captured], shapes
+            conn,
+            target,
+            captured,
+            [t.oid for t in published if t.oid in captured],
+            shapes,
+            {t.oid: (t.schema, t.name) for t in published},
         )
     finally:
         conn.close()

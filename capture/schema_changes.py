@@ -24,7 +24,7 @@ which the catalog record carries to silver for the rows from before the column),
 dropped whose name no other column took (silver and gold drop it; the rows keep their other
 values), a column renamed to a name no column had, its old name taken by none (silver and gold
 rename it; a swap of two names stays a new snapshot: which Relation came before it cannot be
-told by names). Everything
+told by names), or ``SET``/``DROP NOT NULL`` (no row changes: gold's rules follow). Everything
 else (``resync`` reasons) is made exact by snapshotting the table again, which the rewinds make
 correct at any LSN; the table's policy ``on_schema_change`` decides (``follow``: resync what
 cannot be followed, ``resync``: every change, ``error``: neither, changes stop at
@@ -90,6 +90,21 @@ class Catalog:
             ),
         )
 
+    def keeping_missing(self, then: Catalog) -> Catalog:
+        """The catalog with each column's value for rows from before it (``missing``) as
+        ``then`` knew it where this one does not: a rewrite (``VACUUM FULL``, ``CLUSTER``)
+        writes the value into the rows and clears ``attmissingval``, and the rows keep it."""
+        known = {c.attnum: c for c in then.columns if c.has_missing and c.missing is not None}
+        return replace(
+            self,
+            columns=tuple(
+                replace(c, has_missing=True, missing=known[c.attnum].missing)
+                if c.missing is None and c.attnum in known and not c.dropped
+                else c
+                for c in self.columns
+            ),
+        )
+
     def missing_values(self) -> dict[str, str]:
         """Live column name -> the value rows from before its addition read (where known)."""
         return {
@@ -141,7 +156,11 @@ def catalog_of(conn: psycopg.Connection, oids: Sequence[int]) -> dict[int, Catal
         rows = conn.execute(
             sql.SQL(
                 "SELECT a.attrelid::int8, a.attnum::int, a.attname, a.atttypid::int8,"
-                " a.atttypmod, a.attnotnull, a.attisdropped, a.atthasmissing,"
+                " a.atttypmod, a.attnotnull, a.attisdropped,"
+                # a partitioned table's leaves hold the values for existing rows, not its root
+                " a.atthasmissing OR EXISTS (SELECT 1 FROM pg_partition_tree(a.attrelid) p"
+                "  JOIN pg_attribute l ON l.attrelid = p.relid AND l.attname = a.attname"
+                "  WHERE p.isleaf AND l.atthasmissing AND NOT l.attisdropped),"
                 " a.attgenerated::text,"
                 # the missing value as its type's output text (the array holds one element)
                 " CASE WHEN a.atthasmissing AND NOT a.attisdropped"
@@ -197,15 +216,24 @@ def changes(then: Catalog, now: Catalog, snapshot: Catalog | None = None) -> Cha
                 out.followed.append(f"column {old.name} renamed to {new.name}")
         if (new.type_oid, new.typmod) != (old.type_oid, old.typmod):
             out.unfollowable.append(f"column {new.name} changed type")
-        if new.not_null != old.not_null:
+        if new.not_null != old.not_null:  # gold's rules follow (silver.catalog)
             verb = "set" if new.not_null else "dropped"
-            out.unfollowable.append(f"NOT NULL of column {new.name} {verb}")
+            out.followed.append(f"NOT NULL of column {new.name} {verb}")
         if new.generated != old.generated:
             out.unfollowable.append(f"column {new.name} changed generation")
     added = [c for attnum, c in sorted(after.items()) if attnum not in before]
     rewritten = then.relfilenode != now.relfilenode and then.relfilenode != 0
+    reused = {  # names of the snapshot's columns dropped since
+        c.name
+        for c in (snapshot or then).columns
+        if not c.dropped and (after.get(c.attnum) is None or after[c.attnum].dropped)
+    }
     for column in added:
-        if column.dropped:
+        if column.name in reused and not column.dropped:
+            reason = f"column {column.name} dropped and its name given again"
+            if reason not in out.unfollowable:
+                out.unfollowable.append(reason)
+        elif column.dropped:
             out.unfollowable.append("a column added since the snapshot was dropped")
         elif column.generated:
             out.unfollowable.append(f"generated column {column.name} added")

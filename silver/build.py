@@ -292,12 +292,13 @@ def _read_relations(
     relations = catalog.known_relations(spark, n, cfg.source.name, r.plan.run, r.window_relations)
     catalog.add_stream_tables(r.tables, relations, cfg, taken, r.window_relations, r.retired)
     bronze = session_bronze(spark, cfg, n)
-    followed = bronze.followed_catalogs(sorted(r.tables))
+    upto = r.plan.b_to  # the window's records: a redo after a crash decides the same
+    followed = bronze.followed_catalogs(sorted(r.tables), upto)
     missing = catalog.missing_values(followed, r.tables)
-    snapshots = bronze.snapshot_schemas(sorted(followed)) if followed else {}
+    snapshots = bronze.snapshot_schemas(sorted(followed), upto) if followed else {}
     r.followed = catalog.followed_columns(followed, snapshots, r.tables, cfg, r.copied)
     layouts, copy_widths, errors = catalog.plan_layouts(
-        r.tables, relations, cfg, r.plan.f_from, missing, r.followed
+        r.tables, relations, cfg, r.plan.f_from, missing, r.followed, r.new_snapshots
     )
     for oid, f in sorted(r.followed.items()):
         if f.problem:  # a new snapshot makes it exact (see _request_resync)
@@ -558,6 +559,10 @@ def _write_run(
     catalog.write_tables(spark, n, source, r.tables, r.tables_before)
     # The tables whose silver state or errors this run changed: gold leaves the others alone.
     touched = set(work) | r.reshaped | {e.table_oid for e in r.errors if e.table_oid is not None}
+    if r.plan.redo:
+        # the crashed attempt may have reshaped a table (restated, renamed, dropped a column,
+        # written _tables) that this attempt then finds done: gold looks at every table
+        touched |= set(r.tables)
     touched = sorted(touched | {a[0] for a in adjusted})
     write_progress(spark, n, source, run, r.plan.f_to, r.plan.b_to, touched, r.plan.source_time)
 

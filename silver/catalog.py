@@ -353,13 +353,16 @@ def plan_layouts(
     f_from: int,
     missing: Mapping[int, Mapping[str, tuple[int, str]]] | None = None,
     follow: Mapping[int, Followed] | None = None,
+    rebuilt: Mapping[int, int] | None = None,
 ) -> tuple[Layouts, dict[int, tuple[int, int]], list[ErrorRecord]]:
     """Each table's Relations laid out against its columns (new columns added to the table):
     the layouts, the COPY widths (OID -> (COPY columns, silver columns)), and a
     ``SchemaIncompatible`` error for each Relation in the window silver cannot follow.
     ``missing``: OID -> column name -> (type OID, the value rows from before the column read),
     from capture's catalog record of the table (:func:`missing_values`); ``follow``: OID -> the
-    drops and renames since the table's snapshot (:func:`followed_columns`), applied first."""
+    drops and renames since the table's snapshot (:func:`followed_columns`), applied first;
+    ``rebuilt``: OID -> snapshot LSN of the tables snapshotted in this run (their changes after
+    it are read again, so their Relations after it may add columns)."""
     layouts: Layouts = {}
     copy_widths: dict[int, tuple[int, int]] = {}
     errors: list[ErrorRecord] = []
@@ -375,6 +378,7 @@ def plan_layouts(
             errors,
             missing.get(oid, {}),
             follow.get(oid),
+            min(f_from, (rebuilt or {})[oid] + 1) if oid in (rebuilt or {}) else f_from,
         )
         layouts[oid] = (index, width)
         copy_widths[oid] = (copy_width, width)
@@ -440,6 +444,8 @@ class Followed:
     -> its name now; a dropped column's names -> "" (left out)."""
     attnums: dict[str, int] = field(default_factory=dict)
     """A renamed column's name now -> its attnum (kept in its entry from now on)."""
+    not_null: list[str] | None = None
+    """The table's NOT NULL columns now, where they changed (gold's rules follow them)."""
     problem: str = ""
     """A column silver holds that the source no longer has and that it cannot follow: the
     table needs a new snapshot."""
@@ -504,7 +510,17 @@ def followed_columns(
                 f.renamed[name] = column.name
                 f.attnums[column.name] = attnum
                 f.aliases[name] = column.name
-        if f.aliases or f.problem:
+        renamed = [f.renamed.get(c["name"], c["name"]) for c in info.columns]
+        not_null = [
+            name
+            for name in renamed
+            if name in {c.name for c in now.columns if c.not_null and not c.dropped}
+        ]
+        if sorted(not_null) != sorted(
+            f.renamed.get(n, n) for n in info.not_null if n not in f.dropped
+        ):
+            f.not_null = not_null
+        if f.aliases or f.problem or f.not_null is not None:
             out[oid] = f
     return out
 
@@ -522,6 +538,8 @@ def _follow(info: TableInfo, f: Followed) -> None:
         columns.append(entry)
     info.columns = columns
     info.not_null = [f.renamed.get(n, n) for n in info.not_null if n not in f.dropped]
+    if f.not_null is not None:
+        info.not_null = list(f.not_null)
     info.primary_key = [f.renamed.get(n, n) for n in info.primary_key]
 
 
@@ -533,6 +551,7 @@ def _table_layouts(
     errors: list[ErrorRecord],
     missing: Mapping[str, tuple[int, str]],
     follow: Followed | None,
+    adds_from: int,
 ) -> tuple[LayoutIndex, int]:
     aliases: dict[str, str] = {}
     if follow is not None and not follow.problem:
@@ -547,7 +566,12 @@ def _table_layouts(
         return spark_type(pg_type_of(column_entry({**entry, "typmod": col.typmod})))
 
     final, rel_layouts = plan_columns(
-        base, [(lsn, rel) for lsn, _, rel in rels], info.snapshot_lsn, target_type, aliases
+        base,
+        [(lsn, rel) for lsn, _, rel in rels],
+        info.snapshot_lsn,
+        target_type,
+        aliases,
+        adds_from,
     )
     for (lsn, _, _rel), layout in zip(rels, rel_layouts, strict=False):
         if layout.positions is None and lsn >= f_from:

@@ -117,6 +117,7 @@ def plan_columns(
     snapshot_lsn: int | None = None,
     target_type: Callable[[TableColumn], object] | None = None,
     aliases: Mapping[str, str] | None = None,
+    adds_from: int | None = None,
 ) -> tuple[list[TableColumn], list[Layout]]:
     """The table's final columns and each ``(lsn, Relation)``'s layout, in stream order.
 
@@ -128,7 +129,10 @@ def plan_columns(
     longer published by then): those are left out (position ``DISCARDED``). Rewinds retract
     such a Relation's changes anyway. ``aliases``: the names a Relation may give a column the
     source renamed since (its name now) or dropped ("": never the table's again, left out of
-    the Relations that still have it), from ``silver.catalog.followed_columns``.
+    the Relations that still have it), from ``silver.catalog.followed_columns``. Only a
+    Relation at or after ``adds_from`` (the first LSN whose changes this run reads) adds
+    columns: an older one was planned by the run that read it, and a name of it the table no
+    longer has (a column renamed twice since) is left out rather than added again.
     """
     aliases = aliases or {}
     columns = list(base)
@@ -144,6 +148,7 @@ def plan_columns(
                 ),
             )
         names = [c.name for c in rel.columns]
+        adds = adds_from is None or lsn >= adds_from
         before_snapshot = snapshot_lsn is not None and lsn <= snapshot_lsn
         missing = [] if before_snapshot else [c.name for c in columns if c.name not in names]
         retyped = [
@@ -173,7 +178,7 @@ def plan_columns(
             layouts.append(Layout(None, "; ".join(parts)))
             continue
         for c in rel.columns:
-            if c.name not in index and not before_snapshot and c.name != "":
+            if c.name not in index and not before_snapshot and c.name != "" and adds:
                 index[c.name] = len(columns)
                 columns.append(TableColumn(c.name, c.type_oid, c.type_modifier))
         layouts.append(

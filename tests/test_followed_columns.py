@@ -161,3 +161,37 @@ def test_a_renamed_column_is_renamed_in_place(spark, db, caplog):
     assert_exact(verify(spark, cfg))
     assert _snapshots(spark, cfg) == 1
     assert _columns(spark, cfg, "gold", "d") == ["id", "f1", "gone", "memo"]
+    # and back to its name at the snapshot: a change from the last record, none from the
+    # snapshot's catalog
+    _sql(db, "ALTER TABLE d RENAME COLUMN memo TO note")
+    run_stages(spark, cfg)
+    assert_exact(verify(spark, cfg))
+    assert _snapshots(spark, cfg) == 1
+    assert _columns(spark, cfg, "gold", "d") == ["id", "f1", "gone", "note"]
+
+
+def test_not_null_set_and_dropped_are_followed(spark, db):
+    """``SET NOT NULL`` and ``DROP NOT NULL`` change no row: no new snapshot, and gold's rules
+    follow the source's constraints (a NULL inserted after the drop passes them)."""
+    from pgmedallion.silver.catalog import load_tables
+
+    _sql(db, SCHEMA)
+    cfg = make_config(db, "nnflw")
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+
+    def not_null(table: str) -> list[str]:
+        (info,) = [i for i in load_tables(spark, cfg).values() if i.name == table]
+        return sorted(info.not_null)
+
+    assert not_null("d") == ["f1", "gone", "id"]
+    _sql(
+        db,
+        "ALTER TABLE d ALTER COLUMN note SET NOT NULL",
+        "ALTER TABLE d ALTER COLUMN gone DROP NOT NULL",
+        "INSERT INTO d (id, f1, gone, note) VALUES (1000, 1, NULL, 'x')",
+    )
+    run_stages(spark, cfg)  # a rule of the old constraint would fail the run (NULL in gone)
+    assert_exact(verify(spark, cfg))
+    assert _snapshots(spark, cfg) == 1
+    assert not_null("d") == ["f1", "id", "note"]

@@ -13,6 +13,7 @@ from pgmedallion.capture.pgoutput import (
     Update,
 )
 from pgmedallion.silver.changes import (
+    DISCARDED,
     FILL,
     RETRACT,
     Diff,
@@ -21,6 +22,7 @@ from pgmedallion.silver.changes import (
     TableColumn,
     change_diffs,
     plan_columns,
+    with_fill,
 )
 from pgmedallion.silver.errors import SilverError
 
@@ -182,3 +184,36 @@ def test_a_type_modifier_that_changes_the_spark_type_is_incompatible():
     # without the Spark types only the type OIDs are compared
     _, layouts = plan_columns(base, [(30, widened_numeric)], 20)
     assert layouts[0].positions == (0, 1, 2)
+
+
+def test_renamed_and_dropped_columns_are_read_through_their_aliases():
+    """A Relation from before a rename gives its column's values under the name of now; one
+    from before a drop leaves the column out; a name older than both (a Relation of an earlier
+    run, before ``adds_from``) is left out rather than added again."""
+    old = rel(("id", 23), ("body", 25), ("gone", 23))
+    middle = rel(("id", 23), ("text", 25), ("gone", 23))
+    now = rel(("id", 23), ("note", 25))
+    renamed = [TableColumn("id", 23, -1), TableColumn("note", 25, -1)]  # silver's, followed
+    columns, layouts = plan_columns(
+        renamed,
+        [(10, old), (20, middle), (30, now)],
+        aliases={"body": "note", "text": "note", "gone": ""},
+    )
+    assert [c.name for c in columns] == ["id", "note"]
+    assert [lay.positions for lay in layouts] == [(0, 1, DISCARDED), (0, 1, DISCARDED), (0, 1)]
+    # "text" unknown (no alias) in a Relation before adds_from: not a column of the table
+    columns, layouts = plan_columns(
+        renamed,
+        [(10, old), (20, middle), (30, now)],
+        aliases={"body": "note", "gone": ""},
+        adds_from=25,
+    )
+    assert [c.name for c in columns] == ["id", "note"]
+    assert layouts[2].positions == (0, 1)
+
+
+def test_a_column_added_with_a_value_fills_rows_of_older_relations():
+    layouts = with_fill([Layout((0, 1)), Layout((0, 1, 2)), Layout(None, "x")], [None, None, "7"])
+    assert change_diffs(Insert(1, (b"1", b"a")), layouts[0], 3) == [Diff(1, ["1", "a", "7"])]
+    assert change_diffs(Insert(1, (b"1", b"a", None)), layouts[1], 3) == [Diff(1, ["1", "a", None])]
+    assert layouts[2].positions is None and layouts[2].fill == ()
