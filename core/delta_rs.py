@@ -204,9 +204,17 @@ def commit_properties(
 
 
 def conforms(table: DeltaTable, names: list[str]) -> bool:
-    """Whether rows with columns ``names`` can be appended as they are: the table's column
-    names in the same order (delta-rs cannot add a column to a column-mapped table)."""
-    return [f.name for f in table.schema().fields] == names
+    """Whether rows with columns ``names`` can be appended: the table's column names, in any
+    order (:func:`in_table_order` puts them in the table's; delta-rs cannot add a column to a
+    column-mapped table). A column added by a later commit (schema evolution, a restatement)
+    comes after silver's ``_lsn``, ``_diff`` and ``_run``, so the order differs then."""
+    have = [f.name for f in table.schema().fields]
+    return len(have) == len(names) and set(have) == set(names)
+
+
+def in_table_order(table: DeltaTable, rows: pa.Table) -> pa.Table:
+    """``rows`` with its columns in ``table``'s order (see :func:`conforms`)."""
+    return rows.select([f.name for f in table.schema().fields])
 
 
 def append(

@@ -190,7 +190,7 @@ def run_batched(
         if delta_rs.done(table, app, run):  # a rerun: the crashed attempt made this commit
             return cand.info.oid, Outcome(None, results[i][1])
         failpoint("silver.before_append")
-        delta_rs.append(cand.path, rows, app, run)
+        delta_rs.append(cand.path, delta_rs.in_table_order(table, rows), app, run)
         failpoint("silver.after_append")
         return cand.info.oid, Outcome(rows.num_rows, results[i][1])
 

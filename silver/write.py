@@ -86,7 +86,7 @@ def append_diffs(
         if delta_rs.done(dt, app, run):
             return None
         if delta_rs.conforms(dt, df.columns):
-            rows = df.toArrow()
+            rows = delta_rs.in_table_order(dt, df.toArrow())
             failpoint("silver.before_append")
             delta_rs.append(path, rows, app, run)
             failpoint("silver.after_append")
