@@ -9,6 +9,8 @@ one tagged, idempotent commit (see ``gold/build.py`` for exactly-once).
 
 from __future__ import annotations
 
+import logging
+
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -16,6 +18,7 @@ from pyspark.sql import functions as F
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.core.failpoints import failpoint
+from pgmedallion.core.naming import quote
 from pgmedallion.gold.history import Applied, ErrorSummary, Reported, applied_state
 from pgmedallion.gold.on_spark import (
     affected_keys,
@@ -44,6 +47,8 @@ from pgmedallion.gold.table_io import (
     tagged_commit,
 )
 from pgmedallion.silver.contract import TableInfo
+
+log = logging.getLogger(__name__)
 
 
 def build_table(
@@ -156,11 +161,48 @@ def ensure_gold(t: Table, exists: bool | None) -> None:
     if exists is None:
         exists = table_exists(t.spark, t.gold)
     if exists and not same_columns(t.spark, t.gold, schema):
+        _follow_in_place(t)
+    if exists and not same_columns(t.spark, t.gold, schema):
         t.spark.sql(f"DROP TABLE {t.gold}")
         t.spark.sql(f"DROP TABLE IF EXISTS {t.quarantine}")
         exists = False
     if not exists:
         create_table(t.spark, t.gold, schema)
+
+
+def _follow_in_place(t: Table) -> None:
+    """Rename and drop in the gold table (and its quarantine) the columns silver renamed and
+    dropped after the source (an entry's ``renamed_from``; a column silver no longer has):
+    Delta's column mapping does both without rewriting a file, so gold goes on incrementally.
+    Only when that is all that differs (a new column needs its values: a full build)."""
+    names = [c["name"] for c in t.info.columns]
+    have = [f.name for f in t.spark.table(t.gold).schema.fields if f.name != LSN]
+    renames = {}
+    for entry in t.info.columns:
+        for old in entry.get("renamed_from", []):
+            if old in have and entry["name"] not in have:
+                renames[old] = entry["name"]
+    after = [renames.get(n, n) for n in have]
+    drops = [n for n in after if n not in names]
+    if sorted(n for n in after if n not in drops) != sorted(names):
+        return  # a new column (or a change of type): recreated and built in full
+    for table in (t.gold, t.quarantine):
+        if not table_exists(t.spark, table):
+            continue
+        columns = set(t.spark.table(table).columns)
+        for old, new in renames.items():
+            if old in columns and new not in columns:
+                t.spark.sql(f"ALTER TABLE {table} RENAME COLUMN {quote(old)} TO {quote(new)}")
+        columns = set(t.spark.table(table).columns)
+        gone = [quote(n) for n in drops if n in columns]
+        if gone:
+            t.spark.sql(f"ALTER TABLE {table} DROP COLUMNS ({', '.join(gone)})")
+    log.info(
+        "gold: %s: columns followed in place (renamed: %s; dropped: %s)",
+        t.info.qualified_name,
+        ", ".join(f"{a} -> {b}" for a, b in renames.items()) or "none",
+        ", ".join(drops) or "none",
+    )
 
 
 def _write_gold(

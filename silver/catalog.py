@@ -534,7 +534,13 @@ def _follow(info: TableInfo, f: Followed) -> None:
         if name in f.dropped:
             continue
         if name in f.renamed:
-            entry = {**entry, "name": f.renamed[name], "attnum": f.attnums[f.renamed[name]]}
+            entry = {
+                **entry,
+                "name": f.renamed[name],
+                "attnum": f.attnums[f.renamed[name]],
+                # gold renames its column too (gold.table.ensure_gold)
+                "renamed_from": [*entry.get("renamed_from", []), name],
+            }
         columns.append(entry)
     info.columns = columns
     info.not_null = [f.renamed.get(n, n) for n in info.not_null if n not in f.dropped]

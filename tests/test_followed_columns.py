@@ -77,6 +77,8 @@ def test_a_dropped_column_leaves_silver_and_gold_in_place(spark, db, caplog):
     assert _snapshots(spark, cfg) == 1, "followed without a new snapshot"
     dropped = [r.getMessage() for r in caplog.records if "dropped here too" in r.getMessage()]
     assert len(dropped) == 3, dropped
+    in_place = [r.getMessage() for r in caplog.records if "followed in place" in r.getMessage()]
+    assert len(in_place) == 3, in_place
     for table in ("d", "f"):
         assert _columns(spark, cfg, "silver", table) == ["id", "f1", "note"]
         assert _columns(spark, cfg, "gold", table) == ["id", "f1", "note"]
@@ -139,6 +141,8 @@ def test_a_renamed_column_is_renamed_in_place(spark, db, caplog):
     assert _snapshots(spark, cfg) == 1, "followed without a new snapshot"
     renamed = [r.getMessage() for r in caplog.records if "renamed here too" in r.getMessage()]
     assert len(renamed) == 3, renamed
+    in_place = [r.getMessage() for r in caplog.records if "followed in place" in r.getMessage()]
+    assert len(in_place) == 3, in_place  # gold renamed its columns: no full build
     for table in ("d", "f"):
         assert _columns(spark, cfg, "gold", table) == ["id", "f1", "gone", "remark"]
     assert _columns(spark, cfg, "gold", "k") == ["n", "kept"]
