@@ -155,17 +155,23 @@ def catalog_of(conn: psycopg.Connection, oids: Sequence[int]) -> dict[int, Catal
     with server_errors():
         rows = conn.execute(
             sql.SQL(
-                "SELECT a.attrelid::int8, a.attnum::int, a.attname, a.atttypid::int8,"
+                # a partitioned table's partitions hold the values for existing rows, not its
+                # root: found through pg_inherits (pg_partition_tree would take locks, and wait
+                # behind a DDL transaction left open)
+                "WITH RECURSIVE tree(root, relid) AS ("
+                " SELECT c.oid, c.oid FROM pg_class c WHERE c.oid = ANY(ARRAY[{0}]::oid[])"
+                " UNION ALL SELECT t.root, i.inhrelid FROM pg_inherits i"
+                "  JOIN tree t ON i.inhparent = t.relid)"
+                " SELECT a.attrelid::int8, a.attnum::int, a.attname, a.atttypid::int8,"
                 " a.atttypmod, a.attnotnull, a.attisdropped,"
-                # a partitioned table's leaves hold the values for existing rows, not its root
-                " a.atthasmissing OR EXISTS (SELECT 1 FROM pg_partition_tree(a.attrelid) p"
-                "  JOIN pg_attribute l ON l.attrelid = p.relid AND l.attname = a.attname"
-                "  WHERE p.isleaf AND l.atthasmissing AND NOT l.attisdropped),"
+                " a.atthasmissing OR EXISTS (SELECT 1 FROM tree t"
+                "  JOIN pg_attribute l ON l.attrelid = t.relid AND l.attname = a.attname"
+                "  WHERE t.root = a.attrelid AND l.atthasmissing AND NOT l.attisdropped),"
                 " a.attgenerated::text,"
                 # the missing value as its type's output text (the array holds one element)
                 " CASE WHEN a.atthasmissing AND NOT a.attisdropped"
                 "  THEN (a.attmissingval::text::text[])[1] END"
-                " FROM pg_attribute a WHERE a.attrelid = ANY(ARRAY[{}]::oid[]) AND a.attnum > 0"
+                " FROM pg_attribute a WHERE a.attrelid = ANY(ARRAY[{0}]::oid[]) AND a.attnum > 0"
                 " ORDER BY a.attrelid, a.attnum"
             ).format(wanted)
         ).fetchall()

@@ -208,3 +208,24 @@ def test_a_withheld_columns_default_never_reaches_bronze(spark, db):
     assert {"schema", "schema_change"} <= kinds, kinds
     payloads = bronze.select("payload").collect()
     assert not any(b"do-not-land-4711" in bytes(r["payload"] or b"") for r in payloads)
+
+
+def test_a_default_added_to_a_partitioned_table_is_snapshotted_again(spark, db):
+    """A partitioned table keeps the value for existing rows in its partitions, not in its
+    root (the root has no ``attmissingval``): capture sees it there and snapshots the table
+    again, instead of following it as NULL."""
+    _sql(
+        db,
+        "CREATE TABLE p (id int, v int, PRIMARY KEY (id)) PARTITION BY RANGE (id)",
+        "CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (0) TO (100)",
+        "CREATE TABLE p2 PARTITION OF p FOR VALUES FROM (100) TO (200)",
+        "INSERT INTO p SELECT g, g FROM generate_series(1, 150) g",
+        "CREATE PUBLICATION pub FOR TABLE p WITH (publish_via_partition_root = true)",
+    )
+    cfg = make_config(db, "addpart")
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    _sql(db, "ALTER TABLE p ADD COLUMN k int DEFAULT 5", "UPDATE p SET v = -v WHERE id = 7")
+    run_stages(spark, cfg)
+    assert_exact(verify(spark, cfg))
+    assert _snapshots(spark, cfg) == 2
