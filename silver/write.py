@@ -19,8 +19,11 @@ from pgmedallion.core import delta_rs
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.naming import quote
 from pgmedallion.core.spark import create_table
+from pgmedallion.silver.cast_columns import cast_values
+from pgmedallion.silver.casts import CAST_ERRORS_COLUMN
 from pgmedallion.silver.contract import Names, TableInfo
 from pgmedallion.silver.errors import ErrorRecord
+from pgmedallion.silver.pgtypes import pg_type_of
 
 UNSETTLED_APP_SUFFIX = "-late"
 """The ``txnAppId`` suffix of a table's append of its unsettled rows. The text is the one runs
@@ -232,10 +235,6 @@ def restate_added(
     with NULL there; a redo after a crash makes the same commit again (every row of an earlier
     run predates the column). Returns why it could not (a value the column's cast rejects:
     the table then needs a new snapshot), or None."""
-    from pgmedallion.silver.cast_columns import cast_values
-    from pgmedallion.silver.casts import CAST_ERRORS_COLUMN
-    from pgmedallion.silver.pgtypes import pg_type_of
-
     entries = [c for c in info.columns if c["name"] in names]
     texts = spark.createDataFrame([([c["missing"] for c in entries],)], "values array<string>")
     renamed = [(f"_pgm_added_{i}", pg_type_of(c)) for i, c in enumerate(entries)]
