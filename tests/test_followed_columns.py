@@ -50,6 +50,18 @@ def _columns(spark, cfg, layer: str, table: str) -> list[str]:
     return [c for c in df.columns if not c.startswith("_")]
 
 
+def _run_followed(spark, cfg, caplog, silver_says: str) -> None:
+    """A run after the migrations: exact, no new snapshot, silver reshaped each of the three
+    tables, and gold followed in place (no full build)."""
+    with caplog.at_level(logging.INFO, logger="pgmedallion"):
+        run_stages(spark, cfg)
+    assert_exact(verify(spark, cfg))
+    assert _snapshots(spark, cfg) == 1, "followed without a new snapshot"
+    for text in (silver_says, "followed in place"):
+        found = [r.getMessage() for r in caplog.records if text in r.getMessage()]
+        assert len(found) == 3, (text, found)
+
+
 def test_a_dropped_column_leaves_silver_and_gold_in_place(spark, db, caplog):
     _sql(db, SCHEMA)
     cfg = make_config(db, "dropflw")
@@ -71,14 +83,7 @@ def test_a_dropped_column_leaves_silver_and_gold_in_place(spark, db, caplog):
         "DELETE FROM f WHERE id = 4",
         "DELETE FROM k WHERE ctid = (SELECT min(ctid) FROM k WHERE n = 1)",  # one of two equal
     )
-    with caplog.at_level(logging.INFO, logger="pgmedallion"):
-        run_stages(spark, cfg)
-    assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 1, "followed without a new snapshot"
-    dropped = [r.getMessage() for r in caplog.records if "dropped here too" in r.getMessage()]
-    assert len(dropped) == 3, dropped
-    in_place = [r.getMessage() for r in caplog.records if "followed in place" in r.getMessage()]
-    assert len(in_place) == 3, in_place
+    _run_followed(spark, cfg, caplog, "dropped here too")
     for table in ("d", "f"):
         assert _columns(spark, cfg, "silver", table) == ["id", "f1", "note"]
         assert _columns(spark, cfg, "gold", table) == ["id", "f1", "note"]
@@ -135,14 +140,7 @@ def test_a_renamed_column_is_renamed_in_place(spark, db, caplog):
         "INSERT INTO d (id, f1, gone, remark) VALUES (1000, 1, 'g', 'r')",
         "DELETE FROM f WHERE id = 5",
     )
-    with caplog.at_level(logging.INFO, logger="pgmedallion"):
-        run_stages(spark, cfg)
-    assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 1, "followed without a new snapshot"
-    renamed = [r.getMessage() for r in caplog.records if "renamed here too" in r.getMessage()]
-    assert len(renamed) == 3, renamed
-    in_place = [r.getMessage() for r in caplog.records if "followed in place" in r.getMessage()]
-    assert len(in_place) == 3, in_place  # gold renamed its columns: no full build
+    _run_followed(spark, cfg, caplog, "renamed here too")
     for table in ("d", "f"):
         assert _columns(spark, cfg, "gold", table) == ["id", "f1", "gone", "remark"]
     assert _columns(spark, cfg, "gold", "k") == ["n", "kept"]
