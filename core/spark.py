@@ -31,6 +31,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pgmedallion.core.config import on_databricks  # noqa: F401 (where callers import it from)
 from pgmedallion.core.delta_rs import application
 from pgmedallion.core.errors import JavaMissing
+from pgmedallion.core.naming import quote
 
 log = logging.getLogger(__name__)
 
@@ -435,3 +436,23 @@ def _creation_leftover(path: Path) -> bool:
         elif name.endswith(".parquet"):  # a checkpoint: more than a creation
             return False
     return True
+
+
+def reshape_columns(
+    spark: SparkSession, table: str, renames: dict[str, str], drops: Sequence[str]
+) -> tuple[list[str], list[str]]:
+    """Rename (old -> new) and drop columns of a column-mapped Delta table: metadata only, no
+    file rewritten. Each step only where still to do (the old name there, the new one not), so
+    a second call after a crash does the rest. Returns the columns renamed (old names) and
+    dropped."""
+    have = set(spark.table(table).columns)
+    renamed = []
+    for old, new in sorted(renames.items()):
+        if old in have and new not in have:
+            spark.sql(f"ALTER TABLE {table} RENAME COLUMN {quote(old)} TO {quote(new)}")
+            have = (have - {old}) | {new}
+            renamed.append(old)
+    dropped = sorted(name for name in drops if name in have)
+    if dropped:
+        spark.sql(f"ALTER TABLE {table} DROP COLUMNS ({', '.join(quote(d) for d in dropped)})")
+    return renamed, dropped

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.core.failpoints import failpoint
-from pgmedallion.core.naming import quote
+from pgmedallion.core.spark import reshape_columns
 from pgmedallion.gold.history import Applied, ErrorSummary, Reported, applied_state
 from pgmedallion.gold.on_spark import (
     affected_keys,
@@ -187,16 +187,8 @@ def _follow_in_place(t: Table) -> None:
     if sorted(n for n in after if n not in drops) != sorted(names):
         return  # a new column (or a change of type): recreated and built in full
     for table in (t.gold, t.quarantine):
-        if not table_exists(t.spark, table):
-            continue
-        columns = set(t.spark.table(table).columns)
-        for old, new in renames.items():
-            if old in columns and new not in columns:
-                t.spark.sql(f"ALTER TABLE {table} RENAME COLUMN {quote(old)} TO {quote(new)}")
-        columns = set(t.spark.table(table).columns)
-        gone = [quote(n) for n in drops if n in columns]
-        if gone:
-            t.spark.sql(f"ALTER TABLE {table} DROP COLUMNS ({', '.join(gone)})")
+        if table_exists(t.spark, table):
+            reshape_columns(t.spark, table, renames, drops)
     log.info(
         "gold: %s: columns followed in place (renamed: %s; dropped: %s)",
         t.info.qualified_name,

@@ -53,6 +53,7 @@ from pgmedallion.core import delta_rs, engine
 from pgmedallion.core.config import Config
 from pgmedallion.core.naming import quote
 from pgmedallion.core.parallel import concurrently
+from pgmedallion.core.spark import reshape_columns
 from pgmedallion.silver import batch, catalog
 from pgmedallion.silver.cast_rows import (
     ROW_DIFF,
@@ -110,8 +111,8 @@ class _Run:
     """The window's Relations silver cannot follow (``SchemaIncompatible``, per Relation)."""
     reshaped: set[int] = field(default_factory=set)
     """Tables whose silver table this run reshaped without appending to it: earlier rows that
-    took an added column's value (:func:`_restate_added`), columns dropped
-    (:func:`_drop_followed`)."""
+    took an added column's value (:func:`_restate_added`), columns renamed or dropped
+    (:func:`_reshape_followed`)."""
     followed: dict[int, catalog.Followed] = field(default_factory=dict)
     """OID -> the drops and renames of the source's columns this run follows."""
 
@@ -443,26 +444,23 @@ def _reshape_followed(spark: SparkSession, n: Names, r: _Run, existing: set[str]
         info = r.tables[oid]
         if f.problem or info.silver_table.lower() not in existing:
             continue
-        target = n.table(info.silver_table)
-        have = set(spark.table(target).columns)
-        for old, new in sorted(f.renamed.items()):
-            if old in have and new not in have:
-                log.info(
-                    "silver: %s: column %s renamed to %s at the source: renamed here too",
-                    info.qualified_name,
-                    old,
-                    new,
-                )
-                spark.sql(f"ALTER TABLE {target} RENAME COLUMN {quote(old)} TO {quote(new)}")
-                r.reshaped.add(oid)
-        gone = sorted(name for name in f.dropped if name in have)
+        renamed, gone = reshape_columns(
+            spark, n.table(info.silver_table), f.renamed, sorted(f.dropped)
+        )
+        for old in renamed:
+            log.info(
+                "silver: %s: column %s renamed to %s at the source: renamed here too",
+                info.qualified_name,
+                old,
+                f.renamed[old],
+            )
         if gone:
             log.info(
                 "silver: %s: column(s) %s dropped at the source: dropped here too",
                 info.qualified_name,
                 ", ".join(gone),
             )
-            spark.sql(f"ALTER TABLE {target} DROP COLUMNS ({', '.join(quote(g) for g in gone)})")
+        if renamed or gone:
             r.reshaped.add(oid)
 
 
