@@ -276,6 +276,7 @@ def test_load_runs_end_to_end(bench_env, capsys):
     assert match.group(3) == "goal >= 1"
     details = result.details
     assert details["updated_rows"] == 30 and details["noop_s"] is None
+    assert details["migrations_s"] == {}  # --migrations not asked
     assert details["update_ratio"] == pytest.approx(
         details["jdbc_reload_s"] / details["update_s"], rel=0.01
     )
@@ -283,7 +284,11 @@ def test_load_runs_end_to_end(bench_env, capsys):
     assert set(details["peak_rss_tree_kib"]) == {"first", "update", "jdbc_first", "jdbc_reload"}
     assert all(kib > 0 for kib in details["peak_rss_tree_kib"].values())
     [record] = records
-    assert record["name"] == "load" and record["params"] == {"rows": 3000, "skip_noop": True}
+    assert record["name"] == "load" and record["params"] == {
+        "rows": 3000,
+        "skip_noop": True,
+        "migrations": False,
+    }
     config = (bench_env.state_dir / "load" / "pgmedallion.toml").read_text()
     assert bench_env.conninfo["password"] not in config  # through the environment only
     with psycopg.connect(**bench_env.conninfo) as conn:
