@@ -533,10 +533,11 @@ def _unchecked_columns(
 ) -> Callable[[Relation], bool]:
     """Whether the stream must stop before a Relation message that names a column the catalog
     capture compared (the baseline of :func:`_baselines`, current as this attempt streams) did
-    not have, or lacks one it had and publishes. The DDL then came after this attempt's look at
-    the catalog, and what silver does with it (NULL or the default in the rows from before a
-    new column, a rename, a drop) is recorded only by a look: the next attempt looks again
-    before the message lands (the next session sends it again). Once per table and columns."""
+    not have, gives one another type, or lacks one it had and publishes. The DDL then came
+    after this attempt's look at the catalog, and what silver does with it (NULL or the default
+    in the rows from before a new column, a rename, a drop, a widening) is recorded only by a
+    look: the next attempt looks again before the message lands (the next session sends it
+    again). Once per table and columns."""
     recorded = bronze.snapshot_schemas(sorted(watched))
     baselines = {
         oid: catalog for oid, catalog in _baselines(bronze, recorded).items() if catalog is not None
@@ -566,7 +567,17 @@ def _unchecked_columns(
             return False
         live, sent = published_names(relation.relid, relation)
         names = {c.name for c in relation.columns}
-        moved = tuple(sorted((names - live) | (sent - names)))
+        typed = {
+            c.name: (c.type_oid, c.typmod)
+            for c in baselines[relation.relid].columns
+            if not c.dropped
+        }
+        retyped = {
+            c.name
+            for c in relation.columns
+            if c.name in live and typed[c.name] != (c.type_oid, c.type_modifier)
+        }
+        moved = tuple(sorted((names - live) | (sent - names) | retyped))
         # once per baseline: a later migration that moves the same names (a column dropped,
         # then one added under its name) is looked at again
         seen = (relation.relid, moved, fingerprints[relation.relid])

@@ -24,7 +24,8 @@ which the catalog record carries to silver for the rows from before the column),
 dropped whose name no other column took (silver and gold drop it; the rows keep their other
 values), a column renamed to a name no column had, its old name taken by none (silver and gold
 rename it; a swap of two names stays a new snapshot: which Relation came before it cannot be
-told by names), or ``SET``/``DROP NOT NULL`` (no row changes: gold's rules follow). Everything
+told by names), a type change that keeps every value (:func:`widens`: silver and gold take the
+wider type), or ``SET``/``DROP NOT NULL`` (no row changes: gold's rules follow). Everything
 else (``resync`` reasons) is made exact by snapshotting the table again, which the rewinds make
 correct at any LSN; the table's policy ``on_schema_change`` decides (``follow``: resync what
 cannot be followed, ``resync``: every change, ``error``: neither, changes stop at
@@ -194,6 +195,69 @@ def catalog_of(conn: psycopg.Connection, oids: Sequence[int]) -> dict[int, Catal
     }
 
 
+_INT2, _INT4, _INT8, _TEXT, _VARCHAR, _NUMERIC = 21, 23, 20, 25, 1043, 1700
+_TIMES = {1083: "time", 1114: "timestamp", 1184: "timestamptz", 1266: "timetz"}
+_NAMES = {_INT2: "smallint", _INT4: "integer", _INT8: "bigint", _TEXT: "text"}
+_NAMES |= {_VARCHAR: "varchar", _NUMERIC: "numeric", **_TIMES}
+_INTEGERS = (_INT2, _INT4, _INT8)
+
+
+def _numeric_typmod(typmod: int) -> tuple[int, int] | None:
+    """numeric's ``(precision, scale)`` from its typmod; None when unconstrained."""
+    if typmod < 4:
+        return None
+    packed = typmod - 4
+    scale = packed & 0x7FF
+    return packed >> 16, scale - 0x800 if scale & 0x400 else scale
+
+
+def type_text(column: CatalogColumn) -> str:
+    """The column's type as people read it (``varchar(20)``, ``numeric(12,2)``)."""
+    name = _NAMES.get(column.type_oid, f"type {column.type_oid}")
+    if column.typmod < 0:
+        return name
+    if column.type_oid == _VARCHAR:
+        return f"{name}({column.typmod - 4})"
+    if column.type_oid == _NUMERIC:
+        precision, scale = _numeric_typmod(column.typmod) or (0, 0)
+        return f"{name}({precision},{scale})"
+    if column.type_oid in _TIMES:
+        return f"{name}({column.typmod})"
+    return name
+
+
+def widens(old: CatalogColumn, new: CatalogColumn) -> bool:
+    """Whether ``ALTER COLUMN ... TYPE`` from ``old``'s type to ``new``'s kept every value as
+    it was, so silver and gold follow it by taking the new type (their Spark type is then the
+    same or wider: Long for Integer, a decimal with more digits) and casting the text of
+    changes read against an older Relation with it:
+
+    - ``smallint`` -> ``integer`` -> ``bigint``;
+    - ``varchar(n)`` <-> ``varchar(m)`` <-> ``text`` (``ALTER`` fails on a value too long, so
+      when it succeeds no value changed);
+    - ``numeric(p,s)`` -> ``numeric(p',s')`` with ``s' >= s`` and ``p'-s' >= p-s`` (no digit
+      lost), or -> unconstrained ``numeric``;
+    - ``time``, ``timestamp``, ``timestamptz``, ``timetz`` to a finer (or no) precision.
+
+    ``real`` -> ``double precision`` is left out: PostgreSQL widens a real's binary value
+    (``1.1`` becomes ``1.100000023841858``), while a change read against the older Relation
+    carries the real's text, ``1.1``, which would cast to another double. Domains, arrays and
+    every other change make a new snapshot."""
+    a, b = old.type_oid, new.type_oid
+    if a in _INTEGERS and b in _INTEGERS:
+        return _INTEGERS.index(b) >= _INTEGERS.index(a)
+    if a in (_TEXT, _VARCHAR) and b in (_TEXT, _VARCHAR):
+        return True
+    if a == b == _NUMERIC:
+        before, after = _numeric_typmod(old.typmod), _numeric_typmod(new.typmod)
+        if after is None or before is None:
+            return after is None
+        return after[1] >= before[1] and after[0] - after[1] >= before[0] - before[1]
+    if a == b and a in _TIMES:
+        return new.typmod < 0 or 0 <= old.typmod <= new.typmod
+    return False
+
+
 def changes(then: Catalog, now: Catalog, snapshot: Catalog | None = None) -> Changes:
     """What changed from ``then`` to ``now``, column by attnum. ``then`` is the table's
     snapshot's catalog, or one capture recorded since: then ``snapshot`` is the snapshot's.
@@ -221,7 +285,12 @@ def changes(then: Catalog, now: Catalog, snapshot: Catalog | None = None) -> Cha
             else:  # silver and gold rename it (only under `follow`: see silver.catalog)
                 out.followed.append(f"column {old.name} renamed to {new.name}")
         if (new.type_oid, new.typmod) != (old.type_oid, old.typmod):
-            out.unfollowable.append(f"column {new.name} changed type")
+            if widens(old, new):  # silver and gold take the new type (silver.catalog)
+                out.followed.append(
+                    f"column {new.name} widened from {type_text(old)} to {type_text(new)}"
+                )
+            else:
+                out.unfollowable.append(f"column {new.name} changed type")
         if new.not_null != old.not_null:  # gold's rules follow (silver.catalog)
             verb = "set" if new.not_null else "dropped"
             out.followed.append(f"NOT NULL of column {new.name} {verb}")

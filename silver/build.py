@@ -68,6 +68,7 @@ from pgmedallion.silver.contract import Names, SilverResult, TableInfo, ensure_s
 from pgmedallion.silver.decode import TableDiffs, decoded_changes, table_diffs, wal_window
 from pgmedallion.silver.errors import ErrorRecord, SchemaIncompatible, TableTruncated
 from pgmedallion.silver.identity import resolve_previous_images
+from pgmedallion.silver.pgtypes import pg_type_of, spark_type
 from pgmedallion.silver.plan import Plan, control_errors, last_frontier, plan_run, session_bronze
 from pgmedallion.silver.rewind import consolidated, truncated, with_rewinds
 from pgmedallion.silver.write import (
@@ -75,6 +76,7 @@ from pgmedallion.silver.write import (
     create_diff_table,
     diffs_app,
     restate_added,
+    widen_columns,
     write_adjustments,
     write_errors,
     write_progress,
@@ -382,6 +384,7 @@ def _run_tables(
     filled = _added_with_values(r)
     existing = catalog.silver_tables(spark, n) if work or filled or r.followed else set()
     _reshape_followed(spark, n, r, existing)
+    _widen_followed(spark, n, r, existing)
     _restate_added(spark, n, r, filled, existing)
     schema_dir = delta_rs.schema_dir(spark, n.schema) if work else None
     paths = {oid: delta_rs.table_dir(schema_dir, r.tables[oid].silver_table) for oid in work}
@@ -461,6 +464,28 @@ def _reshape_followed(spark: SparkSession, n: Names, r: _Run, existing: set[str]
                 ", ".join(gone),
             )
         if renamed or gone:
+            r.reshaped.add(oid)
+
+
+def _widen_followed(spark: SparkSession, n: Names, r: _Run, existing: set[str]) -> None:
+    """Widen the silver columns whose type the source widened (``r.followed``, the entries
+    of ``r.tables`` have the new types) where the Spark type changes (``integer`` to
+    ``bigint``; ``varchar(10)`` to ``text`` stays a string): before this run's rows are
+    appended, which have the new type."""
+    for oid, f in sorted(r.followed.items()):
+        info = r.tables[oid]
+        if f.problem or not f.retyped or info.silver_table.lower() not in existing:
+            continue
+        types = {
+            c["name"]: spark_type(pg_type_of(c)) for c in info.columns if c["name"] in f.retyped
+        }
+        widened = widen_columns(spark, n.table(info.silver_table), types)
+        if widened:
+            log.info(
+                "silver: %s: column(s) %s widened at the source: silver's rows take the wider type",
+                info.qualified_name,
+                ", ".join(widened),
+            )
             r.reshaped.add(oid)
 
 

@@ -18,7 +18,14 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pgmedallion.capture.pgoutput import MSG_RELATION, MSG_TRUNCATE, Relation, Truncate, decode
-from pgmedallion.capture.schema_changes import FOLLOW, Catalog, Changes
+from pgmedallion.capture.schema_changes import (
+    FOLLOW,
+    Catalog,
+    CatalogColumn,
+    Changes,
+    type_text,
+    widens,
+)
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.silver.changes import LayoutIndex, TableColumn, plan_columns, with_fill
@@ -446,6 +453,10 @@ class Followed:
     """A renamed column's name now -> its attnum (kept in its entry from now on)."""
     not_null: list[str] | None = None
     """The table's NOT NULL columns now, where they changed (gold's rules follow them)."""
+    retyped: dict[str, CatalogColumn] = field(default_factory=dict)
+    """A column's name now -> its catalog column, where the source widened its type
+    (``capture.schema_changes.widens``): its entry takes the new type, and silver's column
+    the new Spark type where that differs (``silver.write.widen_columns``)."""
     problem: str = ""
     """A column silver holds that the source no longer has and that it cannot follow: the
     table needs a new snapshot."""
@@ -497,6 +508,8 @@ def followed_columns(
             if name in live:
                 if attnum is not None and live[name] != attnum:
                     f.problem = f"column {name} is another column at the source now"
+                else:
+                    _widened(f, entry, by_attnum[live[name]], policy)
                 continue
             column = by_attnum.get(attnum) if attnum is not None else None
             if column is None or attnum not in snapshot_name:
@@ -510,6 +523,7 @@ def followed_columns(
                 f.renamed[name] = column.name
                 f.attnums[column.name] = attnum
                 f.aliases[name] = column.name
+                _widened(f, entry, column, policy)
         renamed = [f.renamed.get(c["name"], c["name"]) for c in info.columns]
         not_null = [
             name
@@ -520,14 +534,50 @@ def followed_columns(
             f.renamed.get(n, n) for n in info.not_null if n not in f.dropped
         ):
             f.not_null = not_null
-        if f.aliases or f.problem or f.not_null is not None:
+        if f.aliases or f.problem or f.not_null is not None or f.retyped:
             out[oid] = f
     return out
 
 
+def _widened(f: Followed, entry: dict, now: CatalogColumn, policy) -> None:
+    """Note in ``f`` a widening of the column of ``entry`` to ``now``'s type (capture followed
+    it: ``capture.schema_changes.widens``), or the problem that makes it a new snapshot: a
+    column policy, or a new Spark type that cannot hold every value of the old one (a
+    ``numeric(30)`` made unconstrained: silver's ``decimal(38,18)`` has 20 integer digits). A
+    type that differs in another way is not a widening: capture's own record of the column
+    (a hashed column lands as text) and its verdict stand."""
+    old = CatalogColumn(0, entry["name"], entry["type_oid"], entry["typmod"], *[False] * 4, "")
+    if (old.type_oid, old.typmod) == (now.type_oid, now.typmod) or not widens(old, now):
+        return
+    if policy.columns.get(entry["name"]) or policy.columns.get(now.name):
+        f.problem = f"column {now.name} has a column policy and changed type"
+        return
+    before = spark_type(pg_type_of(entry))
+    after = spark_type(pg_type_of({**entry, "type_oid": now.type_oid, "typmod": now.typmod}))
+    if not holds_every_value(before, after):
+        f.problem = f"column {now.name} widened to {type_text(now)}, wider than silver holds"
+        return
+    f.retyped[now.name] = now
+
+
+def holds_every_value(before: T.DataType, after: T.DataType) -> bool:
+    """Whether Spark type ``after`` holds every value of ``before`` exactly."""
+    if before == after:
+        return True
+    integers = [T.ShortType(), T.IntegerType(), T.LongType()]
+    if before in integers and after in integers:
+        return integers.index(after) >= integers.index(before)
+    if isinstance(before, T.DecimalType) and isinstance(after, T.DecimalType):
+        return after.scale >= before.scale and (
+            after.precision - after.scale >= before.precision - before.scale
+        )
+    return False
+
+
 def _follow(info: TableInfo, f: Followed) -> None:
-    """``info``'s columns after the drops and renames of ``f`` (a renamed column keeps its
-    attnum in its entry, since its snapshot's catalog knows it by its old name)."""
+    """``info``'s columns after the drops, renames and widenings of ``f`` (a renamed column
+    keeps its attnum in its entry, since its snapshot's catalog knows it by its old name; a
+    widened one its earlier types)."""
     columns = []
     for entry in info.columns:
         name = entry["name"]
@@ -547,6 +597,18 @@ def _follow(info: TableInfo, f: Followed) -> None:
     if f.not_null is not None:
         info.not_null = list(f.not_null)
     info.primary_key = [f.renamed.get(n, n) for n in info.primary_key]
+    for i, entry in enumerate(info.columns):
+        now = f.retyped.get(entry["name"])
+        if now is None or (entry["type_oid"], entry["typmod"]) == (now.type_oid, now.typmod):
+            continue
+        info.columns[i] = {
+            **entry,
+            "type_oid": now.type_oid,
+            "typmod": now.typmod,
+            "type_name": type_text(now),
+            # older Relation messages carry the old type: their text casts to the new one
+            "widened_from": [*entry.get("widened_from", []), [entry["type_oid"], entry["typmod"]]],
+        }
 
 
 def _table_layouts(
@@ -578,6 +640,7 @@ def _table_layouts(
         target_type,
         aliases,
         adds_from,
+        {c["name"]: {tuple(t) for t in c.get("widened_from", [])} for c in info.columns},
     )
     for (lsn, _, _rel), layout in zip(rels, rel_layouts, strict=False):
         if layout.positions is None and lsn >= f_from:

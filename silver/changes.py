@@ -35,7 +35,7 @@ layout incompatible (``SchemaIncompatible``): changes read against it produce no
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -118,6 +118,7 @@ def plan_columns(
     target_type: Callable[[TableColumn], object] | None = None,
     aliases: Mapping[str, str] | None = None,
     adds_from: int | None = None,
+    widened_from: Mapping[str, Collection[tuple[int, int]]] | None = None,
 ) -> tuple[list[TableColumn], list[Layout]]:
     """The table's final columns and each ``(lsn, Relation)``'s layout, in stream order.
 
@@ -133,8 +134,12 @@ def plan_columns(
     Relation at or after ``adds_from`` (the first LSN whose changes this run reads) adds
     columns: an older one was planned by the run that read it, and a name of it the table no
     longer has (a column renamed twice since) is left out rather than added again.
+    ``widened_from``: a column's earlier ``(type OID, typmod)``, before the source widened it
+    (followed: ``silver.catalog.followed_columns``); a Relation with one of them is
+    compatible, and its text casts to the column's type now.
     """
     aliases = aliases or {}
+    widened_from = widened_from or {}
     columns = list(base)
     index = {c.name: i for i, c in enumerate(columns)}
     layouts = []
@@ -154,7 +159,9 @@ def plan_columns(
         retyped = [
             c.name
             for c in rel.columns
-            if c.name in index and _retyped(columns[index[c.name]], c, target_type)
+            if c.name in index
+            and (c.type_oid, c.type_modifier) not in widened_from.get(c.name, ())
+            and _retyped(columns[index[c.name]], c, target_type)
         ]
         if before_snapshot and retyped:
             # the snapshot holds such a column with its type of then; these changes are

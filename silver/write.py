@@ -255,3 +255,24 @@ def restate_added(
     failpoint("silver.before_restate")
     joined.select(*out).writeTo(target).option("mergeSchema", "true").overwrite(F.lit(True))
     return None
+
+
+def widen_columns(spark: SparkSession, target: str, types: dict[str, T.DataType]) -> list[str]:
+    """Give ``target``'s columns of ``types`` their new, wider Spark type (the source widened
+    them: ``capture.schema_changes.widens``), every row cast in one overwrite commit. Delta's
+    own type widening would change only metadata, but delta-rs 1.x cannot read a table with
+    that feature (``Unsupported table features required: [TypeWidening]``, measured with
+    deltalake 1.6.6), and the batched paths read silver through it. Only columns whose type
+    still differs, so a redo after a crash does nothing more. Returns the columns widened."""
+    earlier = spark.table(target)
+    have = {f.name: f.dataType for f in earlier.schema.fields}
+    wider = {name: t for name, t in types.items() if name in have and have[name] != t}
+    if not wider:
+        return []
+    out = [
+        F.col(quote(name)).cast(wider[name]).alias(name) if name in wider else F.col(quote(name))
+        for name in earlier.columns
+    ]
+    failpoint("silver.before_widen")
+    earlier.select(*out).writeTo(target).option("overwriteSchema", "true").overwrite(F.lit(True))
+    return sorted(wider)
