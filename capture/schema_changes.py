@@ -25,7 +25,8 @@ dropped whose name no other column took (silver and gold drop it; the rows keep 
 values), a column renamed to a name no column had, its old name taken by none (silver and gold
 rename it; a swap of two names stays a new snapshot: which Relation came before it cannot be
 told by names), a type change that keeps every value (:func:`widens`: silver and gold take the
-wider type), or ``SET``/``DROP NOT NULL`` (no row changes: gold's rules follow). Everything
+wider type), ``SET``/``DROP NOT NULL`` or a new primary key (no row changes: gold's rules and
+key follow). Everything
 else (``resync`` reasons) is made exact by snapshotting the table again, which the rewinds make
 correct at any LSN; the table's policy ``on_schema_change`` decides (``follow``: resync what
 cannot be followed, ``resync``: every change, ``error``: neither, changes stop at
@@ -324,8 +325,15 @@ def changes(then: Catalog, now: Catalog, snapshot: Catalog | None = None) -> Cha
             )
         else:
             out.followed.append(f"column {column.name} added (NULL in existing rows)")
-    if now.primary_key != then.primary_key:
+    renamed = {
+        c.name: after[c.attnum].name
+        for c in then.columns
+        if not c.dropped and c.attnum in after and not after[c.attnum].dropped
+    }
+    if tuple(renamed.get(k, k) for k in then.primary_key) != now.primary_key:
+        # no row changes; silver reads each change's key from its Relation, and gold's rules
+        # and MERGE take the new key (a full build from silver)
         old_key = ", ".join(then.primary_key) or "none"
         new_key = ", ".join(now.primary_key) or "none"
-        out.unfollowable.append(f"primary key changed ({old_key} -> {new_key})")
+        out.followed.append(f"primary key changed ({old_key} -> {new_key})")
     return out

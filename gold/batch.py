@@ -295,15 +295,7 @@ def _finish(item: _Item, checked: pa.Table, samples: list) -> TableOutcome | Non
     gold_rows = counts[rules_of.GOLD]
     full = item.mode == "full"
     rows = gold_rows if full else gold_rows + applied.rows - item.old_rows
-    meta = {
-        "source": t.info.source,
-        "silver_run": t.silver_run,
-        "frontier": t.frontier,
-        "silver_frontier": t.silver_frontier,
-        "quarantine_version": None,
-        "mode": item.mode,
-        "rows": rows,
-    }
+    meta = t.commit_meta(item.mode, rows, None)
     ops = item.arrow.append(pa.field(OP, pa.string()))
     try:
         data = (
@@ -327,5 +319,6 @@ def _finish(item: _Item, checked: pa.Table, samples: list) -> TableOutcome | Non
         quarantine_version=None,
         version=-1,
         rows=rows,
+        key=tuple(t.info.primary_key),
     )
     return outcome(t, now, item.mode, records)

@@ -34,6 +34,7 @@ class Applied:
     quarantine_version: int | None
     version: int
     rows: int | None = None  # gold's own row accounting after the commit
+    key: tuple[str, ...] | None = None  # the primary key it was built by (None: not recorded)
 
     @property
     def held(self) -> bool:
@@ -294,6 +295,7 @@ def _applied_of(commit: tuple[int, str] | None) -> Applied | None:
         quarantine_version=meta.get("quarantine_version"),
         version=commit[0],
         rows=meta.get("rows"),
+        key=None if meta.get("key") is None else tuple(meta["key"]),
     )
 
 

@@ -76,6 +76,21 @@ class Table:
         )
         self.app_id = f"pgmedallion-gold-{self.info.source}-{self.info.silver_table}"
 
+    def commit_meta(self, mode: str, rows: int, quarantine_version: int | None) -> dict:
+        """What a gold commit of this table records (``gold.history.Applied`` reads it back):
+        what it applies, and the key it was built by (a key the source changed since asks a
+        full build: :func:`gold.table.build_mode`)."""
+        return {
+            "source": self.info.source,
+            "silver_run": self.silver_run,
+            "frontier": self.frontier,
+            "silver_frontier": self.silver_frontier,
+            "quarantine_version": quarantine_version,
+            "mode": mode,
+            "rows": rows,
+            "key": list(self.info.primary_key),
+        }
+
     @cached_property
     def silver(self) -> DataFrame:
         return self.spark.table(self.cfg.qualified("silver", self.info.silver_table))

@@ -136,19 +136,23 @@ def build_table(
         quarantine_version=q_version,
         version=-1,
         rows=rows,
+        key=tuple(t.info.primary_key),
     )
     return outcome(t, now, mode, records)
 
 
 def build_mode(t: Table, applied: Applied | None) -> str:
     """``plan``'s mode, made ``full`` where an increment cannot be built: silver rebuilt the
-    table from a new snapshot since gold's last run, its key cannot be compared (a map), or
-    gold's commit has no row accounting."""
+    table from a new snapshot since gold's last run, the source's primary key is not the one
+    gold was built by, its key cannot be compared (a map), or gold's commit has no row
+    accounting."""
     mode = plan(applied, t.silver_run, t.frontier)
     if mode != "incremental":
         return mode
     if (t.info.snapshot_run or -1) > applied.silver_run:
         return "full"
+    if applied.key is not None and list(applied.key) != list(t.info.primary_key):
+        return "full"  # the source's primary key changed (followed: capture.schema_changes)
     if not comparable(t.columns, t.key) or applied.rows is None:
         return "full"
     return mode
@@ -184,8 +188,8 @@ def _follow_in_place(t: Table) -> None:
                 renames[old] = entry["name"]
     after = [renames.get(n, n) for n in have]
     drops = [n for n in after if n not in names]
-    if sorted(n for n in after if n not in drops) != sorted(names):
-        return  # a new column (or a change of type): recreated and built in full
+    if sorted(n for n in after if n not in drops) != sorted(names) or not (renames or drops):
+        return  # a new column, or a wider type: recreated and built in full
     for table in (t.gold, t.quarantine):
         if table_exists(t.spark, table):
             reshape_columns(t.spark, table, renames, drops)
@@ -210,15 +214,7 @@ def _write_gold(
 ) -> None:
     """The gold commit: an overwrite (full build) or one MERGE, tagged with what it applies
     (a small local table's MERGE through delta-rs)."""
-    meta = {
-        "source": t.info.source,
-        "silver_run": t.silver_run,
-        "frontier": t.frontier,
-        "silver_frontier": t.silver_frontier,
-        "quarantine_version": q_version,
-        "mode": mode,
-        "rows": rows,
-    }
+    meta = t.commit_meta(mode, rows, q_version)
     if affected is not None:
         ops = merge_operations(checked, affected, t.key, t.names)
         if merge_gold_delta_rs(t, ops, meta, version, rows_before):

@@ -102,6 +102,9 @@ class _Run:
     truncate_at: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     changed: set[int] = field(default_factory=set)
     identity_keys: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    mixed_identities: set[int] = field(default_factory=set)
+    """Tables whose key-only changes of this run carry two identities (the source's primary
+    key or replica identity changed between them): their earlier rows are looked up whole."""
     change_rows: dict[int, int] = field(default_factory=dict)
     retired: set[int] = field(default_factory=set)
     """Tables the source dropped (their last changes may still arrive after the record)."""
@@ -306,6 +309,8 @@ def _read_relations(
     for oid, f in sorted(r.followed.items()):
         if f.problem:  # a new snapshot makes it exact (see _request_resync)
             errors.append(ErrorRecord(oid, r.plan.f_to, SchemaIncompatible.__name__, f.problem))
+        elif f.primary_key is not None:
+            r.reshaped.add(oid)  # gold builds it by the new key, rows changed or not
     errors += _filled_beyond_copy(r, copy_widths)
     r.errors += errors
     r.layout_errors = errors
@@ -350,6 +355,8 @@ def _read_changes(r: _Run, wal_diffs: DataFrame) -> None:
             with_errors.append(c["table_oid"])
         if c["identities"]:
             r.identity_keys[c["table_oid"]] = min(tuple(keys) for keys in c["identities"])
+            if len({tuple(keys) for keys in c["identities"]}) > 1:
+                r.mixed_identities.add(c["table_oid"])
     if with_errors:
         bad = wal_diffs.where(F.col("code").isNotNull() & F.col("table_oid").isin(with_errors))
         r.errors += [
@@ -405,6 +412,7 @@ def _run_tables(
             new_snapshot=oid in r.new_snapshots,
             truncates=r.truncate_at.get(oid, []) if deletes else [],
             identity_keys=r.identity_keys.get(oid),
+            every_identity=oid in r.mixed_identities,
             exists=info.silver_table.lower() in existing,
             path=paths[oid],
         )
@@ -538,6 +546,8 @@ def _run_batched(
 
     def takes(oid: int) -> bool:
         info, changes = r.tables[oid], r.change_rows.get(oid, 0)
+        if oid in r.mixed_identities:
+            return False  # its earlier rows are looked up whole (silver.identity)
         return batch.qualifies(info, paths[oid], changes, r.identity_keys.get(oid))
 
     chosen = [
@@ -601,6 +611,7 @@ def table_run(
     new_snapshot: bool,
     truncates: list[tuple[int, int]],
     identity_keys: tuple[int, ...] | None = None,
+    every_identity: bool = False,
     exists: bool | None = None,
     path: str | None = None,
 ) -> tuple[int, list[ErrorRecord], list[tuple]]:
@@ -633,7 +644,17 @@ def table_run(
     one = None if truncates or resolving else cast_in_one_pass(info, diffs)
     if one is None:
         return _table_run_whole(
-            spark, cfg, target, info, diffs, run, truncates, identity_keys, exists, path
+            spark,
+            cfg,
+            target,
+            info,
+            diffs,
+            run,
+            truncates,
+            identity_keys,
+            exists,
+            path,
+            every_identity,
         )
     data = data_columns(info)
     settled = consolidated(_rewound(info, one.rows, one.wal_rows), data, run)
@@ -664,6 +685,7 @@ def _table_run_whole(
     identity_keys: tuple[int, ...] | None,
     exists: bool,
     path: str | None,
+    every_identity: bool = False,
 ) -> tuple[int, list[ErrorRecord], list[tuple]]:
     """:func:`table_run` for a table cast whole before anything is written."""
     resolving = identity_keys is not None
@@ -679,6 +701,7 @@ def _table_run_whole(
             else None,
             info.snapshot_lsn,
             truncates,
+            every_identity,
         )
         ok = images.rows
         cast.cached += images.cached

@@ -453,6 +453,9 @@ class Followed:
     """A renamed column's name now -> its attnum (kept in its entry from now on)."""
     not_null: list[str] | None = None
     """The table's NOT NULL columns now, where they changed (gold's rules follow them)."""
+    primary_key: list[str] | None = None
+    """The table's primary key now (silver's column names), where it changed: gold's rules and
+    MERGE take it (a key with a column silver does not hold: none, as a snapshot has it)."""
     retyped: dict[str, CatalogColumn] = field(default_factory=dict)
     """A column's name now -> its catalog column, where the source widened its type
     (``capture.schema_changes.widens``): its entry takes the new type, and silver's column
@@ -534,7 +537,12 @@ def followed_columns(
             f.renamed.get(n, n) for n in info.not_null if n not in f.dropped
         ):
             f.not_null = not_null
-        if f.aliases or f.problem or f.not_null is not None or f.retyped:
+        held = set(renamed) - f.dropped
+        key = list(now.primary_key) if all(k in held for k in now.primary_key) else []
+        if key != [f.renamed.get(k, k) for k in info.primary_key]:
+            f.primary_key = key
+        changed = f.not_null is not None or f.primary_key is not None
+        if f.aliases or f.problem or f.retyped or changed:
             out[oid] = f
     return out
 
@@ -597,6 +605,8 @@ def _follow(info: TableInfo, f: Followed) -> None:
     if f.not_null is not None:
         info.not_null = list(f.not_null)
     info.primary_key = [f.renamed.get(n, n) for n in info.primary_key]
+    if f.primary_key is not None:
+        info.primary_key = list(f.primary_key)
     for i, entry in enumerate(info.columns):
         now = f.retyped.get(entry["name"])
         if now is None or (entry["type_oid"], entry["typmod"]) == (now.type_oid, now.typmod):

@@ -91,26 +91,51 @@ def hashable(value: Any) -> Any:
 
 class _State:
     """Rows by key. The key is the one of the table's identity (``keys``); a change of the
-    identity within one run (rare) looks rows up under its own key columns by a scan."""
+    identity within one run (the source's primary key or replica identity changed) looks
+    rows up under its own key columns, through an index of them built at its first use."""
 
     def __init__(self, keys: tuple[int, ...]) -> None:
         self.keys = keys
         self.rows: dict[tuple, list] = {}
+        self.other: dict[tuple[int, ...], dict[tuple, set[tuple]]] = {}
+        """Another identity's key columns -> its key -> the keys in ``rows`` of rows with it."""
 
     def _key(self, values: Sequence, keys: tuple[int, ...]) -> tuple:
         return tuple(hashable(values[p]) for p in keys)
 
     def put(self, values: list) -> None:
-        self.rows[self._key(values, self.keys)] = values
+        key = self._key(values, self.keys)
+        if key in self.rows:
+            self._unindex(key)
+        self.rows[key] = values
+        for keys, index in self.other.items():
+            index.setdefault(self._key(values, keys), set()).add(key)
+
+    def clear(self) -> None:
+        self.rows.clear()
+        self.other.clear()
+
+    def _unindex(self, key: tuple) -> None:
+        for keys, index in self.other.items():
+            held = index.get(self._key(self.rows[key], keys))
+            if held is not None:
+                held.discard(key)
 
     def pop(self, values: Sequence, keys: tuple[int, ...]) -> list | None:
         if keys == self.keys:
-            return self.rows.pop(self._key(values, keys), None)
-        wanted = self._key(values, keys)
-        for k, row in self.rows.items():
-            if self._key(row, keys) == wanted:
-                return self.rows.pop(k)
-        return None
+            key = self._key(values, keys)
+        else:
+            if keys not in self.other:
+                index: dict[tuple, set[tuple]] = {}
+                for k, row in self.rows.items():
+                    index.setdefault(self._key(row, keys), set()).add(k)
+                self.other[keys] = index
+            held = self.other[keys].get(self._key(values, keys))
+            key = min(held, key=repr) if held else None
+        if key is None or key not in self.rows:
+            return None
+        self._unindex(key)
+        return self.rows.pop(key)
 
 
 def resolve(
@@ -137,7 +162,7 @@ def resolve(
     errors: list[Unresolved] = []
     for _, c in events:
         if c is None:
-            state.rows.clear()
+            state.clear()
         elif c.kind == PLAIN:
             if c.diff < 0:
                 state.pop(c.values, keys)
@@ -218,6 +243,7 @@ def resolve_previous_images(
     prior: DataFrame | None,
     floor: int | None,
     truncates: Sequence[tuple[int, int]] = (),
+    every_identity: bool = False,
 ) -> Images:
     """A table's cast rows of one run with every ``RETRACT`` and ``FILL`` row replaced by whole
     rows, and the changes that could not be resolved.
@@ -227,12 +253,14 @@ def resolve_previous_images(
     ``prior``: the silver table's rows of earlier runs, None if there are none to count (a
     table (re)snapshotted in this run: then only its rows above the snapshot LSN, ``floor``).
     The resolved rows are computed once (one Python task for the table) and kept in
-    ``cached`` until the caller has written them.
+    ``cached`` until the caller has written them. ``every_identity``: the run's key-only
+    changes carry more than one identity (the source's key changed between them), so the
+    earlier rows are read whole rather than by the keys of ``keys``.
     """
     data = [quote(n) for n in names]
     above = F.col(_LSN) > F.lit(-1 if floor is None else floor)
     changes = typed.where(F.col(KIND).isNotNull() & above)
-    base = _previous_rows(typed, changes, names, keys, prior)
+    base = _previous_rows(typed, changes, names, () if every_identity else keys, prior)
     combined = base.select(
         *data,
         F.lit(0).cast("bigint").alias(_LSN),
