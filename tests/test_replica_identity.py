@@ -100,6 +100,30 @@ def test_composite_and_changed_identity_keys():
     ]
 
 
+def test_a_changed_identity_keeps_finding_rows_the_run_moved():
+    """After a change of the identity, rows are looked up under the new key through an index of
+    it, which follows every later change: a row updated under the new key is found again by
+    its new value, a deleted one is gone, a truncate empties it."""
+    base = [[1, "a", 10], [2, "b", 20]]
+    changes = [
+        c(10, 1, -1, RETRACT, (2,), None, None, 10),
+        c(10, 1, 1, FILL, (), 1, "a2", 11),
+        c(20, 1, -1, RETRACT, (2,), None, None, 11),  # found by its value of the change above
+        c(20, 1, 1, FILL, (), 1, "a3", 12),
+        c(30, 1, -1, RETRACT, (0,), 2, None, None),  # the old identity again: b deleted
+        c(40, 1, -1, RETRACT, (2,), None, None, 20),  # b's new-key row is gone too
+    ]
+    out, errors = resolve(base, changes, (0,))
+    assert out == [
+        Resolved(10, -1, [1, "a", 10]),
+        Resolved(10, 1, [1, "a2", 11]),
+        Resolved(20, -1, [1, "a2", 11]),
+        Resolved(20, 1, [1, "a3", 12]),
+        Resolved(30, -1, [2, "b", 20]),
+    ]
+    assert [e.code for e in errors] == ["UnknownPreviousRow"]
+
+
 # --- end to end ---------------------------------------------------------------------------------
 
 SCHEMA = """
