@@ -126,7 +126,15 @@ from pgmedallion.capture.options import (
 from pgmedallion.capture.pgoutput import Relation, format_lsn
 from pgmedallion.capture.published import Published, Shape
 from pgmedallion.capture.published import published as published_shapes
-from pgmedallion.capture.schema_changes import ERROR, RESYNC, Catalog, catalog_of, changes
+from pgmedallion.capture.schema_changes import (
+    ERROR,
+    FOLLOW,
+    RESYNC,
+    Catalog,
+    catalog_of,
+    changes,
+    same_attnums,
+)
 from pgmedallion.capture.slot import (
     current_wal_lsn,
     ensure_slot,
@@ -192,6 +200,10 @@ class _Run:
     halted_on: set[tuple[int, tuple[str, ...], str]] = field(default_factory=set)
     """``(table OID, column names, baseline)`` of the Relations a stream stopped before (each
     once per baseline catalog)."""
+    reordered: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    """Table OID -> the column names of a Relation the stream stopped before because they came
+    in another order than the catalog's (renamed since): the next look checks the catalog
+    shows that order (:func:`_renamed_back`)."""
 
     @property
     def stop(self) -> threading.Event:
@@ -205,13 +217,15 @@ def _record_followed(
     survey: _Survey,
     state: BronzeState,
     moved: Mapping[int, str],
+    also: Mapping[int, str] | None = None,
 ) -> bool:
     """Record each schema change capture follows without a new snapshot (``changes``'
     ``followed``) since the table's baseline (its newest record, or its snapshot's catalog:
     :func:`_baselines`), with the catalog as capture sees it now, at bronze's frontier: silver
     follows that record, and ``status`` says what was followed and when. A value for existing
     rows the catalog no longer holds (a rewrite since cleared it) is carried over from the
-    baseline. Returns whether it recorded any."""
+    baseline. ``also``: tables whose catalog is recorded whatever changed, and why (see
+    :func:`_renamed_back`). Returns whether it recorded any."""
     wanted = sorted(oid for oid in survey.catalogs if oid in state.snapshots and oid not in moved)
     if not wanted:
         return False
@@ -226,7 +240,10 @@ def _record_followed(
         if then is None:
             continue
         now = survey.catalogs[oid].keeping_missing(then)
-        for change in changes(then, now, Catalog.from_record(record.get("catalog"))).followed:
+        found = changes(then, now, Catalog.from_record(record.get("catalog"))).followed
+        if not found and also and oid in also:
+            found = [also[oid]]
+        for change in found:
             log.info("%s.%s: %s: followed", schema, name, change)
             new.append((oid, schema, name, change, lsn, now.to_record()))
     if new:
@@ -268,6 +285,69 @@ def _changed_since_snapshot(
         if renamed:
             moved[table.oid] = "; ".join(w for w in (moved.get(table.oid), renamed) if w)
     return moved
+
+
+def _read_by_position(
+    bronze: Bronze, recorded: Mapping[int, dict], baselines: Mapping[int, Catalog]
+) -> set[int]:
+    """The tables silver reads every Relation of by position, not by names: a catalog
+    recorded since the snapshot, and no column added or dropped since (see
+    ``silver.catalog._by_position``; not a partitioned table)."""
+    snapshots = bronze.state().snapshots
+    followed = bronze.followed_catalogs(list(recorded))
+    out = set()
+    for oid, record in recorded.items():
+        snapshot = Catalog.from_record(record.get("catalog"))
+        now = baselines.get(oid)
+        lsn, _ = followed.get(oid, (None, None))
+        if snapshot is None or now is None or oid not in snapshots or snapshots[oid][0] != lsn:
+            continue
+        if snapshot.relfilenode and now.relfilenode and same_attnums(snapshot, now):
+            out.add(oid)
+    return out
+
+
+def _renamed_back(
+    bronze: Bronze,
+    target: CaptureTarget,
+    survey: _Survey,
+    captured: dict[int, tuple[str, str]],
+    run: _Run,
+) -> tuple[dict[int, str], dict[int, str]]:
+    """The tables whose stream brought a Relation with their columns in another order than
+    the catalog's (:func:`_unchecked_columns`) that the catalog no longer shows: columns were
+    renamed, rows written, and renamed again before capture looked (a swap and a swap back).
+    Names cannot tell which column such a Relation meant. With no column added or dropped
+    since the snapshot its positions can (attnum order), so under ``follow`` the catalog is
+    recorded and silver reads the table by position (the second mapping: the record's
+    description);
+    otherwise the table is snapshotted again (the first: the reason), under every
+    ``on_schema_change`` policy: read by its names, such a Relation would put values in the
+    wrong columns without a word."""
+    resync, record = {}, {}
+    wanted = sorted(oid for oid in run.reordered if oid in survey.catalogs and oid in captured)
+    snapshots = bronze.snapshot_schemas(wanted) if wanted else {}
+    for oid in wanted:
+        names, catalog = run.reordered[oid], survey.catalogs[oid]
+        order = [
+            c.name
+            for c in sorted(catalog.columns, key=lambda c: c.attnum)
+            if not c.dropped and c.name in names
+        ]
+        if order == [n for n in names if n in order]:
+            continue  # the catalog shows the Relation's names: a change recorded as followed
+        snapshot = Catalog.from_record((snapshots.get(oid) or {}).get("catalog"))
+        follows = target.on_schema_change(".".join(captured[oid])) == FOLLOW
+        if follows and snapshot and snapshot.relfilenode and catalog.relfilenode:
+            if same_attnums(snapshot, catalog):
+                record[oid] = "columns renamed and renamed back while the stream ran"
+                continue
+        resync[oid] = (
+            "columns renamed while the stream ran and renamed again before capture looked"
+            " (their order in a Relation message is not the catalog's)"
+        )
+    run.reordered.clear()
+    return resync, record
 
 
 def _renamed(target: CaptureTarget, then: tuple[str, str] | None, now: PublishedTable) -> str:
@@ -442,9 +522,13 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
     _provide_slot(target, state.frontier, bool(captured))
     survey = _survey(target, captured, run.expected)
     resync = state.resync
+    renamed_back, positional = _renamed_back(bronze, target, survey, captured, run)
     moved = {  # a request already pending is not made again (each would be a bronze batch)
         oid: why
-        for oid, why in _changed_since_snapshot(bronze, target, survey, captured).items()
+        for oid, why in {
+            **renamed_back,
+            **_changed_since_snapshot(bronze, target, survey, captured),
+        }.items()
         if oid not in state.resync
     }
     if moved:
@@ -456,7 +540,7 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
             [(oid, *captured[oid]) for oid in moved], state.frontier or 0, reasons=moved
         )
         resync = resync | set(moved)
-    followed = _record_followed(bronze, target, survey, state, moved)
+    followed = _record_followed(bronze, target, survey, state, moved, positional)
     for table in survey.gone:
         error = TableDropped(f"table {table_name(table)} (oid {table.oid}) was dropped")
         if record_error(bronze, error, lsn=survey.noticed_at, run_id=run_id, table=table):
@@ -542,6 +626,7 @@ def _unchecked_columns(
     baselines = {
         oid: catalog for oid, catalog in _baselines(bronze, recorded).items() if catalog is not None
     }
+    by_position = _read_by_position(bronze, recorded, baselines)
     fingerprints = {
         oid: json.dumps(catalog.to_record(), sort_keys=True) for oid, catalog in baselines.items()
     }
@@ -577,7 +662,19 @@ def _unchecked_columns(
             for c in relation.columns
             if c.name in live and typed[c.name] != (c.type_oid, c.type_modifier)
         }
-        moved = tuple(sorted((names - live) | (sent - names) | retyped))
+        # the same names in another order: renamed (a swap) since capture's look
+        listed = [c.name for c in relation.columns if c.name in live]
+        order = [
+            c.name
+            for c in sorted(baselines[relation.relid].columns, key=lambda c: c.attnum)
+            if not c.dropped and c.name in names
+        ]
+        reordered = {a for a, b in zip(listed, order, strict=False) if a != b}
+        if relation.relid in by_position:
+            reordered = set()  # silver reads this table's Relations by position
+        if reordered:
+            run.reordered[relation.relid] = tuple(c.name for c in relation.columns)
+        moved = tuple(sorted((names - live) | (sent - names) | retyped | reordered))
         # once per baseline: a later migration that moves the same names (a column dropped,
         # then one added under its name) is looked at again
         seen = (relation.relid, moved, fingerprints[relation.relid])

@@ -23,13 +23,13 @@ constant one (``ADD COLUMN c ... DEFAULT 1``: no rewrite, existing rows read ``a
 which the catalog record carries to silver for the rows from before the column), a column
 dropped whose name no other column took (silver and gold drop it; the rows keep their other
 values), a column renamed to a name no column had, its old name taken by none (silver and gold
-rename it; a swap of two names stays a new snapshot: which Relation came before it cannot be
-told by names), a type change that keeps every value (:func:`widens`: silver and gold take the
-wider type), ``SET``/``DROP NOT NULL`` or a new primary key (no row changes: gold's rules and
-key follow). Everything
-else (``resync`` reasons) is made exact by snapshotting the table again, which the rewinds make
-correct at any LSN; the table's policy ``on_schema_change`` decides (``follow``: resync what
-cannot be followed, ``resync``: every change, ``error``: neither, changes stop at
+rename it), any renames, swaps included, of a table with no column added or dropped since its
+snapshot (:func:`same_attnums`: a Relation's columns are then told apart by position), a type
+change that keeps every value (:func:`widens`: silver and gold take the wider type),
+``SET``/``DROP NOT NULL`` or a new primary key (no row changes: gold's rules and key follow).
+Everything else (``resync`` reasons) is made exact by snapshotting the table again, which the
+rewinds make correct at any LSN; the table's policy ``on_schema_change`` decides (``follow``:
+resync what cannot be followed, ``resync``: every change, ``error``: neither, changes stop at
 ``SchemaIncompatible`` as before).
 """
 
@@ -259,6 +259,17 @@ def widens(old: CatalogColumn, new: CatalogColumn) -> bool:
     return False
 
 
+def same_attnums(snapshot: Catalog, now: Catalog) -> bool:
+    """Whether ``now`` has the very columns of ``snapshot``, by attnum: none added (attnums are
+    never reused, and a column added then dropped stays as dropped) and none dropped since.
+    Then every Relation message since the snapshot lists those columns, in attnum order, so a
+    column's position in it tells which it is whatever the names say: renames that swap or
+    reuse names are followed (silver maps such a Relation by position)."""
+    return {(c.attnum, c.dropped) for c in snapshot.columns} == {
+        (c.attnum, c.dropped) for c in now.columns
+    }
+
+
 def changes(then: Catalog, now: Catalog, snapshot: Catalog | None = None) -> Changes:
     """What changed from ``then`` to ``now``, column by attnum. ``then`` is the table's
     snapshot's catalog, or one capture recorded since: then ``snapshot`` is the snapshot's.
@@ -270,6 +281,7 @@ def changes(then: Catalog, now: Catalog, snapshot: Catalog | None = None) -> Cha
     live_now = {c.name for c in now.columns if not c.dropped}
     live_then = {c.name for c in then.columns if not c.dropped}
     at_snapshot = {c.attnum for c in (snapshot or then).columns if not c.dropped}
+    in_place = same_attnums(snapshot or then, now)
     for attnum, old in sorted(before.items()):
         new = after.get(attnum)
         if old.dropped:
@@ -281,7 +293,8 @@ def changes(then: Catalog, now: Catalog, snapshot: Catalog | None = None) -> Cha
                 out.followed.append(f"column {old.name} dropped")
             continue
         if new.name != old.name:
-            if old.name in live_now or new.name in live_then or old.attnum not in at_snapshot:
+            reused = old.name in live_now or new.name in live_then
+            if (reused and not in_place) or old.attnum not in at_snapshot:
                 out.unfollowable.append(f"column {old.name} renamed to {new.name}")
             else:  # silver and gold rename it (only under `follow`: see silver.catalog)
                 out.followed.append(f"column {old.name} renamed to {new.name}")

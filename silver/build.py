@@ -75,6 +75,7 @@ from pgmedallion.silver.write import (
     append_diffs,
     create_diff_table,
     diffs_app,
+    rename_by_rewrite,
     restate_added,
     widen_columns,
     write_adjustments,
@@ -455,9 +456,25 @@ def _reshape_followed(spark: SparkSession, n: Names, r: _Run, existing: set[str]
         info = r.tables[oid]
         if f.problem or info.silver_table.lower() not in existing:
             continue
-        renamed, gone = reshape_columns(
-            spark, n.table(info.silver_table), f.renamed, sorted(f.dropped)
-        )
+        target = n.table(info.silver_table)
+        before = r.tables_before.get(oid, info)
+        if set(f.renamed.values()) & ({c["name"] for c in before.columns} - f.dropped):
+            # a swap or a rotation of names: one rewrite, not a rename per commit
+            order = [c["name"] for c in before.columns if c["name"] in f.renamed]
+            why = rename_by_rewrite(spark, target, order, f.renamed)
+            if why:
+                error = ErrorRecord(oid, r.plan.f_to, SchemaIncompatible.__name__, why)
+                r.layout_errors.append(error)
+                r.errors.append(error)
+                continue
+            log.info(
+                "silver: %s: columns renamed at the source (%s): renamed here too",
+                info.qualified_name,
+                ", ".join(f"{a} -> {b}" for a, b in sorted(f.renamed.items())),
+            )
+            r.reshaped.add(oid)
+            continue
+        renamed, gone = reshape_columns(spark, target, f.renamed, sorted(f.dropped))
         for old in renamed:
             log.info(
                 "silver: %s: column %s renamed to %s at the source: renamed here too",

@@ -23,6 +23,7 @@ from pgmedallion.capture.schema_changes import (
     Catalog,
     CatalogColumn,
     Changes,
+    same_attnums,
     type_text,
     widens,
 )
@@ -457,6 +458,13 @@ class Followed:
     """The table's primary key now (silver's column names), where it changed: gold's rules and
     MERGE take it (a key with a column silver does not hold: none, as a snapshot has it)."""
     retyped: dict[str, CatalogColumn] = field(default_factory=dict)
+    positional: list[str] | None = None
+    """With renames that swap or reuse names (no column added or dropped since the snapshot):
+    the table's column names now in attnum order, which is the order of every Relation since
+    the snapshot; silver reads those by position (``silver.changes.plan_columns``)."""
+    accepted: list[set[str]] = field(default_factory=list)
+    """The name sets a Relation read by position may have (now, silver's before this run, at
+    the snapshot); one with other names is a change silver cannot follow."""
     """A column's name now -> its catalog column, where the source widened its type
     (``capture.schema_changes.widens``): its entry takes the new type, and silver's column
     the new Spark type where that differs (``silver.write.widen_columns``)."""
@@ -497,6 +505,11 @@ def followed_columns(
         snapshot_name = {attnum: name for name, attnum in at_snapshot.items()}
         live = {c.name: c.attnum for c in now.columns if not c.dropped}
         by_attnum = {c.attnum: c for c in now.columns}
+        f = _by_position(info, then, now, policy)
+        if f is not None:
+            if f.aliases or f.problem or f.retyped or f.positional:
+                out[oid] = f
+            continue
         f = Followed()
         for column in then.columns:  # later runs still read Relations with the old names
             now_column = by_attnum.get(column.attnum)
@@ -545,6 +558,47 @@ def followed_columns(
         if f.aliases or f.problem or f.retyped or changed:
             out[oid] = f
     return out
+
+
+def _by_position(info: TableInfo, then: Catalog, now: Catalog, policy) -> Followed | None:
+    """The renames (and widenings) of a table with no column added or dropped since its
+    snapshot (``then``), by attnum whatever the names, swaps included: every Relation message
+    since the snapshot lists the same columns in attnum order, so silver reads each by
+    position (``positional``), in this run and every later one: also a Relation whose names a
+    swap and a swap back between two looks at the catalog gave (capture then records the
+    catalog, see ``capture.run._renamed_back``). None where the table has had other changes
+    (they follow by name) or is partitioned."""
+    at_snapshot = {c.name: c.attnum for c in then.columns if not c.dropped}
+    attnums = [entry.get("attnum") or at_snapshot.get(entry["name"]) for entry in info.columns]
+    by_attnum = {c.attnum: c for c in now.columns if not c.dropped}
+    if not same_attnums(then, now) or any(a not in by_attnum for a in attnums):
+        return None
+    if then.relfilenode == 0 or now.relfilenode == 0:
+        return None  # partitioned: a leaf's own Relation may list its columns in its order
+    snapshot_names = {c.attnum: c.name for c in then.columns if not c.dropped}
+    f = Followed()
+    for attnum, entry in zip(attnums, info.columns, strict=True):
+        column = by_attnum[attnum]
+        if column.name != entry["name"]:
+            if policy.columns.get(entry["name"]) or policy.columns.get(column.name):
+                f.problem = f"column {entry['name']} has a column policy and was renamed"
+            f.renamed[entry["name"]] = column.name
+            f.attnums[column.name] = attnum
+        _widened(f, entry, column, policy)
+    f.positional = [by_attnum[a].name for a in sorted(attnums)]
+    f.accepted = [
+        set(f.positional),  # now
+        {e["name"] for e in info.columns},  # as silver last had them
+        {snapshot_names[a] for a in attnums if a in snapshot_names},  # at the snapshot
+    ]
+    names = set(f.positional)
+    not_null = sorted(c.name for c in now.columns if c.not_null and c.name in names)
+    if not_null != sorted(f.renamed.get(n, n) for n in info.not_null):
+        f.not_null = not_null
+    key = list(now.primary_key) if all(k in names for k in now.primary_key) else []
+    if key != [f.renamed.get(k, k) for k in info.primary_key]:
+        f.primary_key = key
+    return f
 
 
 def _widened(f: Followed, entry: dict, now: CatalogColumn, policy) -> None:
@@ -651,6 +705,9 @@ def _table_layouts(
         aliases,
         adds_from,
         {c["name"]: {tuple(t) for t in c.get("widened_from", [])} for c in info.columns},
+        None
+        if follow is None or follow.problem or follow.positional is None
+        else (follow.positional, follow.accepted),
     )
     for (lsn, _, _rel), layout in zip(rels, rel_layouts, strict=False):
         if layout.positions is None and lsn >= f_from:

@@ -119,6 +119,7 @@ def plan_columns(
     aliases: Mapping[str, str] | None = None,
     adds_from: int | None = None,
     widened_from: Mapping[str, Collection[tuple[int, int]]] | None = None,
+    positional: tuple[Sequence[str], Sequence[Collection[str]]] | None = None,
 ) -> tuple[list[TableColumn], list[Layout]]:
     """The table's final columns and each ``(lsn, Relation)``'s layout, in stream order.
 
@@ -136,7 +137,11 @@ def plan_columns(
     longer has (a column renamed twice since) is left out rather than added again.
     ``widened_from``: a column's earlier ``(type OID, typmod)``, before the source widened it
     (followed: ``silver.catalog.followed_columns``); a Relation with one of them is
-    compatible, and its text casts to the column's type now.
+    compatible, and its text casts to the column's type now. ``positional``: the column names
+    now in attnum order, and the name sets a Relation may have, for a table whose columns were
+    renamed with no column added or dropped since its snapshot (swaps included): a Relation
+    after the snapshot lists those columns in that order, so its columns are named by
+    position, and one with other names or another count is incompatible.
     """
     aliases = aliases or {}
     widened_from = widened_from or {}
@@ -144,7 +149,22 @@ def plan_columns(
     index = {c.name: i for i, c in enumerate(columns)}
     layouts = []
     for lsn, rel in relations:
-        if aliases:
+        if positional is not None and (snapshot_lsn is None or lsn > snapshot_lsn):
+            order, accepted = positional
+            listed = [c.name for c in rel.columns]
+            if len(listed) != len(order) or not any(set(listed) == set(a) for a in accepted):
+                layouts.append(
+                    Layout(
+                        None,
+                        "column(s) renamed in a way no catalog record shows: " + ", ".join(listed),
+                    )
+                )
+                continue
+            rel = replace(
+                rel,
+                columns=tuple(replace(c, name=n) for c, n in zip(rel.columns, order, strict=True)),
+            )
+        elif aliases:
             rel = replace(
                 rel,
                 columns=tuple(

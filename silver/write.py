@@ -276,3 +276,29 @@ def widen_columns(spark: SparkSession, target: str, types: dict[str, T.DataType]
     failpoint("silver.before_widen")
     earlier.select(*out).writeTo(target).option("overwriteSchema", "true").overwrite(F.lit(True))
     return sorted(wider)
+
+
+def rename_by_rewrite(
+    spark: SparkSession, target: str, order: list[str], renames: dict[str, str]
+) -> str | None:
+    """Rename ``target``'s columns (old -> new) where some new name is another column's now (a
+    swap, a rotation), in one overwrite commit: Delta renames one column per commit, and a
+    crash between two would leave names no redo could tell apart. ``order``: the renamed
+    columns' old names in the table's order, which the rewrite keeps, so the names in that
+    order tell whether the commit was made: the old ones (to do) or the new ones (done).
+    Returns why it could not (the table holds neither: a new snapshot makes it exact), or
+    None."""
+    earlier = spark.table(target)
+    names = set(renames) | set(renames.values())
+    current = [n for n in earlier.columns if n in names]
+    if current == [renames[n] for n in order]:
+        return None  # done by an attempt before a crash
+    if current != order:
+        return "silver's columns are neither those before the renames nor those after them"
+    out = [
+        F.col(quote(n)).alias(renames[n]) if n in renames else F.col(quote(n))
+        for n in earlier.columns
+    ]
+    failpoint("silver.before_rename")
+    earlier.select(*out).writeTo(target).option("overwriteSchema", "true").overwrite(F.lit(True))
+    return None

@@ -276,10 +276,10 @@ def test_a_rewrite_keeps_the_value_existing_rows_read():
             [],
             ["column c added and the table rewritten (a volatile default)"],
         ),
-        (
+        (  # a swap with no column added or dropped since the snapshot: read by position
             _catalog((1, "id", 23), (2, "f2", 23), (3, "f1", 23)),
-            [],
             ["column f1 renamed to f2", "column f2 renamed to f1"],
+            [],
         ),
         (  # dropped and added again under the same name: the Relation looks the same
             _catalog((1, "id", 23), (2, "f1", 23), (3, "x", 23, True), (4, "f2", 23)),
