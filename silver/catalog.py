@@ -486,9 +486,11 @@ def followed_columns(
     silver renamed keeps its attnum in its entry). Only under ``on_schema_change = "follow"``
     (``error`` keeps the table as it was), and not for a table whose snapshot this run reads
     (its COPY rows have the old columns: the Relations then ask for a new snapshot, as
-    before). Capture follows these only for columns the snapshot had and with names no other
-    column had (no swap), and snapshots the table again otherwise; a column silver holds that
-    the record does not explain is a ``problem`` (a new snapshot too)."""
+    before). A table with no column added or dropped since its snapshot is read by position
+    (:func:`_by_position`: swaps too); otherwise capture follows renames and drops only for
+    columns the snapshot had and with names no other column had, and snapshots the table
+    again for the rest; a column silver holds that the record does not explain is a
+    ``problem`` (a new snapshot too)."""
     out = {}
     for oid, (snapshot_lsn, record) in followed.items():
         info = tables.get(oid)
