@@ -113,7 +113,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--migrations",
         action="store_true",
-        help="then time the run after each of three schema migrations (followed in place) and "
+        help="then time the run after each of six schema migrations (followed in place) and "
         "one after `pgmedallion resync` (a new snapshot, what a migration cost before)",
     )
 
@@ -309,11 +309,20 @@ def build_table(conn, ident: sql.Identifier, rows: int) -> None:
 
 
 MIGRATIONS = (
+    (  # first: a swap is read by position while no column was added or dropped
+        "swap",
+        "ALTER TABLE {t} RENAME COLUMN a TO tmp; ALTER TABLE {t} RENAME COLUMN c TO a;"
+        " ALTER TABLE {t} RENAME COLUMN tmp TO c",
+        "c",
+    ),
     ("add_default", "ALTER TABLE {t} ADD COLUMN m1 int DEFAULT 1 NOT NULL", "m1"),
     ("rename", "ALTER TABLE {t} RENAME COLUMN note TO remark", "remark"),
-    ("drop", "ALTER TABLE {t} DROP COLUMN c", None),
+    ("drop", "ALTER TABLE {t} DROP COLUMN at", None),
+    ("widen", "ALTER TABLE {t} ALTER COLUMN b TYPE bigint", None),
+    ("key", "ALTER TABLE {t} DROP CONSTRAINT {k}, ADD PRIMARY KEY (id, a)", None),
 )
-"""``--migrations``: (label, DDL, a column gold must then have)."""
+"""``--migrations``: (label, DDL statements separated by ``;``, a column gold must then
+have). ``{t}``: the table, ``{k}``: its primary key constraint."""
 
 
 def migrate(
@@ -333,7 +342,9 @@ def migrate(
     try:
         for label, ddl, column in MIGRATIONS:
             with env.connect() as conn:
-                conn.execute(ddl.format(t=ident.as_string(conn)))
+                key = sql.Identifier(f"{name}_pkey").as_string(conn)
+                for statement in ddl.format(t=ident.as_string(conn), k=key).split(";"):
+                    conn.execute(statement)
                 conn.execute(
                     sql.SQL("UPDATE {} SET b = -b WHERE id <= {}").format(
                         ident, sql.Literal(table["min_id"] + 99)
