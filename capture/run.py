@@ -83,7 +83,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -128,12 +128,11 @@ from pgmedallion.capture.published import Published, Shape
 from pgmedallion.capture.published import published as published_shapes
 from pgmedallion.capture.schema_changes import (
     ERROR,
-    FOLLOW,
     RESYNC,
     Catalog,
+    by_position,
     catalog_of,
     changes,
-    same_attnums,
 )
 from pgmedallion.capture.slot import (
     current_wal_lsn,
@@ -287,6 +286,20 @@ def _changed_since_snapshot(
     return moved
 
 
+def attnum_order(catalog: Catalog, names: Collection[str]) -> list[str]:
+    """The live columns of ``catalog`` among ``names``, in attnum order (a Relation's)."""
+    wanted = set(names)
+    return [
+        c.name
+        for c in sorted(catalog.columns, key=lambda c: c.attnum)
+        if not c.dropped and c.name in wanted
+    ]
+
+
+def catalog_names(catalog: Catalog) -> list[str]:
+    return [c.name for c in catalog.columns if not c.dropped]
+
+
 def _read_by_position(
     bronze: Bronze, recorded: Mapping[int, dict], baselines: Mapping[int, Catalog]
 ) -> set[int]:
@@ -302,7 +315,7 @@ def _read_by_position(
         lsn, _ = followed.get(oid, (None, None))
         if snapshot is None or now is None or oid not in snapshots or snapshots[oid][0] != lsn:
             continue
-        if snapshot.relfilenode and now.relfilenode and same_attnums(snapshot, now):
+        if by_position(snapshot, now):
             out.add(oid)
     return out
 
@@ -314,39 +327,37 @@ def _renamed_back(
     captured: dict[int, tuple[str, str]],
     run: _Run,
 ) -> tuple[dict[int, str], dict[int, str]]:
-    """The tables whose stream brought a Relation with their columns in another order than
-    the catalog's (:func:`_unchecked_columns`) that the catalog no longer shows: columns were
-    renamed, rows written, and renamed again before capture looked (a swap and a swap back).
-    Names cannot tell which column such a Relation meant. With no column added or dropped
-    since the snapshot its positions can (attnum order), so under ``follow`` the catalog is
-    recorded and silver reads the table by position (the second mapping: the record's
-    description);
-    otherwise the table is snapshotted again (the first: the reason), under every
-    ``on_schema_change`` policy: read by its names, such a Relation would put values in the
-    wrong columns without a word."""
+    """What to do for the tables whose stream brought a Relation naming their columns in
+    another order than the catalog capture compared (:func:`_unchecked_columns`), when the
+    catalog now does not show that order either: a Relation from before renames capture has
+    recorded, or columns renamed, rows written and renamed again before capture looked (a
+    swap and a swap back). Names cannot tell which column such a Relation meant; positions
+    can while no column was added or dropped since the snapshot (``by_position``), so the
+    catalog is recorded and silver reads the table by position (``follow``: values stay with
+    their column) or checks every Relation's order against its columns (``error``: another
+    order is ``SchemaIncompatible``). The second mapping: tables to record, and why. The
+    first: tables snapshotted again, and why: the other tables, under every policy (read by
+    its names, such a Relation would put values in the wrong columns without a word)."""
     resync, record = {}, {}
     wanted = sorted(oid for oid in run.reordered if oid in survey.catalogs and oid in captured)
-    snapshots = bronze.snapshot_schemas(wanted) if wanted else {}
+    if not wanted:
+        return resync, record
+    recorded = bronze.snapshot_schemas(wanted)
+    positional = _read_by_position(bronze, recorded, _baselines(bronze, recorded))
     for oid in wanted:
         names, catalog = run.reordered[oid], survey.catalogs[oid]
-        order = [
-            c.name
-            for c in sorted(catalog.columns, key=lambda c: c.attnum)
-            if not c.dropped and c.name in names
-        ]
-        if order == [n for n in names if n in order]:
-            continue  # the catalog shows the Relation's names: a change recorded as followed
-        snapshot = Catalog.from_record((snapshots.get(oid) or {}).get("catalog"))
-        follows = target.on_schema_change(".".join(captured[oid])) == FOLLOW
-        if follows and snapshot and snapshot.relfilenode and catalog.relfilenode:
-            if same_attnums(snapshot, catalog):
-                record[oid] = "columns renamed and renamed back while the stream ran"
-                continue
+        if attnum_order(catalog, names) == [n for n in names if n in set(catalog_names(catalog))]:
+            continue  # the catalog shows the Relation's order: recorded as followed now
+        snapshot = Catalog.from_record((recorded.get(oid) or {}).get("catalog"))
+        policy = target.on_schema_change(".".join(captured[oid]))
+        if policy != RESYNC and snapshot is not None and by_position(snapshot, catalog):
+            if oid not in positional:
+                record[oid] = "a Relation named the columns in another order: read by position"
+            continue
         resync[oid] = (
             "columns renamed while the stream ran and renamed again before capture looked"
             " (their order in a Relation message is not the catalog's)"
         )
-    run.reordered.clear()
     return resync, record
 
 
@@ -541,6 +552,7 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
         )
         resync = resync | set(moved)
     followed = _record_followed(bronze, target, survey, state, moved, positional)
+    run.reordered.clear()  # (only once both are durable: a retried attempt looks again)
     for table in survey.gone:
         error = TableDropped(f"table {table_name(table)} (oid {table.oid}) was dropped")
         if record_error(bronze, error, lsn=survey.noticed_at, run_id=run_id, table=table):
@@ -626,7 +638,6 @@ def _unchecked_columns(
     baselines = {
         oid: catalog for oid, catalog in _baselines(bronze, recorded).items() if catalog is not None
     }
-    by_position = _read_by_position(bronze, recorded, baselines)
     fingerprints = {
         oid: json.dumps(catalog.to_record(), sort_keys=True) for oid, catalog in baselines.items()
     }
@@ -657,21 +668,18 @@ def _unchecked_columns(
             for c in baselines[relation.relid].columns
             if not c.dropped
         }
-        retyped = {
+        rules = target.pii.get(f"{relation.namespace}.{relation.name}", {})
+        retyped = {  # (a column with a policy lands rewritten: a hashed one as text)
             c.name
             for c in relation.columns
-            if c.name in live and typed[c.name] != (c.type_oid, c.type_modifier)
+            if c.name in live
+            and c.name not in rules
+            and typed[c.name] != (c.type_oid, c.type_modifier)
         }
         # the same names in another order: renamed (a swap) since capture's look
         listed = [c.name for c in relation.columns if c.name in live]
-        order = [
-            c.name
-            for c in sorted(baselines[relation.relid].columns, key=lambda c: c.attnum)
-            if not c.dropped and c.name in names
-        ]
+        order = attnum_order(baselines[relation.relid], names)
         reordered = {a for a, b in zip(listed, order, strict=False) if a != b}
-        if relation.relid in by_position:
-            reordered = set()  # silver reads this table's Relations by position
         if reordered:
             run.reordered[relation.relid] = tuple(c.name for c in relation.columns)
         moved = tuple(sorted((names - live) | (sent - names) | retyped | reordered))

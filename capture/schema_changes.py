@@ -24,7 +24,7 @@ which the catalog record carries to silver for the rows from before the column),
 dropped whose name no other column took (silver and gold drop it; the rows keep their other
 values), a column renamed to a name no column had, its old name taken by none (silver and gold
 rename it), any renames, swaps included, of a table with no column added or dropped since its
-snapshot (:func:`same_attnums`: a Relation's columns are then told apart by position), a type
+snapshot (:func:`by_position`: a Relation's columns are then told apart by position), a type
 change that keeps every value (:func:`widens`: silver and gold take the wider type),
 ``SET``/``DROP NOT NULL`` or a new primary key (no row changes: gold's rules and key follow).
 Everything else (``resync`` reasons) is made exact by snapshotting the table again, which the
@@ -259,12 +259,17 @@ def widens(old: CatalogColumn, new: CatalogColumn) -> bool:
     return False
 
 
-def same_attnums(snapshot: Catalog, now: Catalog) -> bool:
-    """Whether ``now`` has the very columns of ``snapshot``, by attnum: none added (attnums are
-    never reused, and a column added then dropped stays as dropped) and none dropped since.
-    Then every Relation message since the snapshot lists those columns, in attnum order, so a
-    column's position in it tells which it is whatever the names say: renames that swap or
-    reuse names are followed (silver maps such a Relation by position)."""
+def by_position(snapshot: Catalog, now: Catalog) -> bool:
+    """Whether every Relation message since the snapshot lists the very columns of
+    ``snapshot`` in attnum order, so a column's position in it tells which it is whatever the
+    names say (renames that swap or reuse names are followed: silver reads the table by
+    position). So when ``now`` has the same columns by attnum, none added (attnums are never
+    reused, and a column added then dropped stays as dropped) and none dropped since, and the
+    table is not partitioned (a leaf's own Relation lists the leaf's columns in its order).
+    The one rule capture (:func:`changes`, ``capture.run``) and silver
+    (``silver.catalog._by_position``) both follow."""
+    if not snapshot.relfilenode or not now.relfilenode:
+        return False
     return {(c.attnum, c.dropped) for c in snapshot.columns} == {
         (c.attnum, c.dropped) for c in now.columns
     }
@@ -281,7 +286,7 @@ def changes(then: Catalog, now: Catalog, snapshot: Catalog | None = None) -> Cha
     live_now = {c.name for c in now.columns if not c.dropped}
     live_then = {c.name for c in then.columns if not c.dropped}
     at_snapshot = {c.attnum for c in (snapshot or then).columns if not c.dropped}
-    in_place = same_attnums(snapshot or then, now)
+    in_place = by_position(snapshot or then, now)
     for attnum, old in sorted(before.items()):
         new = after.get(attnum)
         if old.dropped:

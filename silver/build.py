@@ -103,9 +103,10 @@ class _Run:
     truncate_at: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     changed: set[int] = field(default_factory=set)
     identity_keys: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    mixed_identities: set[int] = field(default_factory=set)
+    mixed_identities: dict[int, list[tuple[int, ...]]] = field(default_factory=dict)
     """Tables whose key-only changes of this run carry two identities (the source's primary
-    key or replica identity changed between them): their earlier rows are looked up whole."""
+    key or replica identity changed between them), and those identities' key positions: their
+    earlier rows are looked up under each."""
     change_rows: dict[int, int] = field(default_factory=dict)
     retired: set[int] = field(default_factory=set)
     """Tables the source dropped (their last changes may still arrive after the record)."""
@@ -357,7 +358,7 @@ def _read_changes(r: _Run, wal_diffs: DataFrame) -> None:
         if c["identities"]:
             r.identity_keys[c["table_oid"]] = min(tuple(keys) for keys in c["identities"])
             if len({tuple(keys) for keys in c["identities"]}) > 1:
-                r.mixed_identities.add(c["table_oid"])
+                r.mixed_identities[c["table_oid"]] = sorted({tuple(k) for k in c["identities"]})
     if with_errors:
         bad = wal_diffs.where(F.col("code").isNotNull() & F.col("table_oid").isin(with_errors))
         r.errors += [
@@ -413,7 +414,7 @@ def _run_tables(
             new_snapshot=oid in r.new_snapshots,
             truncates=r.truncate_at.get(oid, []) if deletes else [],
             identity_keys=r.identity_keys.get(oid),
-            every_identity=oid in r.mixed_identities,
+            identities=r.mixed_identities.get(oid),
             exists=info.silver_table.lower() in existing,
             path=paths[oid],
         )
@@ -454,7 +455,7 @@ def _reshape_followed(spark: SparkSession, n: Names, r: _Run, existing: set[str]
     (a rename is made only while the old name is there and the new one is not)."""
     for oid, f in sorted(r.followed.items()):
         info = r.tables[oid]
-        if f.problem or info.silver_table.lower() not in existing:
+        if f.problem or not (f.renamed or f.dropped) or info.silver_table.lower() not in existing:
             continue
         target = n.table(info.silver_table)
         before = r.tables_before.get(oid, info)
@@ -628,7 +629,7 @@ def table_run(
     new_snapshot: bool,
     truncates: list[tuple[int, int]],
     identity_keys: tuple[int, ...] | None = None,
-    every_identity: bool = False,
+    identities: list[tuple[int, ...]] | None = None,
     exists: bool | None = None,
     path: str | None = None,
 ) -> tuple[int, list[ErrorRecord], list[tuple]]:
@@ -671,7 +672,7 @@ def table_run(
             identity_keys,
             exists,
             path,
-            every_identity,
+            identities,
         )
     data = data_columns(info)
     settled = consolidated(_rewound(info, one.rows, one.wal_rows), data, run)
@@ -702,7 +703,7 @@ def _table_run_whole(
     identity_keys: tuple[int, ...] | None,
     exists: bool,
     path: str | None,
-    every_identity: bool = False,
+    identities: list[tuple[int, ...]] | None = None,
 ) -> tuple[int, list[ErrorRecord], list[tuple]]:
     """:func:`table_run` for a table cast whole before anything is written."""
     resolving = identity_keys is not None
@@ -718,7 +719,7 @@ def _table_run_whole(
             else None,
             info.snapshot_lsn,
             truncates,
-            every_identity,
+            identities,
         )
         ok = images.rows
         cast.cached += images.cached

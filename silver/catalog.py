@@ -20,10 +20,11 @@ from pyspark.sql import types as T
 from pgmedallion.capture.pgoutput import MSG_RELATION, MSG_TRUNCATE, Relation, Truncate, decode
 from pgmedallion.capture.schema_changes import (
     FOLLOW,
+    RESYNC,
     Catalog,
     CatalogColumn,
     Changes,
-    same_attnums,
+    by_position,
     type_text,
     widens,
 )
@@ -440,8 +441,8 @@ def missing_values(
 
 @dataclass
 class Followed:
-    """What silver does to a table's columns for the drops and renames capture followed
-    (:func:`followed_columns`)."""
+    """What silver does to a table's columns for the changes capture followed (drops,
+    renames, widened types, NOT NULL, the primary key: :func:`followed_columns`)."""
 
     dropped: set[str] = field(default_factory=set)
     """Silver's columns the source dropped."""
@@ -458,16 +459,20 @@ class Followed:
     """The table's primary key now (silver's column names), where it changed: gold's rules and
     MERGE take it (a key with a column silver does not hold: none, as a snapshot has it)."""
     retyped: dict[str, CatalogColumn] = field(default_factory=dict)
-    positional: list[str] | None = None
-    """With renames that swap or reuse names (no column added or dropped since the snapshot):
-    the table's column names now in attnum order, which is the order of every Relation since
-    the snapshot; silver reads those by position (``silver.changes.plan_columns``)."""
-    accepted: list[set[str]] = field(default_factory=list)
-    """The name sets a Relation read by position may have (now, silver's before this run, at
-    the snapshot); one with other names is a change silver cannot follow."""
     """A column's name now -> its catalog column, where the source widened its type
     (``capture.schema_changes.widens``): its entry takes the new type, and silver's column
     the new Spark type where that differs (``silver.write.widen_columns``)."""
+    positional: list[str] | None = None
+    """For a table with no column added or dropped since its snapshot (``by_position``): its
+    column names now in attnum order, which is the order of every Relation since the
+    snapshot; silver reads those by position (``silver.changes.plan_columns``)."""
+    accepted: list[set[str]] = field(default_factory=list)
+    """The name sets a Relation read by position may have (now, silver's before this run, at
+    the snapshot); one with other names is a change silver cannot follow."""
+    strict: bool = False
+    """Under ``on_schema_change = "error"``: nothing is followed, and a Relation read by
+    position must name silver's columns in their order (another order is a rename: it is
+    ``SchemaIncompatible``, where reading it by its names would swap values)."""
     problem: str = ""
     """A column silver holds that the source no longer has and that it cannot follow: the
     table needs a new snapshot."""
@@ -484,24 +489,35 @@ def followed_columns(
     newest catalog record says (``followed``: OID -> (snapshot LSN, catalog); ``snapshots``:
     OID -> its snapshot's schema record, whose catalog gives each column's attnum; a column
     silver renamed keeps its attnum in its entry). Only under ``on_schema_change = "follow"``
-    (``error`` keeps the table as it was), and not for a table whose snapshot this run reads
-    (its COPY rows have the old columns: the Relations then ask for a new snapshot, as
-    before). A table with no column added or dropped since its snapshot is read by position
-    (:func:`_by_position`: swaps too); otherwise capture follows renames and drops only for
-    columns the snapshot had and with names no other column had, and snapshots the table
-    again for the rest; a column silver holds that the record does not explain is a
-    ``problem`` (a new snapshot too)."""
+    (``error`` keeps the table as it was, and only checks that Relations read by position
+    name its columns in their order), and not for a table whose snapshot this run reads (its
+    COPY rows have the old columns: the Relations then ask for a new snapshot, as before;
+    renames the Relations' names cannot show, a swap, are a ``problem`` then). A table with
+    no column added or dropped since its snapshot is read by position (:func:`_by_position`:
+    swaps too); otherwise capture follows renames and drops only for columns the snapshot
+    had and with names no other column had, and snapshots the table again for the rest; a
+    column silver holds that the record does not explain is a ``problem`` (a new snapshot
+    too)."""
     out = {}
     for oid, (snapshot_lsn, record) in followed.items():
         info = tables.get(oid)
-        if info is None or oid in copied or info.snapshot_lsn != snapshot_lsn:
+        if info is None or info.snapshot_lsn != snapshot_lsn:
             continue
         policy = cfg.policy(info.qualified_name)
-        if policy.on_schema_change != FOLLOW:
-            continue
         now = Catalog.from_record(record)
         then = Catalog.from_record((snapshots.get(oid) or {}).get("catalog"))
-        if now is None or then is None:
+        if now is None or then is None or policy.on_schema_change == RESYNC:
+            continue
+        if oid in copied or policy.on_schema_change != FOLLOW:
+            f = _by_position(info, then, now, policy)
+            if f is not None and oid in copied and f.renamed:
+                out[oid] = Followed(
+                    problem="columns renamed (" + ", ".join(sorted(f.renamed)) + ") in a way"
+                    " the Relations' names cannot show, while the table's snapshot is read"
+                )
+            elif f is not None and oid not in copied:  # error: checked, not followed
+                order = [e["name"] for e in sorted(info.columns, key=_attnum_of(then))]
+                out[oid] = Followed(positional=order, accepted=[set(order)], strict=True)
             continue
         at_snapshot = {c.name: c.attnum for c in then.columns if not c.dropped}
         snapshot_name = {attnum: name for name, attnum in at_snapshot.items()}
@@ -562,6 +578,13 @@ def followed_columns(
     return out
 
 
+def _attnum_of(then: Catalog):
+    """A column entry's attnum: kept in it since a rename, else its name's in the snapshot's
+    catalog ``then`` (None: a column added since)."""
+    at_snapshot = {c.name: c.attnum for c in then.columns if not c.dropped}
+    return lambda entry: entry.get("attnum") or at_snapshot.get(entry["name"])
+
+
 def _by_position(info: TableInfo, then: Catalog, now: Catalog, policy) -> Followed | None:
     """The renames (and widenings) of a table with no column added or dropped since its
     snapshot (``then``), by attnum whatever the names, swaps included: every Relation message
@@ -570,13 +593,10 @@ def _by_position(info: TableInfo, then: Catalog, now: Catalog, policy) -> Follow
     swap and a swap back between two looks at the catalog gave (capture then records the
     catalog, see ``capture.run._renamed_back``). None where the table has had other changes
     (they follow by name) or is partitioned."""
-    at_snapshot = {c.name: c.attnum for c in then.columns if not c.dropped}
-    attnums = [entry.get("attnum") or at_snapshot.get(entry["name"]) for entry in info.columns]
+    attnums = [_attnum_of(then)(entry) for entry in info.columns]
     by_attnum = {c.attnum: c for c in now.columns if not c.dropped}
-    if not same_attnums(then, now) or any(a not in by_attnum for a in attnums):
+    if not by_position(then, now) or any(a not in by_attnum for a in attnums):
         return None
-    if then.relfilenode == 0 or now.relfilenode == 0:
-        return None  # partitioned: a leaf's own Relation may list its columns in its order
     snapshot_names = {c.attnum: c.name for c in then.columns if not c.dropped}
     f = Followed()
     for attnum, entry in zip(attnums, info.columns, strict=True):
@@ -606,16 +626,16 @@ def _by_position(info: TableInfo, then: Catalog, now: Catalog, policy) -> Follow
 def _widened(f: Followed, entry: dict, now: CatalogColumn, policy) -> None:
     """Note in ``f`` a widening of the column of ``entry`` to ``now``'s type (capture followed
     it: ``capture.schema_changes.widens``), or the problem that makes it a new snapshot: a
-    column policy, or a new Spark type that cannot hold every value of the old one (a
-    ``numeric(30)`` made unconstrained: silver's ``decimal(38,18)`` has 20 integer digits). A
-    type that differs in another way is not a widening: capture's own record of the column
-    (a hashed column lands as text) and its verdict stand."""
+    new Spark type that cannot hold every value of the old one (a ``numeric(30)`` made
+    unconstrained: silver's ``decimal(38,18)`` has 20 integer digits). A column with a column
+    policy keeps the type the policy gives it (a hashed column lands as text, whatever its
+    type at the source); a type that differs in another way is not a widening, and capture's
+    verdict on it stands."""
     old = CatalogColumn(0, entry["name"], entry["type_oid"], entry["typmod"], *[False] * 4, "")
     if (old.type_oid, old.typmod) == (now.type_oid, now.typmod) or not widens(old, now):
         return
     if policy.columns.get(entry["name"]) or policy.columns.get(now.name):
-        f.problem = f"column {now.name} has a column policy and changed type"
-        return
+        return  # its type in silver is the policy's (a hashed column is text)
     before = spark_type(pg_type_of(entry))
     after = spark_type(pg_type_of({**entry, "type_oid": now.type_oid, "typmod": now.typmod}))
     if not holds_every_value(before, after):
@@ -709,7 +729,7 @@ def _table_layouts(
         {c["name"]: {tuple(t) for t in c.get("widened_from", [])} for c in info.columns},
         None
         if follow is None or follow.problem or follow.positional is None
-        else (follow.positional, follow.accepted),
+        else (follow.positional, follow.accepted, follow.strict),
     )
     for (lsn, _, _rel), layout in zip(rels, rel_layouts, strict=False):
         if layout.positions is None and lsn >= f_from:

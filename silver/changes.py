@@ -119,7 +119,7 @@ def plan_columns(
     aliases: Mapping[str, str] | None = None,
     adds_from: int | None = None,
     widened_from: Mapping[str, Collection[tuple[int, int]]] | None = None,
-    positional: tuple[Sequence[str], Sequence[Collection[str]]] | None = None,
+    positional: tuple[Sequence[str], Sequence[Collection[str]], bool] | None = None,
 ) -> tuple[list[TableColumn], list[Layout]]:
     """The table's final columns and each ``(lsn, Relation)``'s layout, in stream order.
 
@@ -141,7 +141,8 @@ def plan_columns(
     now in attnum order, and the name sets a Relation may have, for a table whose columns were
     renamed with no column added or dropped since its snapshot (swaps included): a Relation
     after the snapshot lists those columns in that order, so its columns are named by
-    position, and one with other names or another count is incompatible.
+    position, and one with other names or another count is incompatible (with ``strict``,
+    under ``on_schema_change = "error"``: one naming them in another order too).
     """
     aliases = aliases or {}
     widened_from = widened_from or {}
@@ -150,9 +151,10 @@ def plan_columns(
     layouts = []
     for lsn, rel in relations:
         if positional is not None and (snapshot_lsn is None or lsn > snapshot_lsn):
-            order, accepted = positional
+            order, accepted, strict = positional
             listed = [c.name for c in rel.columns]
-            if len(listed) != len(order) or not any(set(listed) == set(a) for a in accepted):
+            fits = len(listed) == len(order) and any(set(listed) == set(a) for a in accepted)
+            if not fits or (strict and listed != list(order)):
                 layouts.append(
                     Layout(
                         None,

@@ -90,43 +90,51 @@ def hashable(value: Any) -> Any:
 
 
 class _State:
-    """Rows by key. The key is the one of the table's identity (``keys``); a change of the
-    identity within one run (the source's primary key or replica identity changed) looks
-    rows up under its own key columns, through an index of them built at its first use."""
+    """Rows by key. The key is the one of the table's identity (``keys``). A run whose changes
+    carry more than one identity (the source's primary key or replica identity changed within
+    it) holds its rows by a serial number instead (``by_row``: the old key need not be unique
+    after the change), and looks each up under its own key columns through an index of them,
+    built at its first use and kept up to date."""
 
-    def __init__(self, keys: tuple[int, ...]) -> None:
+    def __init__(self, keys: tuple[int, ...], by_row: bool = False) -> None:
         self.keys = keys
-        self.rows: dict[tuple, list] = {}
-        self.other: dict[tuple[int, ...], dict[tuple, set[tuple]]] = {}
-        """Another identity's key columns -> its key -> the keys in ``rows`` of rows with it."""
+        self.by_row = by_row
+        self.rows: dict[Any, list] = {}
+        self.other: dict[tuple[int, ...], dict[tuple, set]] = {}
+        """Key columns -> key -> the ids in ``rows`` of the rows with it."""
+        self.serial = 0
 
     def _key(self, values: Sequence, keys: tuple[int, ...]) -> tuple:
         return tuple(hashable(values[p]) for p in keys)
-
-    def put(self, values: list) -> None:
-        key = self._key(values, self.keys)
-        if key in self.rows:
-            self._unindex(key)
-        self.rows[key] = values
-        for keys, index in self.other.items():
-            index.setdefault(self._key(values, keys), set()).add(key)
 
     def clear(self) -> None:
         self.rows.clear()
         self.other.clear()
 
-    def _unindex(self, key: tuple) -> None:
+    def put(self, values: list) -> None:
+        if self.by_row:
+            self.serial += 1
+            key: Any = self.serial
+        else:
+            key = self._key(values, self.keys)
+            if key in self.rows:
+                self._unindex(key)
+        self.rows[key] = values
+        for keys, index in self.other.items():
+            index.setdefault(self._key(values, keys), set()).add(key)
+
+    def _unindex(self, key: Any) -> None:
         for keys, index in self.other.items():
             held = index.get(self._key(self.rows[key], keys))
             if held is not None:
                 held.discard(key)
 
     def pop(self, values: Sequence, keys: tuple[int, ...]) -> list | None:
-        if keys == self.keys:
+        if keys == self.keys and not self.by_row:
             key = self._key(values, keys)
         else:
             if keys not in self.other:
-                index: dict[tuple, set[tuple]] = {}
+                index: dict[tuple, set] = {}
                 for k, row in self.rows.items():
                     index.setdefault(self._key(row, keys), set()).add(k)
                 self.other[keys] = index
@@ -143,13 +151,16 @@ def resolve(
     changes: Iterable[Change],
     keys: tuple[int, ...],
     truncates: Iterable[tuple[int, int]] = (),
+    by_row: bool = False,
 ) -> tuple[list[Resolved], list[Unresolved]]:
     """The whole rows of the ``RETRACT`` and ``FILL`` rows among ``changes`` (any order; all of
     the table's changes of the run above its snapshot LSN), given ``base``: the table's rows at
     the last frontier with the keys the run retracts (and its snapshot rows, if any). ``keys``:
     the identity's key positions. ``truncates``: ``(lsn, ordinal)`` where the table was emptied
-    (the ``delete`` policy). Pure and deterministic."""
-    state = _State(keys)
+    (the ``delete`` policy). ``by_row``: the changes carry more than one identity (see
+    :class:`_State`; a whole row's removal is then matched on every column). Pure and
+    deterministic."""
+    state = _State(keys, by_row)
     for values in base:
         state.put(values)
     events = sorted(
@@ -165,7 +176,7 @@ def resolve(
             state.clear()
         elif c.kind == PLAIN:
             if c.diff < 0:
-                state.pop(c.values, keys)
+                state.pop(c.values, tuple(range(len(c.values))) if by_row else keys)
             else:
                 state.put(c.values)
         elif c.kind == RETRACT:
@@ -243,7 +254,7 @@ def resolve_previous_images(
     prior: DataFrame | None,
     floor: int | None,
     truncates: Sequence[tuple[int, int]] = (),
-    every_identity: bool = False,
+    identities: Sequence[tuple[int, ...]] | None = None,
 ) -> Images:
     """A table's cast rows of one run with every ``RETRACT`` and ``FILL`` row replaced by whole
     rows, and the changes that could not be resolved.
@@ -253,14 +264,15 @@ def resolve_previous_images(
     ``prior``: the silver table's rows of earlier runs, None if there are none to count (a
     table (re)snapshotted in this run: then only its rows above the snapshot LSN, ``floor``).
     The resolved rows are computed once (one Python task for the table) and kept in
-    ``cached`` until the caller has written them. ``every_identity``: the run's key-only
-    changes carry more than one identity (the source's key changed between them), so the
-    earlier rows are read whole rather than by the keys of ``keys``.
+    ``cached`` until the caller has written them. ``identities``: the key positions of each
+    identity the run's key-only changes carry, when there is more than one (the source's key
+    changed between them): the earlier rows are read under each, and held by row
+    (:class:`_State`).
     """
     data = [quote(n) for n in names]
     above = F.col(_LSN) > F.lit(-1 if floor is None else floor)
     changes = typed.where(F.col(KIND).isNotNull() & above)
-    base = _previous_rows(typed, changes, names, () if every_identity else keys, prior)
+    base = _previous_rows(typed, changes, names, keys, prior, identities)
     combined = base.select(
         *data,
         F.lit(0).cast("bigint").alias(_LSN),
@@ -281,8 +293,10 @@ def resolve_previous_images(
     )
     names, truncates = list(names), list(truncates)
 
+    by_row = identities is not None
+
     def run(table: pa.Table) -> pa.Table:
-        return _resolve_arrow(table, names, keys, truncates)
+        return _resolve_arrow(table, names, keys, truncates, by_row)
 
     resolved = combined.groupBy(F.lit(0).alias("_pgm_group")).applyInArrow(run, schema)
     resolved = resolved.persist(StorageLevel.MEMORY_AND_DISK)
@@ -301,10 +315,45 @@ def _previous_rows(
     names: Sequence[str],
     keys: tuple[int, ...],
     prior: DataFrame | None,
+    identities: Sequence[tuple[int, ...]] | None = None,
 ) -> DataFrame:
     """The rows before the run (its snapshot rows and ``prior``) with a key some ``RETRACT``
-    change of the run names, summed, with their positive multiplicities."""
+    change of the run names, summed, with their positive multiplicities. With
+    ``identities`` (more than one), a row is wanted when any ``RETRACT`` change names it under
+    its own identity's key columns: one left join per identity flags the rows, so none is
+    counted twice."""
     data = [quote(n) for n in names]
+    base = typed.where(F.col(KIND).isNull()).select(*data, F.col(_DIFF))
+    if prior is not None:
+        base = base.unionByName(prior.select(*data, F.col("_diff").alias(_DIFF)))
+    schema = T.StructType([typed.schema[n] for n in names] + [T.StructField(DIFF, T.LongType())])
+    rule = functools.partial(state_before, names=list(names))
+    if identities:
+        hit = F.lit(False)
+        for i, identity in enumerate(identities):
+            key_names = [names[p] for p in identity]
+            wanted = (
+                changes.where(
+                    (F.col(KIND) == RETRACT)
+                    & (F.col(COLUMNS) == F.array(*[F.lit(p) for p in identity]))
+                )
+                .select(
+                    *(F.col(quote(n)).alias(f"_pgm_id{i}_{j}") for j, n in enumerate(key_names))
+                )
+                .distinct()
+                .withColumn(f"_pgm_hit{i}", F.lit(True))
+            )
+            on = functools.reduce(
+                lambda a, b: a & b,
+                [F.col(quote(n)) == F.col(f"_pgm_id{i}_{j}") for j, n in enumerate(key_names)],
+            )
+            base = base.join(F.broadcast(wanted), on, "left").drop(
+                *[f"_pgm_id{i}_{j}" for j in range(len(key_names))]
+            )
+            hit = hit | F.col(f"_pgm_hit{i}").isNotNull()
+        base = base.where(hit).select(*data, F.col(_DIFF))
+        diffs = base.select(*data, F.col(_DIFF).alias(DIFF), F.lit(0).cast("bigint").alias(LSN))
+        return by_key(diffs, list(names), rule, schema).withColumnRenamed(DIFF, _DIFF)
     key_names = [names[p] for p in keys]
     key_types = [typed.schema[n].dataType for n in key_names]
     wanted = (
@@ -312,9 +361,6 @@ def _previous_rows(
         .select(*(F.col(quote(n)).alias(f"_pgm_key{i}") for i, n in enumerate(key_names)))
         .distinct()
     )
-    base = typed.where(F.col(KIND).isNull()).select(*data, F.col(_DIFF))
-    if prior is not None:
-        base = base.unionByName(prior.select(*data, F.col("_diff").alias(_DIFF)))
     if key_names:
         on = functools.reduce(
             lambda a, b: a & b,
@@ -323,8 +369,6 @@ def _previous_rows(
         base = base.where(_key_filter(wanted, key_names, key_types)).join(
             F.broadcast(wanted), on, "left_semi"
         )
-    schema = T.StructType([typed.schema[n] for n in names] + [T.StructField(DIFF, T.LongType())])
-    rule = functools.partial(state_before, names=list(names))
     diffs = base.select(*data, F.col(_DIFF).alias(DIFF), F.lit(0).cast("bigint").alias(LSN))
     return by_key(diffs, key_names or names, rule, schema).withColumnRenamed(DIFF, _DIFF)
 
@@ -343,6 +387,7 @@ def _resolve_arrow(
     names: list[str],
     keys: tuple[int, ...],
     truncates: list[tuple[int, int]],
+    by_row: bool = False,
 ) -> pa.Table:
     """Worker body: one table's previous rows (side 0) and changes (side 1) -> :func:`resolve`'s
     whole rows and errors."""
@@ -351,12 +396,13 @@ def _resolve_arrow(
     for r in rows:
         values = [r[n] for n in names]
         if r[_SIDE] == 0:
-            base_rows.append(values)
+            # held by row: each copy of a row is one (by key, a key is one row)
+            base_rows.extend([values] * (max(1, r[_DIFF] or 1) if by_row else 1))
         else:
             changes_.append(
                 Change(r[_LSN], r[ORDINAL], r[_DIFF], r[KIND], tuple(r[COLUMNS] or ()), values)
             )
-    out, errors = resolve(base_rows, changes_, keys, truncates)
+    out, errors = resolve(base_rows, changes_, keys, truncates, by_row)
     records = [
         {**dict(zip(names, o.values, strict=True)), _LSN: o.lsn, _DIFF: o.diff} for o in out
     ] + [{_LSN: e.lsn, _DIFF: 0, _CODE: e.code, _MESSAGE: e.message} for e in errors]

@@ -283,3 +283,30 @@ def test_a_swap_of_two_names_is_followed_in_place(spark, db, caplog):
     assert len(reasons) == 1 and "renamed again before capture looked" in reasons[0], reasons
     for t in ("s", "sf"):
         _gold_is_source(spark, cfg, db, t)
+
+
+def test_under_error_a_swap_is_schema_incompatible(spark, db):
+    """``on_schema_change = "error"`` follows nothing: a Relation after a swap names silver's
+    columns in another order, which read by its names would put each value in the other
+    column. Silver reads it by position and, finding the names moved, records
+    ``SchemaIncompatible`` for those changes, which hold gold's table."""
+    _sql(db, SWAP_SCHEMA)
+    cfg = make_config(db, "swaperr")
+    cfg = replace(cfg, tables={"public.s": TablePolicy(on_schema_change="error")})
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    _sql(
+        db,
+        "ALTER TABLE s RENAME COLUMN a TO tmp",
+        "ALTER TABLE s RENAME COLUMN b TO a",
+        "ALTER TABLE s RENAME COLUMN tmp TO b",
+        "UPDATE s SET a = -1 WHERE id = 1",
+    )
+    with pytest.raises(GoldQualityError, match="no_definite_errors"):
+        run_stages(spark, cfg)
+    assert _columns(spark, cfg, "silver", "s") == ["id", "a", "b", "c"]
+    errors = spark.table(cfg.qualified("silver", "_errors")).where("code = 'SchemaIncompatible'")
+    assert errors.count() >= 1
+    # nothing of the update reached silver under the wrong names
+    silver = spark.table(cfg.qualified("silver", "public_s")).where("id = 1 AND _diff > 0")
+    assert sorted(r["b"] for r in silver.collect()) == [101]

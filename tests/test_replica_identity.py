@@ -124,6 +124,27 @@ def test_a_changed_identity_keeps_finding_rows_the_run_moved():
     assert [e.code for e in errors] == ["UnknownPreviousRow"]
 
 
+def test_a_primary_key_changed_within_a_run_holds_rows_by_row():
+    """The key changed from (id) to (id, region) within one run: after it, (id) is no longer
+    unique, so rows are held by row (``by_row``) and each change looks its row up under its
+    own key; a whole row's removal matches every column."""
+    base = [[1, "us", "a"]]
+    changes = [
+        c(10, 1, -1, RETRACT, (0,), 1, None, None),  # under (id)
+        c(10, 1, 1, FILL, (), 1, "us", "b"),
+        c(20, 1, 1, PLAIN, (), 1, "eu", "x"),  # the key is (id, region) from here
+        c(30, 1, -1, RETRACT, (0, 1), 1, "us", None),
+        c(40, 1, -1, PLAIN, (), 1, "eu", "x"),
+    ]
+    out, errors = resolve(base, changes, (0,), by_row=True)
+    assert errors == []
+    assert out == [
+        Resolved(10, -1, [1, "us", "a"]),
+        Resolved(10, 1, [1, "us", "b"]),
+        Resolved(30, -1, [1, "us", "b"]),
+    ]
+
+
 # --- end to end ---------------------------------------------------------------------------------
 
 SCHEMA = """
