@@ -27,16 +27,20 @@ def record_error(
     lsn: int,
     run_id: str,
     table: PublishedTable | None = None,
+    since: int | None = None,
 ) -> bool:
     """Write ``error`` as one ``error`` record in a batch of its own, unless already recorded.
 
-    A table's error is recorded once per table; a source-wide one once per LSN. Returns
-    whether a record was written.
+    A table's error is recorded once per table (``since``: once per table from that LSN on,
+    its snapshot's: a new snapshot can meet it again); a source-wide one once per LSN.
+    Returns whether a record was written.
     """
     code = error.code
     oid = None if table is None else table.oid
     for known_code, known_oid, known_lsn in bronze.recorded_errors():
-        if known_code == code and known_oid == oid and (oid is not None or known_lsn == lsn):
+        if known_code != code or known_oid != oid:
+            continue
+        if (oid is None and known_lsn == lsn) or (oid is not None and known_lsn >= (since or 0)):
             return False
     buffer = RecordBuffer(bronze.source, run_id)
     buffer.add(

@@ -79,6 +79,14 @@ class TableDropped(DefiniteError):
     """A table we capture no longer exists."""
 
 
+class ColumnsAmbiguous(DefiniteError):
+    """Under ``on_schema_change = "error"``: columns were renamed so that their names no longer
+    tell them apart in the stream (two names swapped, a name given again after a drop), and
+    the table cannot be read by position. Nothing is followed and nothing is snapshotted
+    again under that policy, so the table's changes from here are held (``pgmedallion resync``
+    makes it exact) rather than read under the wrong names."""
+
+
 @dataclass(frozen=True)
 class _Rule:
     sqlstate: str

@@ -98,6 +98,7 @@ from pgmedallion.bronze.table import (
 from pgmedallion.capture.connection import connect, connect_replication
 from pgmedallion.capture.error_records import error_lsn, record_error, table_name
 from pgmedallion.capture.errors import (
+    ColumnsAmbiguous,
     DefiniteError,
     PolicyNotApplicable,
     PublicationDropped,
@@ -298,6 +299,34 @@ def attnum_order(catalog: Catalog, names: Collection[str]) -> list[str]:
 
 def catalog_names(catalog: Catalog) -> list[str]:
     return [c.name for c in catalog.columns if not c.dropped]
+
+
+def _ambiguous_under_error(
+    bronze: Bronze, target: CaptureTarget, survey: _Survey, captured: dict[int, tuple[str, str]]
+) -> dict[int, str]:
+    """The tables under ``on_schema_change = "error"`` whose columns were renamed since the
+    catalog capture compared so that their names no longer tell them apart in the stream
+    (``Changes.ambiguous``), and which: each becomes a ``ColumnsAmbiguous`` error, which holds
+    its table, since read by their names its Relations would put values in the wrong
+    columns."""
+    wanted = sorted(
+        oid
+        for oid in survey.catalogs
+        if oid in captured and target.on_schema_change(".".join(captured[oid])) == ERROR
+    )
+    if not wanted:
+        return {}
+    recorded = bronze.snapshot_schemas(wanted)
+    baselines = _baselines(bronze, recorded)
+    out = {}
+    for oid, record in recorded.items():
+        then = baselines.get(oid)
+        if then is None:
+            continue
+        found = changes(then, survey.catalogs[oid], Catalog.from_record(record.get("catalog")))
+        if found.ambiguous:
+            out[oid] = "; ".join(found.ambiguous)
+    return out
 
 
 def _read_by_position(
@@ -551,6 +580,21 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
             [(oid, *captured[oid]) for oid in moved], state.frontier or 0, reasons=moved
         )
         resync = resync | set(moved)
+    published = {t.oid: t for t in survey.published}
+    held = False
+    for oid, why in _ambiguous_under_error(bronze, target, survey, captured).items():
+        if oid not in published:
+            continue
+        table = published[oid]
+        error = ColumnsAmbiguous(
+            f'table {table_name(table)}: {why}; under on_schema_change = "error" nothing is'
+            f" followed: `pgmedallion resync {table_name(table)}` snapshots it again"
+        )
+        since = state.snapshots[oid][0]
+        lsn = survey.noticed_at
+        if record_error(bronze, error, lsn=lsn, run_id=run_id, table=table, since=since):
+            totals.table_errors[table_name(table)] = str(error)
+            held = True
     followed = _record_followed(bronze, target, survey, state, moved, positional)
     run.reordered.clear()  # (only once both are durable: a retried attempt looks again)
     for table in survey.gone:
@@ -558,7 +602,7 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
         if record_error(bronze, error, lsn=survey.noticed_at, run_id=run_id, table=table):
             totals.table_errors[table_name(table)] = str(error)
         run.expected.pop(table.oid, None)
-    if moved or survey.gone or followed:
+    if moved or survey.gone or followed or held:
         state = None  # a resync request, an error or a schema change record took a batch id
     wanted = set(options.tables or ())
 

@@ -139,6 +139,9 @@ class Changes:
     """Changes exact without a new snapshot (described for people)."""
     unfollowable: list[str] = field(default_factory=list)
     """Changes only a new snapshot makes exact."""
+    ambiguous: list[str] = field(default_factory=list)
+    """Those of them the stream's names cannot show (a swap, a name given again): read by
+    their names, the table's Relations would put values in the wrong columns."""
 
     def resync_reason(self, policy: str) -> str:
         """Why the table must be snapshotted again under ``policy`` ("": it need not)."""
@@ -294,6 +297,8 @@ def changes(then: Catalog, now: Catalog, snapshot: Catalog | None = None) -> Cha
         if new is None or new.dropped:
             if old.name in live_now or old.attnum not in at_snapshot:
                 out.unfollowable.append(f"column {old.name} dropped and its name given again")
+                if old.name in live_now:
+                    out.ambiguous.append(f"column {old.name} dropped and its name given again")
             else:  # silver and gold drop it too (only under `follow`: see silver.catalog)
                 out.followed.append(f"column {old.name} dropped")
             continue
@@ -301,6 +306,8 @@ def changes(then: Catalog, now: Catalog, snapshot: Catalog | None = None) -> Cha
             reused = old.name in live_now or new.name in live_then
             if (reused and not in_place) or old.attnum not in at_snapshot:
                 out.unfollowable.append(f"column {old.name} renamed to {new.name}")
+                if reused:
+                    out.ambiguous.append(f"column {old.name} renamed to {new.name}")
             else:  # silver and gold rename it (only under `follow`: see silver.catalog)
                 out.followed.append(f"column {old.name} renamed to {new.name}")
         if (new.type_oid, new.typmod) != (old.type_oid, old.typmod):
@@ -327,6 +334,8 @@ def changes(then: Catalog, now: Catalog, snapshot: Catalog | None = None) -> Cha
             reason = f"column {column.name} dropped and its name given again"
             if reason not in out.unfollowable:
                 out.unfollowable.append(reason)
+            if reason not in out.ambiguous:
+                out.ambiguous.append(reason)
         elif column.dropped:
             out.unfollowable.append("a column added since the snapshot was dropped")
         elif column.generated:

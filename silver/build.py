@@ -117,11 +117,13 @@ class _Run:
     layout_errors: list[ErrorRecord] = field(default_factory=list)
     """The window's Relations silver cannot follow (``SchemaIncompatible``, per Relation)."""
     reshaped: set[int] = field(default_factory=set)
-    """Tables whose silver table this run reshaped without appending to it: earlier rows that
-    took an added column's value (:func:`_restate_added`), columns renamed or dropped
-    (:func:`_reshape_followed`)."""
+    """Tables whose silver table (or gold's rules) this run changed without appending to it:
+    earlier rows that took an added column's value (:func:`_restate_added`), columns renamed
+    (a swap: rewritten) or dropped (:func:`_reshape_followed`), widened
+    (:func:`_widen_followed`), a new primary key (gold builds by it)."""
     followed: dict[int, catalog.Followed] = field(default_factory=dict)
-    """OID -> the drops and renames of the source's columns this run follows."""
+    """OID -> what of the source's schema changes this run follows (drops, renames, widened
+    types, NOT NULL, the key, reading by position: ``catalog.followed_columns``)."""
 
 
 def run_silver(spark: SparkSession, cfg: Config) -> SilverResult:

@@ -242,6 +242,20 @@ def test_a_name_given_again_after_a_followed_drop_is_not_followed():
     assert found.followed == []
 
 
+def test_a_swap_after_a_column_was_added_is_ambiguous():
+    """With a column added since the snapshot, positions no longer tell the columns apart:
+    a swap is a new snapshot, and under ``error`` a ``ColumnsAmbiguous`` error (the names in
+    the stream mean other columns now); a plain rename is neither."""
+    added = _catalog((1, "id", 23), (2, "f1", 23), (3, "f2", 23), (4, "g", 23))
+    swapped = _catalog((1, "id", 23), (2, "f2", 23), (3, "f1", 23), (4, "g", 23))
+    found = changes(added, swapped, BEFORE)
+    assert found.ambiguous == ["column f1 renamed to f2", "column f2 renamed to f1"]
+    assert found.unfollowable == found.ambiguous
+    renamed = _catalog((1, "id", 23), (2, "f1", 23), (3, "f3", 23), (4, "g", 23))
+    assert changes(added, renamed, BEFORE).ambiguous == []
+    assert changes(BEFORE, _catalog((1, "id", 23), (2, "f2", 23), (3, "f1", 23))).ambiguous == []
+
+
 def test_a_rewrite_keeps_the_value_existing_rows_read():
     """``VACUUM FULL`` clears ``attmissingval`` (the rows hold the value now): the recorded
     value carries over to the next record by attnum."""
