@@ -591,7 +591,7 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
             f" followed: `pgmedallion resync {table_name(table)}` snapshots it again"
         )
         since = state.snapshots[oid][0]
-        lsn = survey.noticed_at
+        lsn = max(state.frontier or 0, since)  # the misread Relations come after it
         if record_error(bronze, error, lsn=lsn, run_id=run_id, table=table, since=since):
             totals.table_errors[table_name(table)] = str(error)
             held = True
@@ -724,8 +724,6 @@ def _unchecked_columns(
         listed = [c.name for c in relation.columns if c.name in live]
         order = attnum_order(baselines[relation.relid], names)
         reordered = {a for a, b in zip(listed, order, strict=False) if a != b}
-        if reordered:
-            run.reordered[relation.relid] = tuple(c.name for c in relation.columns)
         moved = tuple(sorted((names - live) | (sent - names) | retyped | reordered))
         # once per baseline: a later migration that moves the same names (a column dropped,
         # then one added under its name) is looked at again
@@ -733,6 +731,8 @@ def _unchecked_columns(
         if not moved or seen in run.halted_on:
             return False
         run.halted_on.add(seen)
+        if reordered:
+            run.reordered[relation.relid] = tuple(c.name for c in relation.columns)
         log.info(
             "%s.%s: column(s) %s not as capture last compared the catalog: looking at it"
             " before the stream goes on",

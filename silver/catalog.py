@@ -515,9 +515,10 @@ def followed_columns(
                     problem="columns renamed (" + ", ".join(sorted(f.renamed)) + ") in a way"
                     " the Relations' names cannot show, while the table's snapshot is read"
                 )
-            elif f is not None and oid not in copied:  # error: checked, not followed
+            elif f is not None:  # read by position, nothing followed (error: checked only)
                 order = [e["name"] for e in sorted(info.columns, key=_attnum_of(then))]
-                out[oid] = Followed(positional=order, accepted=[set(order)], strict=True)
+                strict = policy.on_schema_change != FOLLOW
+                out[oid] = Followed(positional=order, accepted=[set(order)], strict=strict)
             continue
         at_snapshot = {c.name: c.attnum for c in then.columns if not c.dropped}
         snapshot_name = {attnum: name for name, attnum in at_snapshot.items()}
@@ -635,13 +636,22 @@ def _widened(f: Followed, entry: dict, now: CatalogColumn, policy) -> None:
     if (old.type_oid, old.typmod) == (now.type_oid, now.typmod) or not widens(old, now):
         return
     if policy.columns.get(entry["name"]) or policy.columns.get(now.name):
-        return  # its type in silver is the policy's (a hashed column is text)
+        # its type in silver is the policy's (a hashed column is text), so the change is
+        # nothing to it while the value's text stays (not so a numeric's new scale: 1.50 is
+        # 1.5000 now, and its hash or string another)
+        if old.type_oid == now.type_oid == 1700 and _scale(old.typmod) != _scale(now.typmod):
+            f.problem = f"column {now.name} has a column policy and a new scale"
+        return
     before = spark_type(pg_type_of(entry))
     after = spark_type(pg_type_of({**entry, "type_oid": now.type_oid, "typmod": now.typmod}))
     if not holds_every_value(before, after):
         f.problem = f"column {now.name} widened to {type_text(now)}, wider than silver holds"
         return
     f.retyped[now.name] = now
+
+
+def _scale(typmod: int) -> int | None:
+    return None if typmod < 4 else ((((typmod - 4) & 0x7FF) ^ 0x400) - 0x400)
 
 
 def holds_every_value(before: T.DataType, after: T.DataType) -> bool:

@@ -34,6 +34,7 @@ and a ``FILL`` with columns to fill from it is ``MissingToast``.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -86,7 +87,12 @@ def hashable(value: Any) -> Any:
         return tuple(sorted((k, hashable(v)) for k, v in value.items()))
     if isinstance(value, Decimal):
         return value.normalize()
+    if isinstance(value, float) and math.isnan(value):
+        return _NAN  # NaN equals itself here, as in PostgreSQL (a row holding one is found)
     return value
+
+
+_NAN = ("NaN",)
 
 
 class _State:
