@@ -10,8 +10,6 @@ PostgreSQL is the oracle: ``verify`` after every run, gold's rows compared with 
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from dataclasses import replace
 
 import psycopg
@@ -20,6 +18,7 @@ from chispa import assert_df_equality
 from pgmedallion.core.config import ColumnPolicy, TablePolicy
 from pgmedallion.pipeline import run_stages
 from pgmedallion.verify import verify
+from tests.migrations import migrate_while_streaming, snapshots, sql
 from tests.workload import assert_exact, drop_schemas, make_config
 
 SCHEMA = """
@@ -44,15 +43,9 @@ ADDED = [
 NEW_COLUMNS = ["k", "label", "price", "seen", "doc", "tags"]
 
 
-def _sql(conninfo, *statements: str) -> None:
-    with psycopg.connect(**conninfo, autocommit=True) as conn:
-        for statement in statements:
-            conn.execute(statement)
-
-
 def _migrate(conninfo, table: str, next_id: int) -> None:
     """The columns added, then rows written on both sides of the migration."""
-    _sql(
+    sql(
         conninfo,
         f"UPDATE {table} SET note = 'before' WHERE id = 3",
         *(f"ALTER TABLE {table} {ddl}" for ddl in ADDED),
@@ -62,11 +55,6 @@ def _migrate(conninfo, table: str, next_id: int) -> None:
         f"INSERT INTO {table} (id, f1, k, price) VALUES ({next_id + 1}, 1, 5, NULL)",
         f"DELETE FROM {table} WHERE id = 4",
     )
-
-
-def _snapshots(spark, cfg) -> int:
-    bronze = spark.table(cfg.qualified("bronze", "bronze"))
-    return bronze.where("kind = 'copy'").select("batch_id").distinct().count()
 
 
 def _gold_matches_source(spark, cfg, conninfo, table: str) -> None:
@@ -103,17 +91,17 @@ def test_a_column_added_with_a_default_is_followed_in_place(spark, db, caplog):
     silver held take the defaults, changes before and after the migration read them, and an
     update of an old row (its old image, or its previous row from silver) retracts exactly what
     silver holds. ``verify`` exact after each run."""
-    _sql(db, SCHEMA)
+    sql(db, SCHEMA)
     cfg = make_config(db, "addflw")
     drop_schemas(spark, cfg)
     run_stages(spark, cfg)
-    assert _snapshots(spark, cfg) == 1
+    assert snapshots(spark, cfg) == 1
     _migrate(db, "d", 1000)
     _migrate(db, "f", 1000)
     with caplog.at_level(logging.INFO, logger="pgmedallion"):
         run_stages(spark, cfg)
     assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 1, "followed without a new snapshot"
+    assert snapshots(spark, cfg) == 1, "followed without a new snapshot"
     restated = [
         r.getMessage() for r in caplog.records if "the rows silver holds take it" in r.getMessage()
     ]
@@ -121,7 +109,7 @@ def test_a_column_added_with_a_default_is_followed_in_place(spark, db, caplog):
     for table in ("d", "f"):
         _gold_matches_source(spark, cfg, db, table)
     # later changes of old rows still find them (silver's rows of earlier runs took the values)
-    _sql(
+    sql(
         db,
         "UPDATE d SET note = 'later' WHERE id BETWEEN 5 AND 9",
         "UPDATE f SET note = 'later' WHERE id BETWEEN 5 AND 9",
@@ -130,7 +118,7 @@ def test_a_column_added_with_a_default_is_followed_in_place(spark, db, caplog):
     )
     run_stages(spark, cfg)
     assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 1
+    assert snapshots(spark, cfg) == 1
     for table in ("d", "f"):
         _gold_matches_source(spark, cfg, db, table)
 
@@ -140,46 +128,21 @@ def test_a_default_added_while_capture_streams(spark, db, caplog):
     the stream stops before the Relation that names the new columns, capture looks again (the
     values for existing rows recorded first), and the next session lands the Relation. Exact,
     with no new snapshot."""
-    _sql(db, SCHEMA)
+    sql(db, SCHEMA)
     cfg = make_config(db, "addlive")
     drop_schemas(spark, cfg)
     run_stages(spark, cfg)
-    stop = threading.Event()
-    failures: list[BaseException] = []
 
-    def capture() -> None:
-        try:
-            run_stages(spark, cfg, ("capture",), continuous=True, stop=stop, handle_signals=False)
-        except BaseException as exc:  # reported below
-            failures.append(exc)
+    def migrate() -> None:
+        # the first Relation naming the columns stops the stream (the other table's
+        # migration is recorded by the same look when it came before it)
+        _migrate(db, "d", 1000)
+        _migrate(db, "f", 1000)
 
-    thread = threading.Thread(target=capture, name="capture")
-    with caplog.at_level(logging.INFO, logger="pgmedallion"):
-        thread.start()
-        try:
-            deadline = time.monotonic() + 120
-            while not any("streaming slot" in r.getMessage() for r in caplog.records):
-                assert time.monotonic() < deadline and not failures, failures
-                time.sleep(0.2)
-            _migrate(db, "d", 1000)
-            _migrate(db, "f", 1000)
-
-            def seen(text: str) -> int:
-                return sum(text in r.getMessage() for r in caplog.records)
-
-            # the first Relation naming the columns stops the stream (the other table's
-            # migration is recorded by the same look when it came before it)
-            while seen("as capture last compared") < 1 or seen("streaming slot") < 2:
-                assert time.monotonic() < deadline and not failures, failures
-                time.sleep(0.2)
-            time.sleep(3)  # the next session lands the rows
-        finally:
-            stop.set()
-            thread.join(timeout=120)
-    assert not failures, failures
+    migrate_while_streaming(spark, cfg, caplog, migrate)
     run_stages(spark, cfg)
     assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 1
+    assert snapshots(spark, cfg) == 1
     for table in ("d", "f"):
         _gold_matches_source(spark, cfg, db, table)
 
@@ -188,7 +151,7 @@ def test_a_withheld_columns_default_never_reaches_bronze(spark, db):
     """A column a policy excludes, added with a default before the snapshot (so its value is
     the catalog's missing value, not in any row): neither the snapshot's catalog record nor the
     one recorded with a later followed migration holds the value."""
-    _sql(
+    sql(
         db,
         SCHEMA,
         "ALTER TABLE d ADD COLUMN secret text DEFAULT 'do-not-land-4711'",
@@ -197,12 +160,10 @@ def test_a_withheld_columns_default_never_reaches_bronze(spark, db):
     cfg = replace(make_config(db, "addpii"), tables={"public.d": policy})
     drop_schemas(spark, cfg)
     run_stages(spark, cfg)
-    _sql(
-        db, "ALTER TABLE d ADD COLUMN k int DEFAULT 1 NOT NULL", "UPDATE d SET f1 = 0 WHERE id = 1"
-    )
+    sql(db, "ALTER TABLE d ADD COLUMN k int DEFAULT 1 NOT NULL", "UPDATE d SET f1 = 0 WHERE id = 1")
     run_stages(spark, cfg)
     assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 1, "k is followed"
+    assert snapshots(spark, cfg) == 1, "k is followed"
     bronze = spark.table(cfg.qualified("bronze", "bronze"))
     kinds = {r["kind"] for r in bronze.select("kind").distinct().collect()}
     assert {"schema", "schema_change"} <= kinds, kinds
@@ -214,7 +175,7 @@ def test_a_default_added_to_a_partitioned_table_is_snapshotted_again(spark, db):
     """A partitioned table keeps the value for existing rows in its partitions, not in its
     root (the root has no ``attmissingval``): capture sees it there and snapshots the table
     again, instead of following it as NULL."""
-    _sql(
+    sql(
         db,
         "CREATE TABLE p (id int, v int, PRIMARY KEY (id)) PARTITION BY RANGE (id)",
         "CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (0) TO (100)",
@@ -225,7 +186,7 @@ def test_a_default_added_to_a_partitioned_table_is_snapshotted_again(spark, db):
     cfg = make_config(db, "addpart")
     drop_schemas(spark, cfg)
     run_stages(spark, cfg)
-    _sql(db, "ALTER TABLE p ADD COLUMN k int DEFAULT 5", "UPDATE p SET v = -v WHERE id = 7")
+    sql(db, "ALTER TABLE p ADD COLUMN k int DEFAULT 5", "UPDATE p SET v = -v WHERE id = 7")
     run_stages(spark, cfg)
     assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 2
+    assert snapshots(spark, cfg) == 2

@@ -19,6 +19,7 @@ from pgmedallion.core.config import TablePolicy
 from pgmedallion.gold.quality import GoldQualityError
 from pgmedallion.pipeline import run_stages
 from pgmedallion.verify import verify
+from tests.migrations import gold_matches_source
 from tests.workload import assert_exact, drop_schemas, make_config
 
 SCHEMA = """
@@ -210,15 +211,7 @@ CREATE PUBLICATION pub FOR ALL TABLES;
 
 
 def _gold_is_source(spark, cfg, conninfo, table: str) -> None:
-    gold = spark.table(cfg.qualified("gold", f"public_{table}")).select("id", "a", "b", "c")
-    with psycopg.connect(**conninfo) as conn:
-        rows = conn.execute(f"SELECT id, a, b, c FROM {table}").fetchall()
-    assert_df_equality(
-        gold,
-        spark.createDataFrame(rows, gold.schema),
-        ignore_row_order=True,
-        ignore_nullable=True,
-    )
+    gold_matches_source(spark, cfg, conninfo, table, ["id", "a", "b", "c"])
 
 
 def test_a_swap_of_two_names_is_followed_in_place(spark, db, caplog):

@@ -8,14 +8,12 @@ key (a full build from silver). PostgreSQL is the oracle: ``verify`` after every
 
 from __future__ import annotations
 
-import psycopg
-from chispa import assert_df_equality
-
 from pgmedallion.gold.quality import PK_UNIQUE
 from pgmedallion.pipeline import run_stages
 from pgmedallion.silver.catalog import load_tables
 from pgmedallion.status import status_report
 from pgmedallion.verify import verify
+from tests.migrations import gold_matches_source, snapshots, sql
 from tests.workload import assert_exact, drop_schemas, make_config
 
 SCHEMA = """
@@ -31,35 +29,16 @@ CREATE PUBLICATION pub FOR ALL TABLES;
 """
 
 
-def _sql(conninfo, *statements: str) -> None:
-    with psycopg.connect(**conninfo, autocommit=True) as conn:
-        for statement in statements:
-            conn.execute(statement)
-
-
-def _snapshots(spark, cfg) -> int:
-    bronze = spark.table(cfg.qualified("bronze", "bronze"))
-    return bronze.where("kind = 'copy'").select("batch_id").distinct().count()
-
-
 def _keys(spark, cfg) -> dict[str, list[str]]:
     return {i.name: i.primary_key for i in load_tables(spark, cfg).values()}
 
 
 def _gold_matches_source(spark, cfg, conninfo, table: str) -> None:
-    gold = spark.table(cfg.qualified("gold", f"public_{table}")).select("id", "f1", "note")
-    with psycopg.connect(**conninfo) as conn:
-        rows = conn.execute(f"SELECT id, f1, note FROM {table}").fetchall()
-    assert_df_equality(
-        gold,
-        spark.createDataFrame(rows, gold.schema),
-        ignore_row_order=True,
-        ignore_nullable=True,
-    )
+    gold_matches_source(spark, cfg, conninfo, table, ["id", "f1", "note"])
 
 
 def test_a_changed_primary_key_is_followed_in_place(spark, db):
-    _sql(db, SCHEMA)
+    sql(db, SCHEMA)
     cfg = make_config(db, "keyflw")
     drop_schemas(spark, cfg)
     run_stages(spark, cfg)
@@ -77,10 +56,10 @@ def test_a_changed_primary_key_is_followed_in_place(spark, db):
             f"DELETE FROM {t} WHERE id = 2",
         ]
     statements += ["ALTER TABLE k ADD PRIMARY KEY (n)", "UPDATE k SET label = 'x' WHERE n = 3"]
-    _sql(db, *statements)
+    sql(db, *statements)
     run_stages(spark, cfg)
     assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 1, "followed without a new snapshot"
+    assert snapshots(spark, cfg) == 1, "followed without a new snapshot"
     assert _keys(spark, cfg) == {"d": ["id", "f1"], "f": ["id", "f1"], "k": ["n"]}
     for table in ("d", "f"):
         _gold_matches_source(spark, cfg, db, table)
@@ -89,7 +68,7 @@ def test_a_changed_primary_key_is_followed_in_place(spark, db):
     assert "primary key changed (none -> n): followed" in report, report
 
     # the key dropped, then a row twice: gold's rules no longer ask for a unique key
-    _sql(
+    sql(
         db,
         "ALTER TABLE d DROP CONSTRAINT d_pkey",
         "INSERT INTO d SELECT * FROM d WHERE id = 7",
@@ -99,7 +78,7 @@ def test_a_changed_primary_key_is_followed_in_place(spark, db):
     )
     run_stages(spark, cfg)  # a rule of the old key would fail the run
     assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 1
+    assert snapshots(spark, cfg) == 1
     assert _keys(spark, cfg)["d"] == []
     quality = spark.table(cfg.qualified("gold", "_quality")).where("table = 'public.d'")
     last = quality.agg({"run": "max"}).first()[0]

@@ -12,16 +12,13 @@ gold's rows compared with chispa.
 from __future__ import annotations
 
 import logging
-import threading
-import time
 
-import psycopg
-from chispa import assert_df_equality
 from pyspark.sql import types as T
 
 from pgmedallion.capture.schema_changes import CatalogColumn, widens
 from pgmedallion.pipeline import run_stages
 from pgmedallion.verify import verify
+from tests.migrations import gold_matches_source, migrate_while_streaming, snapshots, sql
 from tests.workload import assert_exact, drop_schemas, make_config
 
 SCHEMA = """
@@ -46,16 +43,10 @@ WIDENED = [
 ]
 
 
-def _sql(conninfo, *statements: str) -> None:
-    with psycopg.connect(**conninfo, autocommit=True) as conn:
-        for statement in statements:
-            conn.execute(statement)
-
-
 def _widen(conninfo, table: str) -> None:
     """Rows changed on both sides of the migration, the later ones with values only the wider
     types hold."""
-    _sql(
+    sql(
         conninfo,
         f"UPDATE {table} SET note = 'before', n = n + 1 WHERE id % 4 = 0",
         f"ALTER TABLE {table} " + ", ".join(WIDENED),
@@ -67,23 +58,8 @@ def _widen(conninfo, table: str) -> None:
     )
 
 
-def _snapshots(spark, cfg) -> int:
-    bronze = spark.table(cfg.qualified("bronze", "bronze"))
-    return bronze.where("kind = 'copy'").select("batch_id").distinct().count()
-
-
 def _gold_matches_source(spark, cfg, conninfo, table: str) -> None:
-    gold = spark.table(cfg.qualified("gold", f"public_{table}")).select(
-        "id", "n", "small", "s", "m", "ts"
-    )
-    with psycopg.connect(**conninfo) as conn:
-        rows = conn.execute(f"SELECT id, n, small, s, m, ts FROM {table}").fetchall()
-    assert_df_equality(
-        gold,
-        spark.createDataFrame(rows, gold.schema),
-        ignore_row_order=True,
-        ignore_nullable=True,
-    )
+    gold_matches_source(spark, cfg, conninfo, table, ["id", "n", "small", "s", "m", "ts"])
 
 
 def _types(spark, cfg, layer: str, table: str) -> dict[str, T.DataType]:
@@ -95,7 +71,7 @@ WIDE = {"n": T.LongType(), "small": T.IntegerType(), "m": T.DecimalType(14, 4)}
 
 
 def test_a_widened_type_is_followed_in_place(spark, db, caplog):
-    _sql(db, SCHEMA)
+    sql(db, SCHEMA)
     cfg = make_config(db, "widen")
     drop_schemas(spark, cfg)
     run_stages(spark, cfg)
@@ -104,7 +80,7 @@ def test_a_widened_type_is_followed_in_place(spark, db, caplog):
     with caplog.at_level(logging.INFO, logger="pgmedallion"):
         run_stages(spark, cfg)
     assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 1, "followed without a new snapshot"
+    assert snapshots(spark, cfg) == 1, "followed without a new snapshot"
     said = [r.getMessage() for r in caplog.records if "widened at the source" in r.getMessage()]
     assert len(said) == 2, said
     for table in ("d", "f"):
@@ -112,15 +88,15 @@ def test_a_widened_type_is_followed_in_place(spark, db, caplog):
         assert _types(spark, cfg, "gold", table) == WIDE
         _gold_matches_source(spark, cfg, db, table)
     # a later run reads the Relations of before the migration again
-    _sql(db, "UPDATE d SET n = -n WHERE id < 10", "UPDATE f SET s = 'later' WHERE id < 10")
+    sql(db, "UPDATE d SET n = -n WHERE id < 10", "UPDATE f SET s = 'later' WHERE id < 10")
     run_stages(spark, cfg)
     assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 1
+    assert snapshots(spark, cfg) == 1
     # a change that can change values is snapshotted again, by itself, in the same run
-    _sql(db, "ALTER TABLE d ALTER COLUMN m TYPE numeric(14,1)", "UPDATE d SET m = 1 WHERE id = 1")
+    sql(db, "ALTER TABLE d ALTER COLUMN m TYPE numeric(14,1)", "UPDATE d SET m = 1 WHERE id = 1")
     run_stages(spark, cfg)
     assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 2
+    assert snapshots(spark, cfg) == 2
     _gold_matches_source(spark, cfg, db, "d")
 
 
@@ -129,43 +105,14 @@ def test_a_type_widened_while_capture_streams(spark, db, caplog):
     the stream stops before the Relation that gives the column its new type, capture looks
     again and records the widening, and the next session lands the Relation. Exact, with no
     new snapshot."""
-    _sql(db, SCHEMA)
+    sql(db, SCHEMA)
     cfg = make_config(db, "widenlive")
     drop_schemas(spark, cfg)
     run_stages(spark, cfg)
-    stop = threading.Event()
-    failures: list[BaseException] = []
-
-    def capture() -> None:
-        try:
-            run_stages(spark, cfg, ("capture",), continuous=True, stop=stop, handle_signals=False)
-        except BaseException as exc:  # reported below
-            failures.append(exc)
-
-    thread = threading.Thread(target=capture, name="capture")
-    with caplog.at_level(logging.INFO, logger="pgmedallion"):
-        thread.start()
-        try:
-            deadline = time.monotonic() + 120
-            while not any("streaming slot" in r.getMessage() for r in caplog.records):
-                assert time.monotonic() < deadline and not failures, failures
-                time.sleep(0.2)
-            _widen(db, "d")
-
-            def seen(text: str) -> int:
-                return sum(text in r.getMessage() for r in caplog.records)
-
-            while seen("as capture last compared") < 1 or seen("streaming slot") < 2:
-                assert time.monotonic() < deadline and not failures, failures
-                time.sleep(0.2)
-            time.sleep(3)  # the next session lands the rows
-        finally:
-            stop.set()
-            thread.join(timeout=120)
-    assert not failures, failures
+    migrate_while_streaming(spark, cfg, caplog, lambda: _widen(db, "d"))
     run_stages(spark, cfg)
     assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 1
+    assert snapshots(spark, cfg) == 1
     assert _types(spark, cfg, "gold", "d") == WIDE
     _gold_matches_source(spark, cfg, db, "d")
 
