@@ -559,20 +559,7 @@ def followed_columns(
                 f.attnums[column.name] = attnum
                 f.aliases[name] = column.name
                 _widened(f, entry, column, policy)
-        renamed = [f.renamed.get(c["name"], c["name"]) for c in info.columns]
-        not_null = [
-            name
-            for name in renamed
-            if name in {c.name for c in now.columns if c.not_null and not c.dropped}
-        ]
-        if sorted(not_null) != sorted(
-            f.renamed.get(n, n) for n in info.not_null if n not in f.dropped
-        ):
-            f.not_null = not_null
-        held = set(renamed) - f.dropped
-        key = list(now.primary_key) if all(k in held for k in now.primary_key) else []
-        if key != [f.renamed.get(k, k) for k in info.primary_key]:
-            f.primary_key = key
+        _constraints(f, info, now)
         changed = f.not_null is not None or f.primary_key is not None
         if f.aliases or f.problem or f.retyped or changed:
             out[oid] = f
@@ -614,14 +601,22 @@ def _by_position(info: TableInfo, then: Catalog, now: Catalog, policy) -> Follow
         {e["name"] for e in info.columns},  # as silver last had them
         {snapshot_names[a] for a in attnums if a in snapshot_names},  # at the snapshot
     ]
-    names = set(f.positional)
-    not_null = sorted(c.name for c in now.columns if c.not_null and c.name in names)
-    if not_null != sorted(f.renamed.get(n, n) for n in info.not_null):
+    _constraints(f, info, now)
+    return f
+
+
+def _constraints(f: Followed, info: TableInfo, now: Catalog) -> None:
+    """The source's NOT NULL columns and primary key in ``f`` where they are not silver's
+    (after ``f``'s drops and renames): gold's rules follow them. A key with a column silver
+    does not hold is none, as a snapshot has it."""
+    held = [f.renamed.get(c["name"], c["name"]) for c in info.columns if c["name"] not in f.dropped]
+    now_not_null = {c.name for c in now.columns if c.not_null and not c.dropped}
+    not_null = [name for name in held if name in now_not_null]
+    if sorted(not_null) != sorted(f.renamed.get(n, n) for n in info.not_null if n not in f.dropped):
         f.not_null = not_null
-    key = list(now.primary_key) if all(k in names for k in now.primary_key) else []
+    key = list(now.primary_key) if all(k in held for k in now.primary_key) else []
     if key != [f.renamed.get(k, k) for k in info.primary_key]:
         f.primary_key = key
-    return f
 
 
 def _widened(f: Followed, entry: dict, now: CatalogColumn, policy) -> None:

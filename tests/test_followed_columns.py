@@ -19,7 +19,7 @@ from pgmedallion.core.config import TablePolicy
 from pgmedallion.gold.quality import GoldQualityError
 from pgmedallion.pipeline import run_stages
 from pgmedallion.verify import verify
-from tests.migrations import gold_matches_source
+from tests.migrations import gold_matches_source, snapshots, sql
 from tests.workload import assert_exact, drop_schemas, make_config
 
 SCHEMA = """
@@ -35,17 +35,6 @@ CREATE PUBLICATION pub FOR ALL TABLES;
 """
 
 
-def _sql(conninfo, *statements: str) -> None:
-    with psycopg.connect(**conninfo, autocommit=True) as conn:
-        for statement in statements:
-            conn.execute(statement)
-
-
-def _snapshots(spark, cfg) -> int:
-    bronze = spark.table(cfg.qualified("bronze", "bronze"))
-    return bronze.where("kind = 'copy'").select("batch_id").distinct().count()
-
-
 def _columns(spark, cfg, layer: str, table: str) -> list[str]:
     df = spark.table(cfg.qualified(layer, f"public_{table}"))
     return [c for c in df.columns if not c.startswith("_")]
@@ -57,19 +46,19 @@ def _run_followed(spark, cfg, caplog, silver_says: str) -> None:
     with caplog.at_level(logging.INFO, logger="pgmedallion"):
         run_stages(spark, cfg)
     assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 1, "followed without a new snapshot"
+    assert snapshots(spark, cfg) == 1, "followed without a new snapshot"
     for text in (silver_says, "followed in place"):
         found = [r.getMessage() for r in caplog.records if text in r.getMessage()]
         assert len(found) == 3, (text, found)
 
 
 def test_a_dropped_column_leaves_silver_and_gold_in_place(spark, db, caplog):
-    _sql(db, SCHEMA)
+    sql(db, SCHEMA)
     cfg = make_config(db, "dropflw")
     drop_schemas(spark, cfg)
     run_stages(spark, cfg)
-    assert _snapshots(spark, cfg) == 1
-    _sql(
+    assert snapshots(spark, cfg) == 1
+    sql(
         db,
         "UPDATE d SET gone = 'changed' WHERE id = 1",  # read against the Relation with it
         "UPDATE f SET gone = 'changed' WHERE id = 1",
@@ -96,22 +85,22 @@ def test_a_dropped_column_leaves_silver_and_gold_in_place(spark, db, caplog):
         ignore_nullable=True,
     )
     # a later run reads the Relations of before the drop again: the column stays gone
-    _sql(db, "UPDATE d SET note = 'later' WHERE id < 10", "DELETE FROM k WHERE n = 2")
+    sql(db, "UPDATE d SET note = 'later' WHERE id < 10", "DELETE FROM k WHERE n = 2")
     run_stages(spark, cfg)
     assert_exact(verify(spark, cfg))
     assert _columns(spark, cfg, "silver", "d") == ["id", "f1", "note"]
-    assert _snapshots(spark, cfg) == 1
+    assert snapshots(spark, cfg) == 1
 
 
 def test_under_error_a_drop_is_not_followed(spark, db):
     """``on_schema_change = "error"`` keeps the table as its snapshot had it: its changes after
     the drop are ``SchemaIncompatible`` errors, which hold gold's table (its quality rule)."""
-    _sql(db, SCHEMA)
+    sql(db, SCHEMA)
     cfg = make_config(db, "droperr")
     cfg = replace(cfg, tables={"public.d": TablePolicy(on_schema_change="error")})
     drop_schemas(spark, cfg)
     run_stages(spark, cfg)
-    _sql(db, "ALTER TABLE d DROP COLUMN gone", "UPDATE d SET f1 = 0 WHERE id = 1")
+    sql(db, "ALTER TABLE d DROP COLUMN gone", "UPDATE d SET f1 = 0 WHERE id = 1")
     with pytest.raises(GoldQualityError, match="no_definite_errors"):
         run_stages(spark, cfg)
     assert "gone" in _columns(spark, cfg, "silver", "d")
@@ -125,11 +114,11 @@ def test_a_renamed_column_is_renamed_in_place(spark, db, caplog):
     its column (column mapping), gold takes the new name, values stay with their column, with
     no new snapshot; also with no row changed after it (nothing in the stream), and again in a
     later run. Swaps: see test_a_swap_of_two_names_is_followed_in_place."""
-    _sql(db, SCHEMA)
+    sql(db, SCHEMA)
     cfg = make_config(db, "renflw")
     drop_schemas(spark, cfg)
     run_stages(spark, cfg)
-    _sql(
+    sql(
         db,
         "UPDATE d SET note = 'before' WHERE id = 2",
         "UPDATE f SET note = 'before' WHERE id = 2",
@@ -155,21 +144,21 @@ def test_a_renamed_column_is_renamed_in_place(spark, db, caplog):
         ignore_nullable=True,
     )
     # renamed again, in a later run
-    _sql(
+    sql(
         db,
         "ALTER TABLE d RENAME COLUMN remark TO memo",
         "UPDATE d SET memo = 'again' WHERE id = 3",
     )
     run_stages(spark, cfg)
     assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 1
+    assert snapshots(spark, cfg) == 1
     assert _columns(spark, cfg, "gold", "d") == ["id", "f1", "gone", "memo"]
     # and back to its name at the snapshot: a change from the last record, none from the
     # snapshot's catalog
-    _sql(db, "ALTER TABLE d RENAME COLUMN memo TO note")
+    sql(db, "ALTER TABLE d RENAME COLUMN memo TO note")
     run_stages(spark, cfg)
     assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 1
+    assert snapshots(spark, cfg) == 1
     assert _columns(spark, cfg, "gold", "d") == ["id", "f1", "gone", "note"]
 
 
@@ -178,7 +167,7 @@ def test_not_null_set_and_dropped_are_followed(spark, db):
     follow the source's constraints (a NULL inserted after the drop passes them)."""
     from pgmedallion.silver.catalog import load_tables
 
-    _sql(db, SCHEMA)
+    sql(db, SCHEMA)
     cfg = make_config(db, "nnflw")
     drop_schemas(spark, cfg)
     run_stages(spark, cfg)
@@ -188,7 +177,7 @@ def test_not_null_set_and_dropped_are_followed(spark, db):
         return sorted(info.not_null)
 
     assert not_null("d") == ["f1", "gone", "id"]
-    _sql(
+    sql(
         db,
         "ALTER TABLE d ALTER COLUMN note SET NOT NULL",
         "ALTER TABLE d ALTER COLUMN gone DROP NOT NULL",
@@ -196,7 +185,7 @@ def test_not_null_set_and_dropped_are_followed(spark, db):
     )
     run_stages(spark, cfg)  # a rule of the old constraint would fail the run (NULL in gone)
     assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 1
+    assert snapshots(spark, cfg) == 1
     assert not_null("d") == ["f1", "id", "note"]
 
 
@@ -222,7 +211,7 @@ def test_a_swap_of_two_names_is_followed_in_place(spark, db, caplog):
     column. Then a swap and a swap back between two looks at the catalog, with rows written
     in between: no catalog shows which column the middle Relation's names meant; positions
     do while no column was added or dropped, else the table is snapshotted again."""
-    _sql(db, SWAP_SCHEMA)
+    sql(db, SWAP_SCHEMA)
     cfg = make_config(db, "swapflw")
     drop_schemas(spark, cfg)
     run_stages(spark, cfg)
@@ -232,7 +221,7 @@ def test_a_swap_of_two_names_is_followed_in_place(spark, db, caplog):
         "ALTER TABLE {t} RENAME COLUMN tmp TO b",
     ]
     for t in ("s", "sf"):
-        _sql(
+        sql(
             db,
             f"UPDATE {t} SET a = -a, c = 'before' WHERE id % 4 = 0",
             *(statement.format(t=t) for statement in swap),
@@ -243,22 +232,22 @@ def test_a_swap_of_two_names_is_followed_in_place(spark, db, caplog):
     with caplog.at_level(logging.INFO, logger="pgmedallion"):
         run_stages(spark, cfg)
     assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 1, "followed without a new snapshot"
+    assert snapshots(spark, cfg) == 1, "followed without a new snapshot"
     said = [r.getMessage() for r in caplog.records if "a -> b" in r.getMessage()]
     assert len(said) == 2, said
     for t in ("s", "sf"):
         assert _columns(spark, cfg, "silver", t) == ["id", "b", "a", "c"]
         _gold_is_source(spark, cfg, db, t)
     # a later run reads the Relations of before the swap again: by position still
-    _sql(db, "UPDATE s SET b = 7 WHERE id < 6", "UPDATE sf SET a = 8 WHERE id < 6")
+    sql(db, "UPDATE s SET b = 7 WHERE id < 6", "UPDATE sf SET a = 8 WHERE id < 6")
     run_stages(spark, cfg)
     assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 1
+    assert snapshots(spark, cfg) == 1
     _gold_is_source(spark, cfg, db, "s")
     # swapped back, a row written, swapped again: the catalog looks as capture last saw it.
     # sf has had no column added or dropped: its Relations are read by position (capture
     # records the catalog); s has a column added first: it is snapshotted again
-    _sql(
+    sql(
         db,
         "ALTER TABLE s ADD COLUMN d int",
         *(statement.format(t="s") for statement in swap),
@@ -270,7 +259,7 @@ def test_a_swap_of_two_names_is_followed_in_place(spark, db, caplog):
     )
     run_stages(spark, cfg)
     assert_exact(verify(spark, cfg))
-    assert _snapshots(spark, cfg) == 2  # s's
+    assert snapshots(spark, cfg) == 2  # s's
     resyncs = spark.table(cfg.qualified("bronze", "bronze")).where("kind = 'resync'")
     reasons = [bytes(r["payload"]).decode() for r in resyncs.select("payload").collect()]
     assert len(reasons) == 1 and "renamed again before capture looked" in reasons[0], reasons
@@ -285,13 +274,13 @@ def test_under_error_a_swap_is_schema_incompatible(spark, db):
     and, finding the names moved, records ``SchemaIncompatible`` for those changes; after a
     column was added (``sf``), capture records ``ColumnsAmbiguous`` for the table. Either
     holds gold's table."""
-    _sql(db, SWAP_SCHEMA)
+    sql(db, SWAP_SCHEMA)
     cfg = make_config(db, "swaperr")
     error = TablePolicy(on_schema_change="error")
     cfg = replace(cfg, tables={"public.s": error, "public.sf": error})
     drop_schemas(spark, cfg)
     run_stages(spark, cfg)
-    _sql(db, "ALTER TABLE sf ADD COLUMN d int", "UPDATE sf SET d = 1 WHERE id = 2")
+    sql(db, "ALTER TABLE sf ADD COLUMN d int", "UPDATE sf SET d = 1 WHERE id = 2")
     run_stages(spark, cfg)
     swap = [
         "ALTER TABLE {t} RENAME COLUMN a TO tmp",
@@ -299,7 +288,7 @@ def test_under_error_a_swap_is_schema_incompatible(spark, db):
         "ALTER TABLE {t} RENAME COLUMN tmp TO b",
         "UPDATE {t} SET a = -1 WHERE id = 1",
     ]
-    _sql(db, *(s.format(t="s") for s in swap), *(s.format(t="sf") for s in swap))
+    sql(db, *(s.format(t="s") for s in swap), *(s.format(t="sf") for s in swap))
     with pytest.raises(GoldQualityError, match="no_definite_errors"):
         run_stages(spark, cfg)
     assert _columns(spark, cfg, "silver", "s") == ["id", "a", "b", "c"]
