@@ -34,6 +34,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 from pgmedallion.core import engine
 from pgmedallion.core.config import on_databricks
+from pgmedallion.core.session import unstarted
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ def schema_dir(spark, schema: str) -> str | None:
         return None
     if engine.spark_only():
         return None
+    if unstarted(spark):
+        return spark.schema_dir(schema)
     key = (application(spark), schema)
     path = _SCHEMA_DIRS.get(key)
     if path is not None and Path(path).is_dir():
@@ -77,6 +80,8 @@ _SCHEMA_DIRS: dict[tuple[str, str], str] = {}
 
 def application(spark) -> str:
     """The Spark application ``spark`` belongs to (its sessions share a catalog)."""
+    if unstarted(spark):
+        return f"unstarted-{id(spark)}"
     try:
         return spark.sparkContext.applicationId
     except Exception:  # Spark Connect: no SparkContext
@@ -362,13 +367,13 @@ def local_tables_current(spark, schema: str, tables: Mapping[str, set[str]]) -> 
     metastore lost) is left to the DDL, which repairs it."""
     try:
         where = schema_dir(spark, schema)
-        listed = {r["tableName"].lower() for r in spark.sql(f"SHOW TABLES IN {schema}").collect()}
+        listed = None if unstarted(spark) else table_names(spark, schema)
     except Exception:  # the schema is not there
         return False
     if where is None:
         return False
     for table, columns in tables.items():
-        if table.lower() not in listed:
+        if listed is not None and table.lower() not in listed:
             return False
         path = table_dir(where, table)
         if not usable(path):
@@ -376,6 +381,19 @@ def local_tables_current(spark, schema: str, tables: Mapping[str, set[str]]) -> 
         if columns and not columns <= {f.name for f in open_table(path).schema().fields}:
             return False
     return True
+
+
+def table_names(spark, schema: str) -> set[str]:
+    """The names (lower case) of the tables in ``schema`` (qualified): the catalog's, or,
+    before a :class:`pgmedallion.core.session.LazySession` starts, the Delta tables in the
+    schema's local directory (a session started there would list those: it is the catalog's
+    warehouse, and only Spark creates tables in it)."""
+    if unstarted(spark):
+        where = spark.schema_dir(schema)
+        if where is None:
+            return set()
+        return {p.name for p in Path(where).iterdir() if (p / "_delta_log").is_dir()}
+    return {r["tableName"].lower() for r in spark.sql(f"SHOW TABLES IN {schema}").collect()}
 
 
 LISTED_VALUES = 10_000
@@ -515,9 +533,14 @@ def read(spark, path: str, schema, where: str | None = None):
     when another engine wrote the newest commits) before it reads a row; for a small table
     delta-rs reads it in milliseconds and Spark computes on the rows in memory
     (:func:`read_arrow`)."""
+    return frame(spark, read_arrow(path, [f.name for f in schema.fields], where), schema)
+
+
+def frame(spark, rows: pa.Table, schema):
+    """``rows``' columns of Spark ``schema`` as a Spark DataFrame made from local data."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    rows = read_arrow(path, [f.name for f in schema.fields], where)
+    rows = rows.select([f.name for f in schema.fields])
     target = to_arrow_schema(schema, timezone="UTC")
     rows = pa.Table.from_arrays(
         [col.cast(f.type) for col, f in zip(rows.columns, target, strict=True)], schema=target

@@ -50,7 +50,7 @@ from pgmedallion.gold import state as rules_of
 from pgmedallion.gold.history import SAMPLE_ROWS, TAG, Applied, applied_state
 from pgmedallion.gold.on_spark import failed_rules
 from pgmedallion.gold.plan import Table, TableOutcome
-from pgmedallion.gold.quality import NO_DEFINITE_ERRORS, QualityRecord
+from pgmedallion.gold.quality import NO_DEFINITE_ERRORS, QualityRecord, Rule
 from pgmedallion.gold.reports import summary_record
 from pgmedallion.gold.state import DIFF, KEY_ROWS, LSN, MULT, OP, RULES
 from pgmedallion.gold.table import build_mode, ensure_gold, outcome
@@ -183,8 +183,35 @@ def _conformed(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 def _rules(spark: SparkSession, items: list[_Item]) -> list[tuple[pa.Table, list]]:
     """Per item: its state with ``_rules`` (the rules each row fails, ``failed_rules``), and
-    per row its JSON sample (failing rows only); one Spark job per
-    :data:`pgmedallion.core.packed.PARTS_PER_JOB` items."""
+    per row its JSON sample (failing rows only). In the driver (each rule's
+    :class:`~pgmedallion.gold.quality.Check`) for an item whose rows all pass; the others in one
+    Spark job per :data:`pgmedallion.core.packed.PARTS_PER_JOB` items, which writes the samples
+    of the failing rows as Spark's ``to_json`` writes them."""
+    found: dict[int, tuple[pa.Table, list]] = {}
+    failing: list[int] = []
+    for i, item in enumerate(items):
+        passed = _all_pass(item)
+        if passed is None:
+            failing.append(i)
+        else:
+            found[i] = passed
+    for i, result in zip(failing, _rules_in_spark(spark, [items[i] for i in failing]), strict=True):
+        found[i] = result
+    return [found[i] for i in range(len(items))]
+
+
+def _all_pass(item: _Item) -> tuple[pa.Table, list] | None:
+    """The item's checked state when every row passes every rule, by the driver; else None."""
+    rows = item.state
+    for rule in item.t.rules:
+        check = rule.check if isinstance(rule, Rule) else None
+        if check is None or not check.passes(rows).all():
+            return None
+    empty = pa.array([[] for _ in range(rows.num_rows)], pa.list_(pa.string()))
+    return rows.append_column(RULES, empty), [None] * rows.num_rows
+
+
+def _rules_in_spark(spark: SparkSession, items: list[_Item]) -> list[tuple[pa.Table, list]]:
     out: list[tuple[pa.Table, list]] = []
     for group in packed.chunks(items):
         tables, schemas = [], []

@@ -27,6 +27,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from pgmedallion.core.errors import PipelineError
 from pgmedallion.core.expectations import Expectation
 from pgmedallion.core.naming import quote
@@ -37,7 +41,45 @@ PK_NOT_NULL = "primary_key_not_null"
 PK_UNIQUE = "primary_key_unique"
 MULT_NOT_NEGATIVE = "multiplicity_not_negative"
 
-Rule = Expectation
+@dataclass(frozen=True)
+class Check:
+    """A row rule's condition, as data: every column of ``not_null`` is not NULL, or the
+    integer column ``column`` is at most (``op`` ``<=``) or at least (``>=``) ``bound``. The
+    rule's SQL (:meth:`sql`, what Spark evaluates) and its evaluation over Arrow in the driver
+    (:meth:`passes`) are both read from it."""
+
+    not_null: tuple[str, ...] = ()
+    column: str | None = None
+    op: str | None = None
+    bound: int = 0
+
+    def sql(self) -> str:
+        if self.not_null:
+            return " AND ".join(f"{quote(c)} IS NOT NULL" for c in self.not_null)
+        return f"{self.column} {self.op} {self.bound}"
+
+    def passes(self, rows: pa.Table) -> np.ndarray:
+        """Per row of ``rows``, whether it passes (a NULL comparison fails, as in Spark)."""
+        ok = np.ones(rows.num_rows, bool)
+        for c in self.not_null:
+            ok &= pc.is_valid(rows.column(c)).to_numpy(zero_copy_only=False)
+        if self.column is not None:
+            compare = pc.less_equal if self.op == "<=" else pc.greater_equal
+            result = pc.fill_null(compare(rows.column(self.column), self.bound), False)
+            ok &= result.to_numpy(zero_copy_only=False)
+        return ok
+
+
+@dataclass(frozen=True)
+class Rule(Expectation):
+    """A gold row rule: an expectation whose condition is its :class:`Check`'s SQL (a rule
+    made without one has only its SQL, for Spark)."""
+
+    check: Check | None = None
+
+
+def _rule(name: str, check: Check, policy: str) -> Rule:
+    return Rule(name, check.sql(), policy, check)
 
 
 def row_rules(key: Sequence[str], not_null: Sequence[str], policy: str) -> list[Rule]:
@@ -48,13 +90,11 @@ def row_rules(key: Sequence[str], not_null: Sequence[str], policy: str) -> list[
     """
     rules: list[Rule] = []
     if key:
-        rules.append(
-            Rule(PK_NOT_NULL, " AND ".join(f"{quote(k)} IS NOT NULL" for k in key), policy)
-        )
-        rules.append(Rule(PK_UNIQUE, "_key_rows <= 1", policy))
+        rules.append(_rule(PK_NOT_NULL, Check(not_null=tuple(key)), policy))
+        rules.append(_rule(PK_UNIQUE, Check(column="_key_rows", op="<=", bound=1), policy))
     for col in not_null:
-        rules.append(Rule(f"not_null_{col}", f"{quote(col)} IS NOT NULL", policy))
-    rules.append(Rule(MULT_NOT_NEGATIVE, "_multiplicity >= 0", policy))
+        rules.append(_rule(f"not_null_{col}", Check(not_null=(col,)), policy))
+    rules.append(_rule(MULT_NOT_NEGATIVE, Check(column="_multiplicity", op=">=", bound=0), policy))
     return rules
 
 

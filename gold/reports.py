@@ -17,6 +17,7 @@ from pyspark.sql import types as T
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.core.expectations import QUALITY_SCHEMA, quality_frame
+from pgmedallion.core.session import unstarted
 from pgmedallion.core.spark import create_table, first_time, forget
 from pgmedallion.gold.history import SAMPLE_ROWS, ErrorSummary
 from pgmedallion.gold.on_spark import c, tallies
@@ -134,8 +135,9 @@ def ensure_lag_view(spark: SparkSession, cfg: Config, existing: set[str]) -> Non
     ``as_of``: how long ago the source was in gold's state; while ``run --continuous`` runs,
     capture's progress records keep ``as_of`` moving on an idle source too) and
     ``applied_lag_seconds`` (``updated_at`` minus ``as_of``: what the last application took
-    from the source's clock to gold)."""
-    if LAG_VIEW in existing:
+    from the source's clock to gold). Not before a lazy session starts (a view is no
+    directory to list, and a first run, which starts Spark, made it)."""
+    if LAG_VIEW in existing or unstarted(spark):
         return
     frontier = cfg.qualified("gold", "_frontier")
     spark.sql(

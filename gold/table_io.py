@@ -66,8 +66,7 @@ def layer_schema(cfg: Config, layer: str) -> str:
 
 def gold_table_names(spark: SparkSession, cfg: Config) -> set[str]:
     """The gold schema's table names, lower case (one catalog call)."""
-    schema = layer_schema(cfg, "gold")
-    return {r["tableName"].lower() for r in spark.sql(f"SHOW TABLES IN {schema}").collect()}
+    return delta_rs.table_names(spark, layer_schema(cfg, "gold"))
 
 
 def plain_name(cfg: Config, layer: str, name: str) -> str:

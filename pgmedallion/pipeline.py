@@ -86,17 +86,44 @@ class SparkStarter:
     it (bronze is written by delta-rs), so silver finds it ready instead of waiting for the
     JVM after capture. Calling it waits for the session (and raises what starting raised)."""
 
-    def __init__(self, state_dir) -> None:
-        from concurrent.futures import ThreadPoolExecutor
+    def __init__(self, state_dir, background: bool = True) -> None:
+        from concurrent.futures import Future, ThreadPoolExecutor
 
         from pgmedallion.core.spark import get_spark
 
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="spark-start")
-        self._session = self._pool.submit(get_spark, state_dir)
-        self._pool.shutdown(wait=False)
+        self._state_dir = state_dir
+        self._session: Future | None = None
+        if background:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="spark-start")
+            self._session = self._pool.submit(get_spark, state_dir)
+            self._pool.shutdown(wait=False)
+        self._get_spark = get_spark
 
     def __call__(self) -> SparkSession:
+        if self._session is None:
+            return self._get_spark(self._state_dir)
         return self._session.result()
+
+
+def _needs_spark(cfg: Config, resync: Sequence[str]) -> bool:
+    """Whether a run will surely start Spark (so it starts while capture runs): a first run
+    (silver has no table yet: a snapshot to cast, tables to create) or a resync. Otherwise the
+    run may do without it (:class:`pgmedallion.core.session.LazySession`)."""
+    progress = cfg.local_table_path("silver", "_progress")
+    return bool(resync) or progress is None or not (Path(progress) / "_delta_log").is_dir()
+
+
+def _lazy(cfg: Config, start: Callable[[], SparkSession]):
+    """A :class:`~pgmedallion.core.session.LazySession` of ``start`` for a local lakehouse."""
+    from pgmedallion.core.session import LazySession
+
+    if cfg.lakehouse.engine == "spark" or cfg.local_table_path("silver", "x") is None:
+        return None
+    schemas = {
+        cfg.schema(layer): str(Path(cfg.local_table_path(layer, "x")).parent)
+        for layer in ("bronze", "silver", "gold")
+    }
+    return LazySession(start, schemas)
 
 
 def run(
@@ -130,7 +157,7 @@ def run(
         before = bronze_batch(cfg)
         quiet = not resync and stages != ("capture",) and lakehouse_current(cfg, before)
         if stages != ("capture",) and not quiet:
-            later = SparkStarter(cfg.state_dir)
+            later = SparkStarter(cfg.state_dir, background=_needs_spark(cfg, resync))
     elif stages != ("marts",):
         spark = open_lakehouse(cfg)
     resynced = request_resync(spark, cfg, list(resync)) if resync else []
@@ -192,6 +219,12 @@ def run_stages(
 
     if session is not None:
         lakehouse()
+    # silver and gold take their paths without Spark where they can: started when asked
+    lazy = _lazy(cfg, lakehouse) if session is None else None
+
+    def layers() -> SparkSession:
+        return lakehouse() if lazy is None or session is not None else lazy
+
     if recapture is None:
         recapture = "capture" in stages
 
@@ -214,20 +247,20 @@ def run_stages(
             elif stage == "silver":
                 from pgmedallion.silver.build import run_silver
 
-                result.silver = run_silver(lakehouse(), cfg)
+                result.silver = run_silver(layers(), cfg)
                 if result.silver.resync and recapture:
                     tables = ", ".join(result.silver.resync)
                     log.info("capturing again: silver asked for a new snapshot of %s", tables)
                     again = capture()
                     result.capture = again if result.capture is None else result.capture.then(again)
-                    result.silver = result.silver.then(run_silver(lakehouse(), cfg))
+                    result.silver = result.silver.then(run_silver(layers(), cfg))
             elif stage == "gold":
                 from pgmedallion.gold.build import run_gold
 
-                result.gold = run_gold(lakehouse(), cfg)
+                result.gold = run_gold(layers(), cfg)
                 from pgmedallion.maintain import maintain, touched
 
-                maintain(lakehouse(), cfg, tables=touched(result.gold))
+                maintain(layers(), cfg, tables=touched(result.gold))
             else:
                 from pgmedallion.marts.runner import run_marts, stop_local_spark
 

@@ -1,18 +1,19 @@
-"""Many small tables of one run in a few Spark jobs: the batched path of :func:`silver.build`.
+"""Tables with a few changes each, run in the driver: the batched path of :func:`silver.build`.
 
 A run that touches many tables with a few changes each spent most of its time on per-table
 Spark jobs (the cast's count, the key-range query, the identity resolution's Python job, the
 append's collect: 0.15-0.35 s each, whatever the rows). Here the tables that qualify (below)
-go through two jobs per :data:`core.packed.PARTS_PER_JOB` tables, and the rest of each table's
-work is in the driver on a few rows:
+are run in the driver on a few rows, and need no Spark when the window was read there
+(:mod:`silver.window`):
 
-    1. cast        one job: every table's changes cast by the plain expressions, packed
-                   (``pgmedallion.core.packed``), collected as Arrow
-    2. resolve     in the driver: previous images (``pgmedallion.silver.identity.resolve``, the same
-                   function the Spark path runs in a Python task) against the table's rows of
-                   earlier runs, read and summed by delta-rs; then the rewinds
-    3. consolidate one job: the rows sent back packed, summed per (table, row, LSN) by
-                   Spark's grouping, collected
+    1. cast        the driver's plain cast (``pgmedallion.silver.cast_arrow``) of each table's
+                   changes; for a window Spark holds, or a type only Spark casts, one Spark job
+                   per :data:`core.packed.PARTS_PER_JOB` tables (the plain expressions, packed,
+                   collected as Arrow)
+    2. resolve     previous images (``pgmedallion.silver.identity.resolve``, the same function
+                   the Spark path runs in a Python task) against the table's rows of earlier
+                   runs, read and summed by delta-rs
+    3. consolidate summed per (row, LSN): ``silver.rewind.consolidated_rows``
     4. append      per table, through delta-rs, concurrently: the same commit (``txnAppId``,
                    ``txnVersion``) the per-table path makes, so a rerun skips it either way
 
@@ -22,26 +23,28 @@ truncate), whose silver table exists in a local directory, whose window holds at
 rows are few to read: none needed (no previous images to resolve), or at most
 ``[lakehouse] small_table_rows`` rows, or an identity key with an integer column (the earlier
 rows are then read narrowed to the retracted keys' values of it). A table whose cast leaves a
-row unsettled (a value that does not cast, or needs the full cast) goes back to the per-table
-path, which writes what this path would and also records the errors; so does one whose silver
-columns are not the run's (a new column: schema evolution is Spark's).
+row unsettled (a value that does not cast, or needs the full cast), or with a change at or
+below its snapshot LSN (a rewind), goes back to the per-table path, which writes what this path
+would and also records the errors and the rewinds; so does one whose silver columns are not the
+run's (a new column: schema evolution is Spark's).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from pgmedallion.core import delta_rs, engine, packed
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.naming import quote
 from pgmedallion.core.parallel import concurrently
+from pgmedallion.silver.cast_arrow import plain_cast_arrow
 from pgmedallion.silver.cast_columns import UNSETTLED_COLUMN, plain_cast
 from pgmedallion.silver.cast_rows import ROW_DIFF, ROW_LSN, cast_base, typed_columns
 from pgmedallion.silver.changes import PLAIN, RETRACT
@@ -56,13 +59,11 @@ from pgmedallion.silver.identity import (
     resolve,
     state_before,
 )
-from pgmedallion.silver.rewind import consolidated, with_rewinds
+from pgmedallion.silver.rewind import consolidated_rows
 
 log = logging.getLogger(__name__)
 
 _CAST_SHARED = (ROW_LSN, ROW_DIFF, ORDINAL, KIND, COLUMNS, UNSETTLED_COLUMN)
-_SUM_SHARED = (LSN, DIFF, RUN)
-_SUM_SCHEMA = T.StructType([T.StructField(LSN, T.LongType()), T.StructField(DIFF, T.LongType())])
 
 
 class TooLarge(Exception):
@@ -72,8 +73,10 @@ class TooLarge(Exception):
 @dataclass
 class Candidate:
     info: TableInfo
-    wal: DataFrame
-    """The table's decoded changes of the window (``DIFF_SCHEMA``)."""
+    wal: Callable[[], DataFrame]
+    """The table's decoded changes of the window (``CHANGE_SCHEMA``), as Spark's."""
+    rows: pa.Table | None
+    """The same in the driver (``CHANGE_ARROW``), when the window was read there."""
     path: str
     keys: tuple[int, ...] | None
     """Its identity's key positions, when its changes need previous images."""
@@ -119,25 +122,17 @@ def run_batched(
     app: str,
 ) -> tuple[dict[int, Outcome], list[int]]:
     """The candidates' runs: outcomes by table oid, and the oids left to the per-table path."""
-    cast: list[tuple[Candidate, DataFrame]] = []
-    rest: list[int] = []
-    for cand in candidates:
-        staged = plain_cast(cast_base(cand.wal, changes=True), "values", typed_columns(cand.info))
-        if staged is None:
-            rest.append(cand.info.oid)
-            continue
-        names = [c["name"] for c in cand.info.columns]
-        columns = [F.col(quote(n)) for n in names] + [F.col(c) for c in _CAST_SHARED]
-        cast.append((cand, staged.select(*columns)))
-    if not cast:
-        return {}, rest
-    collected = packed.collect([df for _, df in cast], _CAST_SHARED)
     ready: list[tuple[Candidate, pa.Table]] = []
-    for (cand, _), rows in zip(cast, collected, strict=True):
-        if pc.any(rows.column(UNSETTLED_COLUMN)).as_py():
-            rest.append(cand.info.oid)
+    rest: list[int] = []
+    in_spark: list[Candidate] = []
+    for cand in candidates:
+        rows = None if cand.rows is None else _cast_in_driver(cand)
+        if rows is None:
+            in_spark.append(cand)
         else:
             ready.append((cand, rows))
+    ready += _cast_in_spark(in_spark, rest)
+    ready = [(cand, rows) for cand, rows in ready if _settled(cand, rows, rest)]
     if not ready:
         return {}, rest
 
@@ -156,57 +151,93 @@ def run_batched(
     rest += [cand.info.oid for (cand, _), out in zip(ready, outcomes, strict=True) if out is None]
     ready = [item for item, out in zip(ready, outcomes, strict=True) if out is not None]
     results = [out for out in outcomes if out is not None]
-    if not ready:
-        return {}, rest
-    cast_schemas = {cand.info.oid: _data_schema(df, cand) for cand, df in cast}
-    schemas = [cast_schemas[cand.info.oid] for cand, _ in ready]
-    summed: list[pa.Table] = []
-    for group in packed.chunks(list(range(len(ready)))):
-        frame = packed.frame(
-            spark,
-            [results[i][0] for i in group],
-            [schemas[i] for i in group],
-            _SUM_SCHEMA,
-        )
-        # The rewinds and the consolidation are silver.rewind's, applied to the packed
-        # frame: each part's snapshot LSN, and each part grouped by its own columns.
-        data = [F.col(packed.PART), *[F.col(s) for s in packed.packed_columns(len(group))]]
-        snapshots = [(n, ready[i][0].info.snapshot_lsn) for n, i in enumerate(group)]
-        snapshot_lsn = None
-        for n, lsn in snapshots:
-            if lsn is not None:
-                base = F if snapshot_lsn is None else snapshot_lsn
-                snapshot_lsn = base.when(F.col(packed.PART) == n, F.lit(lsn).cast("bigint"))
-        rows = with_rewinds(frame, frame, data, LSN, DIFF, snapshot_lsn)
-        grouped = consolidated(rows, data, run)
-        summed += packed.unpack(grouped.coalesce(2).toArrow(), len(group), _SUM_SHARED)
 
     def commit(i: int) -> tuple[int, Outcome | None]:
         cand, _ = ready[i]
-        rows = summed[i]
+        names = [c["name"] for c in cand.info.columns]
+        rows = consolidated_rows(results[i][0], names, run)
         table = delta_rs.open_table(cand.path)
         if not delta_rs.conforms(table, rows.column_names):
             return cand.info.oid, None
         if delta_rs.done(table, app, run):  # a rerun: the crashed attempt made this commit
             return cand.info.oid, Outcome(None, results[i][1])
+        rows = _conformed(cand.path, delta_rs.in_table_order(table, rows))
         failpoint("silver.before_append")
-        delta_rs.append(cand.path, delta_rs.in_table_order(table, rows), app, run)
+        delta_rs.append(cand.path, rows, app, run)
         failpoint("silver.after_append")
         return cand.info.oid, Outcome(rows.num_rows, results[i][1])
 
-    outcomes: dict[int, Outcome] = {}
+    done: dict[int, Outcome] = {}
     for oid, outcome in concurrently(commit, list(range(len(ready))), engine.current().workers):
         if outcome is None:
             rest.append(oid)
         else:
-            outcomes[oid] = outcome
-    log.info("silver run %d: %d tables batched, %d per table", run, len(outcomes), len(rest))
-    return outcomes, rest
+            done[oid] = outcome
+    log.info("silver run %d: %d tables batched, %d per table", run, len(done), len(rest))
+    return done, rest
 
 
-def _data_schema(df: DataFrame, cand: Candidate) -> T.StructType:
-    names = {c["name"] for c in cand.info.columns}
-    return T.StructType([f for f in df.schema.fields if f.name in names])
+def _settled(cand: Candidate, rows: pa.Table, rest: list[int]) -> bool:
+    """Whether the table's cast rows are all settled and need no rewind (its changes are all
+    above its snapshot LSN); else it goes to ``rest``, the per-table path, which casts in full
+    (with the errors) and rewinds (``silver.rewind``)."""
+    floor = cand.info.snapshot_lsn
+    rewound = floor is not None and rows.num_rows and pc.min(rows.column(ROW_LSN)).as_py() <= floor
+    if pc.any(rows.column(UNSETTLED_COLUMN)).as_py() or rewound:
+        rest.append(cand.info.oid)
+        return False
+    return True
+
+
+def _cast_in_driver(cand: Candidate) -> pa.Table | None:
+    """The candidate's changes cast by the driver's plain cast (:mod:`silver.cast_arrow`), as
+    ``_cast_in_spark`` gives them; None when a type has no plain cast there."""
+    rows = cand.rows
+    columns = typed_columns(cand.info)
+    cast = plain_cast_arrow(rows.column("values"), columns)
+    if cast is None:
+        return None
+    typed, unsettled = cast
+    names = [name for name, _ in columns]
+    shared = [
+        rows.column("lsn"),
+        rows.column("diff"),
+        rows.column("ordinal"),
+        rows.column("kind"),
+        rows.column("columns"),
+        pa.array(unsettled, pa.bool_()),
+    ]
+    return pa.Table.from_arrays([*typed, *shared], names=[*names, *_CAST_SHARED])
+
+
+def _cast_in_spark(
+    candidates: list[Candidate], rest: list[int]
+) -> list[tuple[Candidate, pa.Table]]:
+    """The candidates' changes cast by Spark's plain cast in one job per
+    :data:`pgmedallion.core.packed.PARTS_PER_JOB` tables, collected; a table with a type that
+    has no plain cast goes to ``rest``."""
+    cast: list[tuple[Candidate, DataFrame]] = []
+    for cand in candidates:
+        staged = plain_cast(cast_base(cand.wal(), changes=True), "values", typed_columns(cand.info))
+        if staged is None:
+            rest.append(cand.info.oid)
+            continue
+        names = [c["name"] for c in cand.info.columns]
+        columns = [F.col(quote(n)) for n in names] + [F.col(c) for c in _CAST_SHARED]
+        cast.append((cand, staged.select(*columns)))
+    if not cast:
+        return []
+    collected = packed.collect([df for _, df in cast], _CAST_SHARED)
+    return [(cand, rows) for (cand, _), rows in zip(cast, collected, strict=True)]
+
+
+def _conformed(path: str, rows: pa.Table) -> pa.Table:
+    """``rows`` in the Arrow types delta-rs reads the table at ``path`` in (the driver's
+    cast and Spark's collect may give other widths or time zones of the same values)."""
+    types = delta_rs.read_arrow(path, rows.column_names, "FALSE").schema
+    return pa.table(
+        [rows.column(f.name).cast(f.type) for f in types], schema=types.remove_metadata()
+    )
 
 
 def _resolved(cand: Candidate, rows: pa.Table, run: int) -> tuple[pa.Table, list[ErrorRecord]]:

@@ -42,7 +42,7 @@ import copy
 import logging
 from dataclasses import dataclass, field
 
-from pyspark import StorageLevel
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -63,14 +63,14 @@ from pgmedallion.silver.cast_rows import (
     data_columns,
 )
 from pgmedallion.silver.catalog import load_tables
-from pgmedallion.silver.changes import RETRACT
 from pgmedallion.silver.contract import Names, SilverResult, TableInfo, ensure_silver_tables
-from pgmedallion.silver.decode import TableDiffs, decoded_changes, table_diffs, wal_window
+from pgmedallion.silver.decode import TableDiffs, table_diffs, wal_window
 from pgmedallion.silver.errors import ErrorRecord, SchemaIncompatible, TableTruncated
 from pgmedallion.silver.identity import resolve_previous_images
 from pgmedallion.silver.pgtypes import pg_type_of, spark_type
 from pgmedallion.silver.plan import Plan, control_errors, last_frontier, plan_run, session_bronze
 from pgmedallion.silver.rewind import consolidated, truncated, with_rewinds
+from pgmedallion.silver.window import Decoded, Window, single_reads, with_mtype
 from pgmedallion.silver.write import (
     append_diffs,
     create_diff_table,
@@ -160,12 +160,11 @@ def _run_once(spark: SparkSession, cfg: Config) -> tuple[SilverResult, bool]:
     known_before = set(r.tables)
     taken = {t.silver_table for t in r.tables.values()}
     _read_control(spark, n, r, cfg, taken)
-    wal = _read_wal(spark, cfg, n, r, known_before).persist(StorageLevel.MEMORY_AND_DISK)
+    wal = _read_wal(spark, cfg, n, r, known_before)
     layouts, copy_widths = _read_relations(spark, cfg, n, r, wal, taken)
-    wal_diffs = decoded_changes(wal, layouts)
+    wal_diffs = wal.decoded(layouts, spark)
     _read_changes(r, wal_diffs)
     _truncates(r, cfg)
-    wal_good = wal_diffs.where(F.col("code").isNull())
 
     def diffs_of(oid: int) -> TableDiffs:
         copy_rows = (
@@ -174,9 +173,9 @@ def _run_once(spark: SparkSession, cfg: Config) -> tuple[SilverResult, bool]:
             .where(F.col("kind") == "copy")
             .select("table_oid", "lsn", "payload")
         )
-        return table_diffs(oid, wal_good, copy_rows, copy_widths[oid])
+        return table_diffs(oid, wal_diffs.good(), copy_rows, copy_widths[oid])
 
-    work, rows, adjusted = _run_tables(spark, cfg, n, r, diffs_of, wal_good)
+    work, rows, adjusted = _run_tables(spark, cfg, n, r, diffs_of, wal_diffs)
     resync = _request_resync(spark, cfg, n, r)
     _write_run(spark, n, source, r, work, adjusted)
     wal.unpersist()
@@ -241,33 +240,43 @@ def _bronze(spark: SparkSession, n: Names, source: str) -> DataFrame:
 
 def _read_wal(
     spark: SparkSession, cfg: Config, n: Names, r: _Run, known_before: set[int]
-) -> DataFrame:
+) -> Window:
     """The wal window: one read per transaction. A table silver held before and snapshots again
     now is rebuilt from its snapshot on (see :func:`table_run`): its changes above the snapshot
     LSN that earlier runs read (a stream ahead of the snapshot) are read again.
 
     Where bronze is a local directory and the window holds at most ``[lakehouse]
     small_table_rows`` wal rows (a continuous application's, a small increment's), delta-rs
-    reads them into Spark's memory: a Spark scan pays for bronze's snapshot first, which a
-    capture committing every second keeps moving (0.6 s a run warm, 6 s in a cold process,
-    against 0.3 s and 0.5 s; measured on a continuous pipeline's bronze)."""
+    reads them into the driver (:mod:`silver.window`): a Spark scan pays for bronze's snapshot
+    first, which a capture committing every second keeps moving (0.6 s a run warm, 6 s in a
+    cold process, against 0.3 s and 0.5 s; measured on a continuous pipeline's bronze), and
+    the run may then need no Spark at all."""
     p = r.plan
     rebuilt = {oid: lsn for oid, lsn in r.new_snapshots.items() if oid in known_before}
     reread_from = min([lsn + 1 for lsn in rebuilt.values()] + [p.f_from])
-    bronze = _small_window(spark, cfg, n, reread_from, p.f_to, p.b_to)
-    if bronze is None:
-        bronze = _bronze(spark, n, cfg.source.name)
-    wal = wal_window(bronze, reread_from, p.f_to, p.b_to)
-    if reread_from < p.f_from:
-        wal = wal.where((F.col("lsn") >= p.f_from) | F.col("relid").isin(list(rebuilt)))
-    return wal
+
+    def in_spark(bronze: DataFrame) -> DataFrame:
+        wal = wal_window(bronze, reread_from, p.f_to, p.b_to)
+        if reread_from < p.f_from:
+            wal = wal.where((F.col("lsn") >= p.f_from) | F.col("relid").isin(list(rebuilt)))
+        return wal
+
+    small = _small_window(spark, cfg, n, reread_from, p.f_to, p.b_to)
+    if small is None:
+        return Window(None, lambda: in_spark(_bronze(spark, n, cfg.source.name)))
+    rows, schema = small
+    spark_rows = lambda: in_spark(delta_rs.frame(spark, rows, schema))  # noqa: E731
+    if reread_from < p.f_from or not single_reads(rows):
+        return Window(None, spark_rows)
+    return Window(rows, spark_rows)
 
 
 def _small_window(
     spark: SparkSession, cfg: Config, n: Names, f_from: int, f_to: int, b_to: int
-) -> DataFrame | None:
-    """Bronze's wal rows of ``[f_from, f_to)`` in batches up to ``b_to`` read by delta-rs, if
-    bronze is local and they are few (None: Spark scans bronze)."""
+) -> tuple[pa.Table, T.StructType] | None:
+    """Bronze's wal rows of ``[f_from, f_to)`` in batches up to ``b_to`` read by delta-rs (with
+    ``mtype``) and bronze's schema, if bronze is local and they are few (None: Spark scans
+    bronze)."""
     path = bronze_dir(spark, cfg)
     if not delta_rs.usable(path):
         return None
@@ -284,7 +293,9 @@ def _small_window(
         (size,) = delta_rs.query(path, sql).to_pylist()
         if (size["b"] or 0) > _SMALL_WINDOW_BYTES:
             return None
-        return delta_rs.read(spark, path, delta_rs.spark_schema(path), where)
+        schema = delta_rs.spark_schema(path)
+        rows = delta_rs.read_arrow(path, [f.name for f in schema.fields], where)
+        return with_mtype(rows), schema
     except Exception as exc:  # e.g. a reader feature delta-rs lacks: Spark scans bronze
         log.info("silver: bronze's window read through Spark (delta-rs: %s)", exc)
         return None
@@ -295,10 +306,12 @@ _SMALL_WINDOW_BYTES = 256 * 1024 * 1024
 
 
 def _read_relations(
-    spark: SparkSession, cfg: Config, n: Names, r: _Run, wal: DataFrame, taken: set[str]
+    spark: SparkSession, cfg: Config, n: Names, r: _Run, wal: Window, taken: set[str]
 ) -> tuple[catalog.Layouts, dict[int, tuple[int, int]]]:
     """The window's Relations and truncates; tables seen only in the stream; the layouts."""
-    r.window_relations, truncates = catalog.window_messages(wal)
+    r.window_relations, truncates = catalog.window_messages(
+        wal.messages((catalog.RELATION_TYPE, catalog.TRUNCATE_TYPE))
+    )
     relations = catalog.known_relations(spark, n, cfg.source.name, r.plan.run, r.window_relations)
     catalog.add_stream_tables(r.tables, relations, cfg, taken, r.window_relations, r.retired)
     bronze = session_bronze(spark, cfg, n)
@@ -342,17 +355,12 @@ def _filled_beyond_copy(r: _Run, copy_widths: dict[int, tuple[int, int]]) -> lis
     return out
 
 
-def _read_changes(r: _Run, wal_diffs: DataFrame) -> None:
+def _read_changes(r: _Run, wal_diffs: Decoded) -> None:
     """One read of the decoded changes per run: the tables they touch, which of those have
     decode errors, and which need their previous images (REPLICA IDENTITY DEFAULT / USING
     INDEX), with their identity's key positions (the first, if the identity changed)."""
-    changed = wal_diffs.groupBy("table_oid").agg(
-        F.count_if(F.col("code").isNotNull()).alias("errors"),
-        F.count(F.lit(1)).alias("rows"),
-        F.collect_set(F.when(F.col("kind") == RETRACT, F.col("columns"))).alias("identities"),
-    )
     with_errors = []
-    for c in changed.collect():
+    for c in wal_diffs.summary():
         r.changed.add(c["table_oid"])
         r.change_rows[c["table_oid"]] = c["rows"]
         if c["errors"]:
@@ -362,10 +370,9 @@ def _read_changes(r: _Run, wal_diffs: DataFrame) -> None:
             if len({tuple(keys) for keys in c["identities"]}) > 1:
                 r.mixed_identities[c["table_oid"]] = sorted({tuple(k) for k in c["identities"]})
     if with_errors:
-        bad = wal_diffs.where(F.col("code").isNotNull() & F.col("table_oid").isin(with_errors))
         r.errors += [
             ErrorRecord(e["table_oid"], e["lsn"], e["code"], e["message"], raw=e["raw"])
-            for e in bad.collect()
+            for e in wal_diffs.errors(with_errors)
         ]
 
 
@@ -379,7 +386,7 @@ def _truncates(r: _Run, cfg: Config) -> None:
 
 
 def _run_tables(
-    spark: SparkSession, cfg: Config, n: Names, r: _Run, diffs_of, wal_good: DataFrame
+    spark: SparkSession, cfg: Config, n: Names, r: _Run, diffs_of, wal_diffs: Decoded
 ) -> tuple[list[int], dict[str, int], list[tuple]]:
     """Only the tables this run has something for: a table with no rows, snapshot or truncate
     in the window costs nothing. Small tables with changes only go through the batched path
@@ -401,7 +408,7 @@ def _run_tables(
     paths = {oid: delta_rs.table_dir(schema_dir, r.tables[oid].silver_table) for oid in work}
     rows: dict[str, int] = {}
     adjusted: list[tuple] = []
-    rest = _run_batched(spark, cfg, n, r, work, existing, paths, wal_good, rows)
+    rest = _run_batched(spark, cfg, n, r, work, existing, paths, wal_diffs, rows)
 
     def one_table(oid: int) -> tuple[int, list[ErrorRecord], list[tuple]]:
         info = r.tables[oid]
@@ -549,7 +556,7 @@ def _run_batched(
     work: list[int],
     existing: set[str],
     paths: dict[int, str | None],
-    wal_good: DataFrame,
+    wal_diffs: Decoded,
     rows: dict[str, int],
 ) -> list[int]:
     """The tables of ``work`` that :mod:`silver.batch` takes, run there (their rows counted in
@@ -582,7 +589,8 @@ def _run_batched(
     candidates = [
         batch.Candidate(
             r.tables[oid],
-            wal_good.where(F.col("table_oid") == oid),
+            lambda oid=oid: wal_diffs.good().where(F.col("table_oid") == oid),
+            wal_diffs.rows_of(oid),
             paths[oid],
             r.identity_keys.get(oid),
         )

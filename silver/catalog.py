@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -110,7 +110,7 @@ def column_entry(c: dict) -> dict:
 
 def silver_tables(spark: SparkSession, n: Names) -> set[str]:
     """The silver schema's table names, lower case (one catalog call for the run)."""
-    return {r["tableName"].lower() for r in spark.sql(f"SHOW TABLES IN {n.schema}").collect()}
+    return delta_rs.table_names(spark, n.schema)
 
 
 def table_exists(spark: SparkSession, qualified: str) -> bool:
@@ -255,14 +255,9 @@ def apply_rewinds(tables: dict[int, TableInfo], control: list, run: int) -> dict
 RELATION_TYPE, TRUNCATE_TYPE = message_type(MSG_RELATION), message_type(MSG_TRUNCATE)
 
 
-def window_messages(wal: DataFrame) -> tuple[list[tuple[int, int, bytes]], list[tuple]]:
+def window_messages(rows: list) -> tuple[list[tuple[int, int, bytes]], list[tuple]]:
     """The window's Relation messages ``(lsn, ordinal, payload)`` and Truncates ``(lsn,
-    ordinal, Truncate)``, in one read."""
-    rows = (
-        wal.where(F.col("mtype").isin(RELATION_TYPE, TRUNCATE_TYPE))
-        .select("lsn", "ordinal", "payload", "mtype")
-        .collect()
-    )
+    ordinal, Truncate)``, from its rows of those types (``lsn, ordinal, payload, mtype``)."""
     relations = [
         (r["lsn"], r["ordinal"], bytes(r["payload"])) for r in rows if r["mtype"] == RELATION_TYPE
     ]

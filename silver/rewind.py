@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+
+from pgmedallion.core.multiset import group_ids, int_column, sum_by
 
 
 def rewinds(changes: DataFrame, lsn: str, diff: str, snapshot_lsn: int) -> DataFrame:
@@ -64,3 +68,17 @@ def consolidated(rows: DataFrame, data: Sequence[Column], run: int) -> DataFrame
         .where(F.col("_diff") != 0)
         .withColumn("_run", F.lit(run).cast("bigint"))
     )
+
+
+def consolidated_rows(rows: pa.Table, data: Sequence[str], run: int) -> pa.Table:
+    """:func:`consolidated` in the driver: ``data..., _lsn, _diff`` rows summed per (row, LSN)
+    with rows equal as Spark's grouping calls them equal (``pgmedallion.core.multiset``), zeros
+    dropped, stamped with the run (``data..., _lsn, _diff, _run``)."""
+    keys = [rows.column(n) for n in [*data, "_lsn"]]
+    ids = group_ids(keys, rows.num_rows)
+    groups, first = np.unique(ids, return_index=True)
+    sums = sum_by(ids, len(groups), int_column(rows, "_diff"))
+    out = rows.select([*data, "_lsn"]).take(pa.array(first, pa.int64()))
+    out = out.append_column("_diff", pa.array(sums, pa.int64()))
+    out = out.append_column("_run", pa.array(np.full(len(groups), run, np.int64)))
+    return out.filter(pa.array(sums != 0))
