@@ -92,6 +92,7 @@ class SparkStarter:
         from pgmedallion.core.spark import get_spark
 
         self._state_dir = state_dir
+        self.background = background
         self._session: Future | None = None
         if background:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="spark-start")
@@ -117,7 +118,7 @@ def _lazy(cfg: Config, start: Callable[[], SparkSession]):
     """A :class:`~pgmedallion.core.session.LazySession` of ``start`` for a local lakehouse."""
     from pgmedallion.core.session import LazySession
 
-    if cfg.lakehouse.engine == "spark" or cfg.local_table_path("silver", "x") is None:
+    if engine.spark_only() or cfg.local_table_path("silver", "x") is None:
         return None
     schemas = {
         cfg.schema(layer): str(Path(cfg.local_table_path(layer, "x")).parent)
@@ -137,8 +138,10 @@ def run(
     """A run as ``pgmedallion run`` makes it: the session, the resync requests, then the
     stages in order (:func:`run_stages`).
 
-    The session: none for a capture that writes bronze with delta-rs (a local one), started in
-    the background meanwhile when a later stage needs it (:class:`SparkStarter`); none for the
+    The session: none for a capture that writes bronze with delta-rs (a local one); started in
+    the background meanwhile when a later stage surely needs it (a first run, a resync:
+    :class:`SparkStarter`), else only when silver or gold asks for it (they take their paths
+    without Spark where they can: :class:`pgmedallion.core.session.LazySession`); none for the
     marts alone (they run in a JVM of their own); else the lakehouse's, first. ``resync``:
     tables to snapshot again (:func:`request_resync`, before capture; raises
     :class:`NotCaptured`, having changed nothing, for a table not captured)."""
@@ -264,7 +267,7 @@ def run_stages(
             else:
                 from pgmedallion.marts.runner import run_marts, stop_local_spark
 
-                if session is None and isinstance(spark, SparkStarter):
+                if session is None and isinstance(spark, SparkStarter) and spark.background:
                     session = spark()  # started in the background: end it too
                 stop_local_spark()
                 session, ready = None, False

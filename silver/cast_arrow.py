@@ -60,7 +60,7 @@ ArrowPlain = Callable[[pa.Array], pa.Array]
 """Texts (``string``, NULL = SQL NULL) -> typed values, NULL where a non-NULL text is not
 settled."""
 
-_INT = r"^-?[0-9]{1,18}$"
+_INT = r"^-?[0-9]{1,19}$"
 _FLOAT = r"^-?([0-9]+(\.[0-9]*)?|\.[0-9]+)(e[+-]?[0-9]+)?$"
 _DECIMAL = r"^-?[0-9]+(\.[0-9]+)?$"
 _DATE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
@@ -83,11 +83,18 @@ def _where(mask: pa.Array, texts: pa.Array) -> pa.Array:
 
 
 def _cast(texts: pa.Array, target: pa.DataType) -> pa.Array | None:
-    """Arrow's cast, or None when it refuses some value (the column is then unsettled)."""
+    """Arrow's cast; where it refuses some value, each value alone (NULL for those refused)."""
     try:
         return pc.cast(texts, target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None
+        pass
+    out = []
+    for text in texts:
+        try:
+            out.append(pc.cast(text, target))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            out.append(pa.scalar(None, target))
+    return pa.array([v.as_py() for v in out], target)
 
 
 def _text(texts: pa.Array) -> pa.Array:
@@ -139,9 +146,12 @@ def _decimal(target: pa.DataType, rounding: bool) -> ArrowPlain:
     def cast(texts: pa.Array) -> pa.Array:
         valid = pc.match_substring_regex(texts, _DECIMAL)
         whole = pc.utf8_length(pc.extract_regex(texts, r"^-?0*(?P<w>[0-9]*)").field("w"))
-        point = pc.find_substring(texts, ".")
+        # a numeric silver may round counts its significant decimals: trailing zeros change
+        # no value (0.25000000000000000000 is 0.25 in decimal(38,18), as the full cast reads it)
+        digits = pc.replace_substring_regex(texts, r"(\.[0-9]*?)0+$", r"\1") if rounding else texts
+        point = pc.find_substring(digits, ".")
         decimals = pc.if_else(
-            pc.equal(point, -1), 0, pc.subtract(pc.subtract(pc.utf8_length(texts), point), 1)
+            pc.equal(point, -1), 0, pc.subtract(pc.subtract(pc.utf8_length(digits), point), 1)
         )
         fits = pc.and_(pc.less_equal(whole, whole_digits), pc.less_equal(decimals, target.scale))
         candidates = _where(pc.and_(valid, fits), texts)

@@ -1,0 +1,124 @@
+"""A scheduled run whose work is small needs no Spark: capture, silver and gold in the driver
+(delta-rs reads and commits, the plain cast over Arrow, gold's rule checks), and PostgreSQL
+agrees with gold afterwards. A run that needs Spark starts it halfway and is exact too.
+
+The runs are whole ``pgmedallion run`` processes as a scheduled job starts them; the ones that
+must not start Spark run with ``JAVA_HOME`` pointing nowhere, where starting it fails
+(``JavaMissing``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.test_cli import source_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+SCHEMA = """
+CREATE DOMAIN positive AS int CHECK (VALUE > 0);
+CREATE TABLE orders (
+    id bigint PRIMARY KEY,
+    qty positive NOT NULL,
+    price numeric(12,2),
+    ratio numeric,
+    note text,
+    placed timestamptz,
+    local timestamp(3),
+    day date,
+    paid boolean,
+    score double precision,
+    small real,
+    doc jsonb,
+    ref uuid,
+    blob bytea,
+    tiny smallint
+);
+CREATE TABLE events (kind text, at timestamptz, n int);
+CREATE TABLE spans (id int PRIMARY KEY, d interval);
+INSERT INTO spans VALUES (1, '1 day'), (2, '2 mons 3 days 04:05:06');
+ALTER TABLE events REPLICA IDENTITY FULL;
+INSERT INTO orders
+SELECT g, g % 7 + 1, g * 1.25, g / 4.0, 'note ' || g, '2026-01-01 00:00:00+00'::timestamptz
+       + g * interval '1 minute 0.25 s', '2026-02-01 12:00:00'::timestamp + g * interval '1 s',
+       '2026-01-01'::date + g, g % 2 = 0, g * 0.1, g / 4.0, jsonb_build_object('g', g),
+       md5(g::text)::uuid, decode(lpad(to_hex(g), 4, '0'), 'hex'), g % 100
+FROM generate_series(1, 400) g;
+INSERT INTO events SELECT 'k' || (g % 5), '2026-03-01'::timestamptz + g * interval '1 h', g % 3
+FROM generate_series(1, 60) g;
+"""
+
+CHANGES = """
+UPDATE orders SET qty = qty + 1, price = price * 2, note = 'changed'
+WHERE id % 10 = 0;
+UPDATE orders SET ratio = 123456789.000000000001, score = 'NaN', small = '-0', placed = NULL
+WHERE id = 7;
+UPDATE orders SET score = '-Infinity', doc = '{"a": [1, 2, {"b": null}]}', blob = '\\x'
+WHERE id = 8;
+DELETE FROM orders WHERE id % 25 = 0;
+INSERT INTO orders (id, qty, price, note, local, day, tiny)
+VALUES (1001, 3, 0.5, E'tab\\there, newline\\nthere, back\\\\slash', '2026-05-05 05:05:05.5',
+        '2000-02-29', -32768);
+UPDATE orders SET id = 2000 WHERE id = 3;
+UPDATE events SET n = n + 10 WHERE kind = 'k1';
+DELETE FROM events WHERE kind = 'k2';
+INSERT INTO events SELECT 'k1', at, n FROM events WHERE kind = 'k1' LIMIT 3;
+"""
+
+
+def _run(config: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pgmedallion.cli", "-c", str(config), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=900,
+    )
+
+
+@pytest.mark.skipif(
+    os.environ.get("PGMEDALLION_LAKEHOUSE_ENGINE") == "spark",
+    reason="Spark commits every table on this engine",
+)
+def test_an_incremental_run_needs_no_spark_and_gold_stays_exact(db, tmp_path):
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+        conn.execute("CREATE PUBLICATION lazy_pub FOR TABLE orders, events, spans")
+    config = tmp_path / "pgmedallion.toml"
+    config.write_text(source_config(db, "lazy", tmp_path / "state"))
+    env = dict(os.environ, LAZY_PW=db["password"], PYTHONPATH=str(REPO))
+    no_java = dict(env, JAVA_HOME=str(tmp_path / "no-java-here"))
+
+    first = _run(config, env, "run")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "gold: public.orders: 400 rows" in first.stdout, first.stdout
+
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute(CHANGES)
+    driver = _run(config, no_java, "run")
+    assert driver.returncode == 0, driver.stdout + driver.stderr
+    assert "starting Spark" not in driver.stderr, driver.stderr
+    assert "gold: public.orders: 385 rows" in driver.stdout, driver.stdout
+    assert "(incremental)" in driver.stdout
+
+    # A type only Spark casts (interval) in the window: the run starts Spark for it, and is
+    # exact; the table beside it stays on the driver's path.
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("UPDATE spans SET d = d + interval '1 hour' WHERE id = 2")
+        conn.execute("UPDATE orders SET note = 'again' WHERE id = 12")
+    halfway = _run(config, env, "run")
+    assert halfway.returncode == 0, halfway.stdout + halfway.stderr
+    assert "starting Spark" in halfway.stderr, halfway.stderr
+
+    verify = _run(config, env, "verify")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "public.orders" in verify.stdout and "public.events" in verify.stdout
+    assert "verify: OK" in verify.stdout, verify.stdout
+    assert "Traceback" not in driver.stderr + halfway.stderr + verify.stderr
