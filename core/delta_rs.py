@@ -372,6 +372,8 @@ def local_tables_current(spark, schema: str, tables: Mapping[str, set[str]]) -> 
         return False
     if where is None:
         return False
+    if listed is None and not _ready_marker(where, tables).exists():
+        return False  # before Spark starts: only tables Spark noted as made (mark_ready)
     for table, columns in tables.items():
         if listed is not None and table.lower() not in listed:
             return False
@@ -380,6 +382,8 @@ def local_tables_current(spark, schema: str, tables: Mapping[str, set[str]]) -> 
             return False
         if columns and not columns <= {f.name for f in open_table(path).schema().fields}:
             return False
+    if listed is not None:
+        mark_ready(spark, schema, tables)
     return True
 
 
@@ -392,8 +396,49 @@ def table_names(spark, schema: str) -> set[str]:
         where = spark.schema_dir(schema)
         if where is None:
             return set()
-        return {p.name for p in Path(where).iterdir() if (p / "_delta_log").is_dir()}
+        return {
+            p.name
+            for p in Path(where).iterdir()
+            if (p / "_delta_log").is_dir() and not creation_leftover(p)
+        }
     return {r["tableName"].lower() for r in spark.sql(f"SHOW TABLES IN {schema}").collect()}
+
+
+def creation_leftover(path: Path) -> bool:
+    """Whether ``path`` holds only a Delta log of at most version 0 and no data: what a
+    ``CREATE TABLE`` killed before its catalog record leaves (or a table created and never
+    written, which a listing without the catalog cannot tell apart, and leaves to Spark)."""
+    if not path.is_dir():
+        return False
+    for f in path.rglob("*"):
+        if not f.is_file():
+            continue
+        parts = f.relative_to(path).parts
+        if parts[0] != "_delta_log":
+            return False
+        name = f.name
+        if name.endswith(".json") and not name.startswith("."):
+            if name != f"{0:020d}.json":
+                return False
+        elif name.endswith(".parquet"):  # a checkpoint: more than a creation
+            return False
+    return True
+
+
+def _ready_marker(where: str, tables) -> Path:
+    return Path(where) / (".pgmedallion-ready-" + "+".join(sorted(t.lower() for t in tables)))
+
+
+def mark_ready(spark, schema: str, tables) -> None:
+    """Note in the schema's local directory that Spark created (or found) ``tables`` in the
+    catalog, so that a run before Spark starts may take them as there
+    (:func:`local_tables_current`): a creation killed halfway leaves no such note."""
+    where = schema_dir(spark, schema)
+    if where is not None:
+        try:
+            _ready_marker(where, tables).touch()
+        except OSError:  # a read-only lakehouse: Spark is asked each time
+            pass
 
 
 LISTED_VALUES = 10_000

@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
+from pgmedallion.core import delta_rs
 from pgmedallion.core.config import on_databricks  # noqa: F401 (where callers import it from)
 from pgmedallion.core.delta_rs import application
 from pgmedallion.core.errors import JavaMissing
@@ -412,30 +413,11 @@ def create_table(spark: SparkSession, create) -> None:
             raise
         url = urlparse(exc.getMessageParameters().get("tableLocation", ""))
         path = Path(url.path)
-        if url.scheme not in ("file", "") or not _creation_leftover(path):
+        if url.scheme not in ("file", "") or not delta_rs.creation_leftover(path):
             raise
     log.warning("removing what an interrupted CREATE TABLE left in %s", path)
     shutil.rmtree(path)
     create()
-
-
-def _creation_leftover(path: Path) -> bool:
-    """Whether ``path`` holds only a Delta log of at most version 0 and no data."""
-    if not path.is_dir():
-        return False
-    for f in path.rglob("*"):
-        if not f.is_file():
-            continue
-        parts = f.relative_to(path).parts
-        if parts[0] != "_delta_log":
-            return False
-        name = f.name
-        if name.endswith(".json") and not name.startswith("."):
-            if name != f"{0:020d}.json":
-                return False
-        elif name.endswith(".parquet"):  # a checkpoint: more than a creation
-            return False
-    return True
 
 
 def reshape_columns(

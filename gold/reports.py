@@ -110,6 +110,7 @@ def ensure_report_tables(spark: SparkSession, cfg: Config) -> None:
     except BaseException:
         forget(spark, frontier)
         raise
+    delta_rs.mark_ready(spark, cfg.schema("gold"), current)
 
 
 def _ensure_report_tables(spark: SparkSession, cfg: Config) -> None:

@@ -145,25 +145,42 @@ def _decimal(target: pa.DataType, rounding: bool) -> ArrowPlain:
 
     def cast(texts: pa.Array) -> pa.Array:
         valid = pc.match_substring_regex(texts, _DECIMAL)
-        whole = pc.utf8_length(pc.extract_regex(texts, r"^-?0*(?P<w>[0-9]*)").field("w"))
-        # a numeric silver may round counts its significant decimals: trailing zeros change
-        # no value (0.25000000000000000000 is 0.25 in decimal(38,18), as the full cast reads it)
-        digits = pc.replace_substring_regex(texts, r"(\.[0-9]*?)0+$", r"\1") if rounding else texts
+        # A numeric silver may round is read by its significant decimals (as Spark's plain cast
+        # reads it, ``silver.casts._rounding_number``): trailing zeros change no value, and
+        # 0.25000000000000000000 is 0.25 in decimal(38,18). The digits cast are those.
+        digits = _without_trailing_zeros(texts) if rounding else texts
+        whole = pc.utf8_length(pc.extract_regex(digits, r"^-?0*(?P<w>[0-9]*)").field("w"))
         point = pc.find_substring(digits, ".")
         decimals = pc.if_else(
             pc.equal(point, -1), 0, pc.subtract(pc.subtract(pc.utf8_length(digits), point), 1)
         )
         fits = pc.and_(pc.less_equal(whole, whole_digits), pc.less_equal(decimals, target.scale))
-        candidates = _where(pc.and_(valid, fits), texts)
-        parsed = _cast(candidates, target)
+        parsed = _cast(_where(pc.and_(valid, fits), digits), target)
         if parsed is None:
             return _nulls(len(texts), target)
         if rounding:
+            # at most the type's precision of digits was parsed (leading zeros aside): the
+            # value is the text's, nothing wraps (a 42-digit text could, in Arrow's parser)
             return parsed
-        canonical = pc.fill_null(pc.equal(pc.cast(parsed, pa.string()), texts), False)
-        return pc.if_else(canonical, parsed, pa.scalar(None, target))
+        # the value written back is the text: nothing cut, padded or rounded on the way (Arrow
+        # writes some small values as 1E-7, and zero at a scale of 7 or more as 0E-7: those
+        # are compared with PostgreSQL's zero, else left unsettled)
+        zero = "0" if target.scale == 0 else "0." + "0" * target.scale
+        back = pc.cast(parsed, pa.string())
+        canonical = pc.or_(
+            pc.equal(back, texts),
+            pc.and_(pc.equal(parsed, pa.scalar(0, target)), pc.equal(texts, zero)),
+        )
+        return pc.if_else(pc.fill_null(canonical, False), parsed, pa.scalar(None, target))
 
     return cast
+
+
+def _without_trailing_zeros(texts: pa.Array) -> pa.Array:
+    """``1.500`` -> ``1.5``, ``2.000`` -> ``2``; a text without a point as it is."""
+    stripped = pc.replace_substring_regex(texts, r"\.?0+$", "")
+    has_point = pc.fill_null(pc.match_substring(texts, "."), False)
+    return pc.if_else(has_point, stripped, texts)
 
 
 def _bytea(texts: pa.Array) -> pa.Array:

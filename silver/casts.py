@@ -643,9 +643,10 @@ def _canonical_number(text: Column, target: DataType) -> Column:
 
 
 def _rounding_number(text: Column, target: DecimalType) -> Column:
-    """A number with at most the target's scale of decimals; NULL for one with more (the full
-    cast rounds it, and silver counts it) or one that does not cast."""
-    decimals = F.length(F.substring_index(text, ".", -1))
+    """A number with at most the target's scale of significant decimals (trailing zeros change
+    no value); NULL for one with more (the full cast rounds it, and silver counts it) or one
+    that does not cast."""
+    decimals = _significant_decimals(text)
     return F.when(~text.contains(".") | (decimals <= target.scale), text.try_cast(target))
 
 

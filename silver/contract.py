@@ -180,6 +180,7 @@ def ensure_silver_tables(spark: SparkSession, cfg: Config) -> None:
     except BaseException:
         forget(spark, n.progress)
         raise
+    delta_rs.mark_ready(spark, n.schema, current)
 
 
 def _ensure(spark: SparkSession, n: Names) -> None:
