@@ -458,8 +458,8 @@ def narrowings(values: dict[str, pa.Array | pa.ChunkedArray]) -> list[str]:
     most :data:`LISTED_VALUES` (one predicate each, their ranges apart); a column with more
     values than :data:`LISTED_VALUES` times :data:`LISTS` (or another column with more than
     :data:`LISTED_VALUES`) narrows by its range alone. A read narrowed by them holds every row
-    of the keys named; the caller picks those exactly, and counts the rows first
-    (:func:`count_narrowed`): a range or a column of few values can admit most of a table."""
+    of the keys named; the caller picks those exactly, and bounds the rows it reads
+    (:func:`read_at_most`): a range or a column of few values can admit most of a table."""
     distinct = {name: pc.unique(column.drop_null()) for name, column in values.items()}
     nulls = {name: column.null_count > 0 for name, column in values.items()}
     if any(len(d) == 0 and not nulls[name] for name, d in distinct.items()):
@@ -508,6 +508,23 @@ def count_narrowed(path: str, where: str | None, narrowed: list[str]) -> int:
 def read_narrowed(path: str, names: list[str], where: str | None, narrowed: list[str]) -> pa.Table:
     """:func:`read_arrow` of the rows that satisfy ``where`` and one of ``narrowed``."""
     parts = [read_arrow(path, names, _both(where, n)) for n in narrowed]
+    return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+
+def read_at_most(
+    path: str, names: list[str], where: str | None, narrowed: list[str], most: int
+) -> pa.Table | None:
+    """:func:`read_narrowed`, or None when more than ``most`` rows satisfy it: each query
+    stops one row past what is left (no count before the read)."""
+    parts: list[pa.Table] = []
+    left = most
+    for n in narrowed:
+        sql = f"SELECT {sql_names(names)} FROM t WHERE {_both(where, n)} LIMIT {left + 1}"
+        part = query(path, sql)
+        left -= part.num_rows
+        if left < 0:
+            return None
+        parts.append(part)
     return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
 

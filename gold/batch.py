@@ -134,19 +134,26 @@ def _state(item: _Item) -> None:
         ensure_gold(t, False)
     names = t.names
     after = item.applied.silver_run if item.mode == "incremental" else None
-    large = item.mode == "incremental" and item.applied.rows > delta_rs.small_rows()
-    if large:
-        n = delta_rs.count(t.silver_path, t.updates_where(after))
-        if n > delta_rs.small_rows():
-            raise _TooLarge(f"{n} diffs into {item.applied.rows} rows")
-    updates = delta_rs.read_arrow(t.silver_path, [*names, LSN, DIFF], t.updates_where(after))
+    most = delta_rs.small_rows()
+    large = item.mode == "incremental" and item.applied.rows > most
+    where = t.updates_where(after)
+    columns = [*names, LSN, DIFF]
+    updates = (
+        delta_rs.read_at_most(t.silver_path, columns, None, [where or "TRUE"], most)
+        if large
+        else delta_rs.read_arrow(t.silver_path, columns, where)
+    )
+    if updates is None:
+        raise _TooLarge(f"more than {most} diffs into {item.applied.rows} rows")
     parts = ["TRUE"] if item.mode == "incremental" else ["FALSE"]  # a full build reads none
+    gold = None
     if large:
         parts = delta_rs.narrowings({k: updates.column(k) for k in _narrowing_columns(t)})
-        n = delta_rs.count_narrowed(t.path, None, parts)
-        if n > delta_rs.small_rows():
-            raise _TooLarge(f"{n} gold rows to read for {updates.num_rows} diffs")
-    gold = delta_rs.read_narrowed(t.path, [*names, LSN], None, parts)
+        gold = delta_rs.read_at_most(t.path, [*names, LSN], None, parts, most)
+        if gold is None:
+            raise _TooLarge(f"more than {most} gold rows to read for {updates.num_rows} diffs")
+    if gold is None:
+        gold = delta_rs.read_narrowed(t.path, [*names, LSN], None, parts)
     item.arrow = _nullable(gold.schema)
     diffs = item.arrow.append(pa.field(DIFF, pa.int64()))
     updates = _conformed(updates, diffs)

@@ -313,8 +313,8 @@ def _prior_rows(path: str, names: list[str], run: int, narrowed: dict[str, pa.Ar
     the ``narrowed`` values (and maybe others; all rows when it is empty)."""
     where = f"{RUN} < {int(run)}"
     parts = delta_rs.narrowings(narrowed) if narrowed else ["TRUE"]
-    found = delta_rs.count_narrowed(path, where, parts)
-    if found > delta_rs.small_rows():
-        raise TooLarge(f"{found} earlier rows to read")
-    earlier = delta_rs.read_narrowed(path, [*names, LSN, DIFF], where, parts)
+    most = delta_rs.small_rows()
+    earlier = delta_rs.read_at_most(path, [*names, LSN, DIFF], where, parts, most)
+    if earlier is None:
+        raise TooLarge(f"more than {most} earlier rows to read")
     return [[r[n] for n in names] for r in state_before(earlier, names).to_pylist()]

@@ -78,3 +78,20 @@ def test_many_values_narrow_by_several_lists_then_by_their_range(where, monkeypa
         assert sorted(v for v in got.column("id").to_pylist() if v is not None) == expected
         assert got.column("id").null_count == 1  # the NULL row, once
         assert delta_rs.count_narrowed(path, None, parts) == got.num_rows
+
+
+def test_a_bounded_read_gives_every_row_or_says_there_are_more(where, monkeypatch):
+    """``read_at_most`` reads what ``read_narrowed`` reads when it is at most the bound, and
+    None past it, whichever of several lists the bound is crossed in."""
+    monkeypatch.setattr(delta_rs, "LISTED_VALUES", 50)
+    path = str(where / "bounded")
+    write_deltalake(path, pa.table({"id": pa.array(range(1_000), pa.int64())}), mode="overwrite")
+    parts = delta_rs.narrowings({"id": pa.array(range(0, 240, 2), pa.int64())})  # 120: 3 lists
+    assert len(parts) == 3
+    whole = delta_rs.read_narrowed(path, ["id"], None, parts)
+    assert whole.num_rows == 120
+    exact = delta_rs.read_at_most(path, ["id"], None, parts, 120)
+    assert sorted(exact.column("id").to_pylist()) == sorted(whole.column("id").to_pylist())
+    for most in (0, 49, 50, 99, 119):
+        assert delta_rs.read_at_most(path, ["id"], None, parts, most) is None, most
+    assert delta_rs.read_at_most(path, ["id"], "id < 100", parts, 50).num_rows == 50
