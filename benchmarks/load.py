@@ -461,7 +461,7 @@ def check_first(run: ProcessRun, name: str, rows: int) -> None:
 def gold_table_dir(schema_dir: Path) -> Path:
     """The directory of the one gold table in the gold schema's (the others, ``_frontier``
     and ``_quality``, begin with ``_``)."""
-    found = [d for d in schema_dir.iterdir() if not d.name.startswith("_")]
+    found = [d for d in schema_dir.iterdir() if d.is_dir() and not d.name.startswith(("_", "."))]
     if len(found) != 1 or not (found[0] / "_delta_log").is_dir():
         raise RuntimeError(f"not one gold table in {schema_dir}: {sorted(d.name for d in found)}")
     return found[0]

@@ -271,6 +271,10 @@ class LakehouseConfig:
     batch_changes: int = 100_000
     """Silver batches a table into a few shared Spark jobs when its run holds at most this many
     changes (a 1% update of a 4M-row table: 40,000)."""
+    driver_rows: int = 4_000_000
+    """Gold builds a local table in full in the driver (Arrow, delta-rs) when silver holds at
+    most this many rows (about 2 GB of driver memory for 4M rows of eight columns); a larger
+    one is built by Spark, a bucket of keys at a time."""
 
 
 ENGINES = ("auto", "delta-rs", "spark")
@@ -386,7 +390,7 @@ def load_config(path: Path | str | None = None, env: Mapping[str, str] | None = 
         raise ConfigError(
             f"[lakehouse] engine must be one of {', '.join(ENGINES)}, got {lakehouse.engine!r}"
         )
-    for key in ("workers", "small_table_rows", "batch_changes"):
+    for key in ("workers", "small_table_rows", "batch_changes", "driver_rows"):
         if getattr(lakehouse, key) < 1:
             raise ConfigError(f"[lakehouse] {key} must be at least 1")
     marts_from_file = "PGMEDALLION_LAKEHOUSE_MARTS" not in env

@@ -331,9 +331,9 @@ def small_rows() -> int:
     return engine.current().small_table_rows
 
 
-def small(path: str | None, columns: list[str] | None = None) -> bool:
-    """Whether the table at ``path`` is local, has at most :func:`small_rows` rows (by its
-    log's statistics) and, given ``columns``, has all of them."""
+def small(path: str | None, columns: list[str] | None = None, most: int | None = None) -> bool:
+    """Whether the table at ``path`` is local, has at most ``most`` rows (default
+    :func:`small_rows`; by its log's statistics) and, given ``columns``, has all of them."""
     if not usable(path):
         return False
     table = open_table(path)
@@ -347,7 +347,7 @@ def small(path: str | None, columns: list[str] | None = None) -> bool:
     counts = actions.column("num_records")
     if counts.null_count:
         return False
-    return sum(counts.to_pylist()) <= small_rows()
+    return sum(counts.to_pylist()) <= (small_rows() if most is None else most)
 
 
 def has_columns(path: str | None, columns: list[str]) -> bool:

@@ -25,8 +25,9 @@ key has an integer column: then only the gold rows those diffs can touch are rea
 integer columns narrow delta-rs' read by value lists or ranges; ``old_state`` still picks the
 touched keys' rows exactly), and delta-rs' MERGE rewrites the files holding them. A large
 table's run with more diffs goes the per-table path. A full build qualifies when silver's
-table has at most ``small_table_rows`` rows. A table whose new state sends a row to quarantine
-goes back to the per-table path (which writes the quarantine) before anything is written, and so
+table has at most ``[lakehouse] driver_rows`` rows (a first build of a large table is faster
+here than in Spark's buckets: 1M rows). A table whose new state sends a row to quarantine goes
+back to the per-table path (which writes the quarantine) before anything is written, and so
 does one whose MERGE delta-rs refuses.
 """
 
@@ -121,7 +122,12 @@ def qualifies(t: Table, exists: bool) -> _Item | None:
     if mode == "incremental" and (applied.rows <= delta_rs.small_rows() or _narrowing_columns(t)):
         return _Item(t, applied, mode, exists)
     quarantine = str(Path(t.path).parent / (t.info.silver_table + "__quarantine").lower())
-    if mode == "full" and not delta_rs.usable(quarantine) and delta_rs.small(t.silver_path):
+    most = engine.current().driver_rows
+    if (
+        mode == "full"
+        and not delta_rs.usable(quarantine)
+        and delta_rs.small(t.silver_path, None, most)
+    ):
         return _Item(t, applied, mode, exists)
     return None
 
