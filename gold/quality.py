@@ -41,6 +41,7 @@ PK_NOT_NULL = "primary_key_not_null"
 PK_UNIQUE = "primary_key_unique"
 MULT_NOT_NEGATIVE = "multiplicity_not_negative"
 
+
 @dataclass(frozen=True)
 class Check:
     """A row rule's condition, as data: every column of ``not_null`` is not NULL, or the
