@@ -78,7 +78,7 @@ def test_incremental_runs_of_small_tables_are_batched_and_exact(spark, db, caplo
     with psycopg.connect(**db, autocommit=True) as conn:
         conn.execute(SCHEMA)
     cfg = make_config(db, "batched")
-    cfg = replace(cfg, lakehouse=replace(cfg.lakehouse, small_table_rows=12))
+    cfg = replace(cfg, lakehouse=replace(cfg.lakehouse, small_table_rows=12, driver_rows=12))
     drop_schemas(spark, cfg)
     for step, changes in enumerate(["", *CHANGES]):
         with psycopg.connect(**db, autocommit=True) as conn:
@@ -99,7 +99,9 @@ def test_incremental_runs_of_small_tables_are_batched_and_exact(spark, db, caplo
         gold = [(2, 2), (3, 1), (4, 0)][step]
         expected = [("gold", *gold)] + ([("silver", 3, 1)] if step else [])
         assert sorted(_batched(caplog)) == expected, caplog.text
-        too_large = "`batched_gold`.`public_accounts`: built alone (23 diffs into 50 rows)"
+        too_large = (
+            "`batched_gold`.`public_accounts`: built alone (more than 12 diffs into 50 rows)"
+        )
         assert (too_large in caplog.text) == (step == 1), caplog.text
         # bronze's window is read by delta-rs when small: its query must not fail (a DataFusion
         # that took octet_length for strings only sent every window to Spark, unnoticed)
