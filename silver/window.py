@@ -29,7 +29,7 @@ from pgmedallion.capture.pgoutput import MSG_COMMIT
 from pgmedallion.core import delta_rs
 from pgmedallion.silver.changes import RETRACT, LayoutIndex
 from pgmedallion.silver.contract import CHANGE_ARROW, CHANGE_SCHEMA
-from pgmedallion.silver.decode import CHANGE_TYPES, decode_changes, message_type
+from pgmedallion.silver.decode import CHANGE_TYPES, decode_changes, decoded_changes, message_type
 
 _COMMIT = message_type(MSG_COMMIT)
 
@@ -81,10 +81,7 @@ class Window:
     def decoded(self, layouts: dict[int, tuple[LayoutIndex, int]], spark) -> Decoded:
         """Its Insert/Update/Delete messages decoded (``CHANGE_SCHEMA``)."""
         if self.arrow is None:
-            changes = self.df().where(F.col("mtype").isin(CHANGE_TYPES))
-            changes = changes.select("lsn", "ordinal", "payload")
-            frame = changes.mapInArrow(lambda it: decode_changes(it, layouts), CHANGE_SCHEMA)
-            return Decoded(None, lambda: frame, spark)
+            return Decoded(None, lambda: decoded_changes(self.df(), layouts), spark)
         rows = self.arrow.filter(pc.is_in(self.arrow.column("mtype"), pa.array(CHANGE_TYPES)))
         rows = rows.select(["lsn", "ordinal", "payload"])
         batches = list(decode_changes(iter(rows.to_batches(max_chunksize=8192)), layouts))
