@@ -66,6 +66,7 @@ from pgmedallion.silver.catalog import load_tables
 from pgmedallion.silver.contract import Names, SilverResult, TableInfo, ensure_silver_tables
 from pgmedallion.silver.decode import TableDiffs, table_diffs, wal_window
 from pgmedallion.silver.errors import ErrorRecord, SchemaIncompatible, TableTruncated
+from pgmedallion.silver.first_load import first_snapshot
 from pgmedallion.silver.identity import resolve_previous_images
 from pgmedallion.silver.pgtypes import pg_type_of, spark_type
 from pgmedallion.silver.plan import Plan, control_errors, last_frontier, plan_run, session_bronze
@@ -175,7 +176,7 @@ def _run_once(spark: SparkSession, cfg: Config) -> tuple[SilverResult, bool]:
         )
         return table_diffs(oid, wal_diffs.good(), copy_rows, copy_widths[oid])
 
-    work, rows, adjusted = _run_tables(spark, cfg, n, r, diffs_of, wal_diffs)
+    work, rows, adjusted = _run_tables(spark, cfg, n, r, diffs_of, wal_diffs, copy_widths)
     resync = _request_resync(spark, cfg, n, r)
     _write_run(spark, n, source, r, work, adjusted)
     wal.unpersist()
@@ -386,7 +387,13 @@ def _truncates(r: _Run, cfg: Config) -> None:
 
 
 def _run_tables(
-    spark: SparkSession, cfg: Config, n: Names, r: _Run, diffs_of, wal_diffs: Decoded
+    spark: SparkSession,
+    cfg: Config,
+    n: Names,
+    r: _Run,
+    diffs_of,
+    wal_diffs: Decoded,
+    copy_widths: dict[int, tuple[int, int]],
 ) -> tuple[list[int], dict[str, int], list[tuple]]:
     """Only the tables this run has something for: a table with no rows, snapshot or truncate
     in the window costs nothing. Small tables with changes only go through the batched path
@@ -409,6 +416,7 @@ def _run_tables(
     rows: dict[str, int] = {}
     adjusted: list[tuple] = []
     rest = _run_batched(spark, cfg, n, r, work, existing, paths, wal_diffs, rows)
+    rest = _run_first_snapshots(spark, cfg, n, r, rest, existing, paths, copy_widths, rows)
 
     def one_table(oid: int) -> tuple[int, list[ErrorRecord], list[tuple]]:
         info = r.tables[oid]
@@ -603,6 +611,55 @@ def _run_batched(
         rows[info.qualified_name] = written(spark, n.table(info.silver_table), run, [outcome.rows])
         r.errors.extend(outcome.errors)
     return [oid for oid in work if oid not in outcomes]
+
+
+def _run_first_snapshots(
+    spark: SparkSession,
+    cfg: Config,
+    n: Names,
+    r: _Run,
+    work: list[int],
+    existing: set[str],
+    paths: dict[int, str | None],
+    copy_widths: dict[int, tuple[int, int]],
+    rows: dict[str, int],
+) -> list[int]:
+    """The tables of ``work`` whose first snapshot :mod:`silver.first_load` takes (one at a
+    time: each holds its rows in the driver), their rows counted in ``rows``; returns the
+    others, in order."""
+    bronze = bronze_dir(spark, cfg) if work else None
+    literal = "'" + cfg.source.name.replace("'", "''") + "'"
+    rest = []
+    for oid in work:
+        info = r.tables[oid]
+        copy_width, width = copy_widths.get(oid, (0, -1))
+        if not (
+            oid in r.copied
+            and oid in r.new_snapshots
+            and oid not in r.changed
+            and oid not in r.truncate_at
+            and copy_width == width
+            and info.silver_table.lower() not in existing
+        ):
+            rest.append(oid)
+            continue
+        where = (
+            f"source = {literal} AND kind = 'copy' AND table_oid = {int(oid)}"
+            f" AND batch_id > {int(r.plan.b_from)} AND batch_id <= {int(r.plan.b_to)}"
+        )
+        target = n.table(info.silver_table)
+        try:
+            count = first_snapshot(
+                spark, info, bronze, where, target, paths[oid], width, cfg.source.name, r.plan.run
+            )
+        except Exception as exc:  # e.g. a value Arrow cannot hold: Spark can
+            log.warning("%s: snapshot read by Spark (%s)", info.qualified_name, exc)
+            count = None
+        if count is None:
+            rest.append(oid)
+        else:
+            rows[info.qualified_name] = count
+    return rest
 
 
 def _write_run(

@@ -1,20 +1,26 @@
 """The driver's path reads the same rules as Spark's: silver's consolidation per (row, LSN) and
 gold's row rules give the same answer on either engine, on rows with NULLs, NaN, -0.0 and
-duplicates."""
+duplicates; COPY TEXT lines decode as the reference decoder decodes them."""
 
 from __future__ import annotations
 
 import math
 import random
+import re
 
 import pyarrow as pa
 from chispa import assert_df_equality
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pgmedallion.capture.copy_text import decode_copy_row
 from pgmedallion.core.delta_rs import frame
 from pgmedallion.gold.on_spark import failed_rules
 from pgmedallion.gold.quality import row_rules
+from pgmedallion.silver.copy_sql import HARD_LINE
+from pgmedallion.silver.first_load import copy_values
 from pgmedallion.silver.rewind import consolidated, consolidated_rows
 
 SCHEMA = T.StructType(
@@ -114,3 +120,40 @@ def test_gold_rules_pass_and_fail_alike_in_the_driver_and_in_spark(spark):
                 mine[i].add(rule.name)
     assert mine == failed
     assert any(mine.values()) and not all(mine.values())
+
+
+PIECES = ["a", "é", " ", "x", "\\\\", "\\t", "\\n", "\\r", "\\b", "\\q"]  # escapes as COPY writes
+FIELD = st.one_of(st.just("\\N"), st.lists(st.sampled_from(PIECES), max_size=6).map("".join))
+LINE = st.lists(FIELD, min_size=3, max_size=3).map("\t".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=st.lists(LINE, max_size=12), cut=st.integers(0, 12))
+def test_the_drivers_copy_decoding_is_the_reference_decoders(lines, cut):
+    """``silver.first_load.copy_values`` reads COPY TEXT lines as ``decode_copy_row`` does (the
+    rows in any order: a multiset), whatever chunks the payloads cut them into."""
+    chunks = [lines[:cut], lines[cut:]]
+    payloads = pa.array(
+        [("".join(line + "\n" for line in chunk)).encode() for chunk in chunks if chunk],
+        pa.binary(),
+    )
+    got = copy_values(payloads, 3)
+    if any(re.search(HARD_LINE.replace("\\z", "\\Z"), line) for line in lines):
+        assert got is None  # what Spark's decoder leaves to Python: the per-table path
+        return
+    expected = [decode_copy_row(line.encode(), 3) for line in lines]
+    assert got is not None
+    assert sorted(map(repr, got.to_pylist())) == sorted(map(repr, expected))
+
+
+def test_the_driver_leaves_what_spark_leaves_to_python():
+    """Octal and hex escapes, an escaped delimiter, a wrong field count, invalid UTF-8: the
+    per-table path decides them (with its error records)."""
+    for payload in (
+        b"1\t\\101\tx\n",
+        b"1\t\\x41\tx\n",
+        b"1\t2\n",
+        b"1\t\xff\tx\n",
+        b"a\\\tb\tc\td\n",
+    ):
+        assert copy_values(pa.array([payload], pa.binary()), 3) is None, payload

@@ -99,6 +99,9 @@ def test_an_incremental_run_needs_no_spark_and_gold_stays_exact(db, tmp_path):
     first = _run(config, env, "run")
     assert first.returncode == 0, first.stdout + first.stderr
     assert "gold: public.orders: 400 rows" in first.stdout, first.stdout
+    # the first snapshot's rows are decoded, cast and appended in the driver; interval is Spark's
+    assert "public.orders: snapshot of 400 rows read in the driver" in first.stderr, first.stderr
+    assert "public.spans: snapshot of" not in first.stderr
 
     with psycopg.connect(**db, autocommit=True) as conn:
         conn.execute(CHANGES)
