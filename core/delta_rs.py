@@ -13,8 +13,10 @@ skipped by either.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import tempfile
 import threading
 import zlib
 from collections import OrderedDict
@@ -407,8 +409,9 @@ def table_names(spark, schema: str) -> set[str]:
 def creation_leftover(path: Path) -> bool:
     """Whether ``path`` holds only a Delta log of at most version 0 and no data: what a
     ``CREATE TABLE`` killed before its catalog record leaves (or a table created and never
-    written, which a listing without the catalog cannot tell apart, and leaves to Spark)."""
-    if not path.is_dir():
+    written, which a listing without the catalog cannot tell apart, and leaves to Spark). A
+    table delta-rs created before Spark started (:func:`create_unregistered`) is none."""
+    if not path.is_dir() or _register_marker(path).exists():
         return False
     for f in path.rglob("*"):
         if not f.is_file():
@@ -423,6 +426,140 @@ def creation_leftover(path: Path) -> bool:
         elif name.endswith(".parquet"):  # a checkpoint: more than a creation
             return False
     return True
+
+
+_REGISTER = ".pgmedallion-register-"
+
+
+def _register_marker(path: Path) -> Path:
+    return path.parent / (_REGISTER + path.name)
+
+
+def create_unregistered(
+    spark, schema: str, table: str, columns, configuration: Mapping[str, str] = {}
+) -> str | None:
+    """Before a :class:`~pgmedallion.core.session.LazySession` starts: table ``table`` of
+    ``schema`` (qualified) created empty by delta-rs with ``columns`` and table properties
+    ``configuration``, in the directory where the catalog keeps its managed tables, and noted
+    there to be put in the catalog when Spark starts (:func:`register_created`); ``columns``:
+    an Arrow schema or a Spark ``StructType``. A first run
+    then needs no JVM: the metastore's start and a ``CREATE TABLE`` per table cost a cold
+    process 10-16 s before any row is read. Returns the table's directory; None where this
+    cannot be (Spark started, a lakehouse that is not local): the caller creates the table
+    through Spark."""
+    if not unstarted(spark) or DeltaTable is None or engine.spark_only():
+        return None
+    where = spark.schema_path(schema)
+    if where is None:
+        return None
+    if not isinstance(columns, pa.Schema):
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        columns = to_arrow_schema(columns, timezone="UTC")
+    path = Path(table_dir(where, table))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _register_marker(path).touch()  # before the table: a crash between leaves no orphan
+    if not (path / "_delta_log").is_dir():
+        _create(path, columns, configuration)
+    return str(path)
+
+
+_LEGACY_WRITER_FEATURES = [
+    "checkConstraints",
+    "generatedColumns",
+    "invariants",
+    "changeDataFeed",
+    "appendOnly",
+]
+"""What writer version 7 lists for the features versions 2-5 implied, as Spark lists them."""
+
+
+def _create(path: Path, columns: pa.Schema, configuration: Mapping[str, str]) -> None:
+    """The empty Delta table at ``path`` as Spark creates it with ``configuration``: delta-rs
+    writes the first commit (column mapping's physical names and ids included); with deletion
+    vectors, the protocol is then written as Spark writes it (delta-rs 1.x leaves
+    ``columnMapping`` out of the table features it lists, which Spark then refuses:
+    ``DELTA_FEATURES_PROTOCOL_METADATA_MISMATCH``)."""
+    config = {
+        k: v
+        for k, v in configuration.items()
+        if k not in ("delta.minReaderVersion", "delta.minWriterVersion")
+    }
+    if config.get("delta.enableDeletionVectors") != "true":
+        DeltaTable.create(str(path), columns, mode="ignore", configuration=config)
+        return
+    del config["delta.enableDeletionVectors"]
+    mapped = config.get("delta.columnMapping.mode", "none") != "none"
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".creating-") as scratch:
+        DeltaTable.create(scratch, columns, configuration=config)
+        first = Path(scratch) / "_delta_log" / f"{0:020d}.json"
+        actions = [json.loads(line) for line in first.read_text().splitlines() if line]
+        for action in actions:
+            if "protocol" in action:
+                action["protocol"] = {
+                    "minReaderVersion": 3,
+                    "minWriterVersion": 7,
+                    "readerFeatures": ["deletionVectors", *(["columnMapping"] if mapped else [])],
+                    "writerFeatures": [
+                        "deletionVectors",
+                        *_LEGACY_WRITER_FEATURES,
+                        *(["columnMapping"] if mapped else []),
+                    ],
+                }
+            if "metaData" in action:
+                action["metaData"]["configuration"]["delta.enableDeletionVectors"] = "true"
+        log_dir = path / "_delta_log"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        written = Path(scratch) / "commit.json"
+        written.write_text("".join(json.dumps(a) + "\n" for a in actions))
+        try:  # the commit appears whole or not at all, and never over another one
+            os.link(written, log_dir / first.name)
+        except FileExistsError:
+            pass
+
+
+def register_created(spark, schema: str, qualify) -> list[str]:
+    """The tables :func:`create_unregistered` made in ``schema`` (qualified) put in the
+    catalog (``qualify(name)``: a table's qualified name), as Spark points it at a table that
+    is there (``CREATE TABLE ... LOCATION``, as bronze is registered); their names."""
+    where = schema_dir(spark, schema)
+    if where is None:
+        return []
+    done = []
+    for marker in sorted(Path(where).glob(_REGISTER + "*")):
+        name = marker.name[len(_REGISTER) :]
+        path = Path(where) / name
+        if (path / "_delta_log").is_dir():
+            location = str(path).replace("\\", "\\\\").replace("'", "\\'")
+            table = qualify(name)
+            spark.sql(f"CREATE TABLE IF NOT EXISTS {table} USING DELTA LOCATION '{location}'")
+            done.append(name)
+        marker.unlink(missing_ok=True)
+    if done:
+        log.info("registered in the catalog: %s", ", ".join(f"{schema}.{n}" for n in done))
+    return done
+
+
+def arrow_columns(ddl: str) -> pa.Schema:
+    """The Arrow schema of a column list in Spark's DDL as silver's own tables write theirs
+    (``name TYPE [NOT NULL], ...``; types STRING, BIGINT, TIMESTAMP, BINARY, ARRAY<STRING>,
+    ARRAY<BIGINT>), as Spark would create the Delta table."""
+    types = {
+        "STRING": pa.string(),
+        "BIGINT": pa.int64(),
+        "TIMESTAMP": pa.timestamp("us", tz="UTC"),
+        "BINARY": pa.binary(),
+        "ARRAY<STRING>": pa.list_(pa.string()),
+        "ARRAY<BIGINT>": pa.list_(pa.int64()),
+    }
+    fields = []
+    for column in ddl.split(", "):
+        name, rest = column.strip().split(" ", 1)
+        rest = rest.strip().upper()
+        required = rest.endswith(" NOT NULL")
+        kind = rest.removesuffix(" NOT NULL").strip()
+        fields.append(pa.field(name, types[kind], nullable=not required))
+    return pa.schema(fields)
 
 
 def _ready_marker(where: str, tables) -> Path:

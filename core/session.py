@@ -51,6 +51,10 @@ class LazySession:
         path = self._schemas.get(schema)
         return path if path is not None and Path(path).is_dir() else None
 
+    def schema_path(self, schema: str) -> str | None:
+        """Where ``schema``'s directory is or will be (for a table made before Spark)."""
+        return self._schemas.get(schema)
+
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)

@@ -420,6 +420,17 @@ def create_table(spark: SparkSession, create) -> None:
     create()
 
 
+def drop_table(spark: SparkSession, schema: str, name: str, table: str) -> None:
+    """``DROP TABLE IF EXISTS table`` (table ``name`` of ``schema``), and its directory where
+    the catalog keeps the schema's managed tables: a table a run made before Spark started is
+    in the catalog as a table at that place (``delta_rs.register_created``), whose files a
+    ``DROP TABLE`` leaves, and a table created there again would find them."""
+    path = delta_rs.table_dir(delta_rs.schema_dir(spark, schema), name)
+    spark.sql(f"DROP TABLE IF EXISTS {table}")
+    if path is not None and Path(path).is_dir():
+        shutil.rmtree(path)
+
+
 def reshape_columns(
     spark: SparkSession, table: str, renames: dict[str, str], drops: Sequence[str]
 ) -> tuple[list[str], list[str]]:

@@ -63,6 +63,7 @@ from pgmedallion.core import delta_rs, engine
 from pgmedallion.core.config import Config
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.parallel import concurrently
+from pgmedallion.core.spark import drop_table
 from pgmedallion.gold.batch import build_batched
 from pgmedallion.gold.history import (
     ErrorSummary,
@@ -243,7 +244,7 @@ def _drop_orphans(spark: SparkSession, cfg: Config, inputs: _Inputs) -> None:
         table = name.rsplit(".", 1)[-1]
         log.info("gold: dropping %s (table oid %d: dropped or renamed at the source)", name, oid)
         for dropped in (table, table + "__quarantine"):
-            spark.sql(f"DROP TABLE IF EXISTS {cfg.qualified('gold', dropped)}")
+            drop_table(spark, cfg.schema("gold"), dropped, cfg.qualified("gold", dropped))
             inputs.existing.discard(dropped.lower())
 
 

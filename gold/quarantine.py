@@ -58,7 +58,8 @@ def write_quarantine(
     if not exists and not new_rows:
         return None
     if not exists:
-        create_table(spark, t.quarantine, quarantine_schema(t.columns))
+        local = (t.cfg.schema("gold"), t.info.silver_table + "__quarantine")
+        create_table(spark, t.quarantine, quarantine_schema(t.columns), local=local)
     meta = {"source": t.info.source, "silver_run": t.silver_run, "frontier": t.frontier}
     app_id = t.app_id + "__quarantine"
     rows = quarantine_rows(t, checked)

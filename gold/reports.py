@@ -105,6 +105,15 @@ def ensure_report_tables(spark: SparkSession, cfg: Config) -> None:
     current = {"_frontier": {"source_time"}, "_quality": set()}
     if delta_rs.local_tables_current(spark, cfg.schema("gold"), current):
         return
+    if unstarted(spark) and not delta_rs.table_names(spark, cfg.schema("gold")) & set(current):
+        schemas = {"_frontier": FRONTIER_SCHEMA, "_quality": QUALITY_SCHEMA}
+        made = [
+            delta_rs.create_unregistered(spark, cfg.schema("gold"), name, schema)
+            for name, schema in schemas.items()
+        ]
+        if all(made):  # a first run before Spark: put in the catalog when it starts
+            delta_rs.mark_ready(spark, cfg.schema("gold"), current)
+            return
     try:
         _ensure_report_tables(spark, cfg)
     except BaseException:

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.core.failpoints import failpoint
-from pgmedallion.core.spark import reshape_columns
+from pgmedallion.core.spark import drop_table, reshape_columns
 from pgmedallion.gold.history import Applied, ErrorSummary, Reported, applied_state
 from pgmedallion.gold.on_spark import (
     affected_keys,
@@ -167,11 +167,12 @@ def ensure_gold(t: Table, exists: bool | None) -> None:
     if exists and not same_columns(t.spark, t.gold, schema):
         _follow_in_place(t)
     if exists and not same_columns(t.spark, t.gold, schema):
-        t.spark.sql(f"DROP TABLE {t.gold}")
-        t.spark.sql(f"DROP TABLE IF EXISTS {t.quarantine}")
+        gold = t.cfg.schema("gold")
+        drop_table(t.spark, gold, t.info.silver_table, t.gold)
+        drop_table(t.spark, gold, t.info.silver_table + "__quarantine", t.quarantine)
         exists = False
     if not exists:
-        create_table(t.spark, t.gold, schema)
+        create_table(t.spark, t.gold, schema, local=(t.cfg.schema("gold"), t.info.silver_table))
 
 
 def _follow_in_place(t: Table) -> None:

@@ -74,8 +74,21 @@ def plain_name(cfg: Config, layer: str, name: str) -> str:
     return ".".join(p for p in (cfg.lakehouse.catalog, schema, name) if p)
 
 
-def create_table(spark: SparkSession, name: str, schema: T.StructType) -> None:
+def create_table(
+    spark: SparkSession,
+    name: str,
+    schema: T.StructType,
+    *,
+    local: tuple[str, str] | None = None,
+) -> None:
+    """Gold table ``name`` with ``schema`` and gold's properties; ``local``: its schema and
+    table name, for a creation by delta-rs before Spark starts
+    (``delta_rs.create_unregistered``)."""
     from delta.tables import DeltaTable
+
+    if local is not None:
+        if delta_rs.create_unregistered(spark, *local, schema, GOLD_PROPERTIES) is not None:
+            return
 
     builder = DeltaTable.createIfNotExists(spark).tableName(name).addColumns(schema)
     for key, value in GOLD_PROPERTIES.items():

@@ -55,6 +55,37 @@ def ensure_schemas(spark: SparkSession, cfg: Config) -> None:
     ensure_bronze_table(
         spark, cfg.qualified("bronze", "bronze"), cfg.local_table_path("bronze", "bronze")
     )
+    register_created(spark, cfg)
+
+
+def register_created(spark: SparkSession, cfg: Config) -> None:
+    """Silver's and gold's tables that a run made before Spark started (delta-rs, where the
+    catalog keeps its managed tables: ``core.delta_rs.create_unregistered``) put in the
+    catalog, and gold's ``_lag`` view over ``_frontier`` made, as a run with Spark would
+    have."""
+    from pgmedallion.core import delta_rs
+    from pgmedallion.gold.reports import ensure_lag_view
+
+    for layer in ("silver", "gold"):
+        made = delta_rs.register_created(
+            spark, cfg.schema(layer), lambda name, layer=layer: cfg.qualified(layer, name)
+        )
+        if layer == "gold" and made:
+            ensure_lag_view(spark, cfg, delta_rs.table_names(spark, cfg.schema("gold")))
+
+
+def prepare_lakehouse(spark: SparkSession, cfg: Config) -> None:
+    """The catalog's schemas, silver's own tables and gold's report tables, as the stages
+    would create them (each idempotent, done once per application); bronze is registered only
+    where capture created it already (capture may be creating it while this runs)."""
+    from pgmedallion.gold.reports import ensure_report_tables
+    from pgmedallion.silver.contract import ensure_silver_tables
+
+    bronze = cfg.local_table_path("bronze", "bronze")
+    if bronze is not None and (Path(bronze) / "_delta_log").is_dir():
+        ensure_schemas(spark, cfg)
+    ensure_silver_tables(spark, cfg)
+    ensure_report_tables(spark, cfg)
 
 
 def open_lakehouse(cfg: Config) -> SparkSession:
@@ -86,7 +117,7 @@ class SparkStarter:
     it (bronze is written by delta-rs), so silver finds it ready instead of waiting for the
     JVM after capture. Calling it waits for the session (and raises what starting raised)."""
 
-    def __init__(self, state_dir, background: bool = True) -> None:
+    def __init__(self, state_dir, background: bool = True, cfg: Config | None = None) -> None:
         from concurrent.futures import Future, ThreadPoolExecutor
 
         from pgmedallion.core.spark import get_spark
@@ -96,9 +127,22 @@ class SparkStarter:
         self._session: Future | None = None
         if background:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="spark-start")
-            self._session = self._pool.submit(get_spark, state_dir)
+            self._session = self._pool.submit(self._start, get_spark, state_dir, cfg)
             self._pool.shutdown(wait=False)
         self._get_spark = get_spark
+
+    @staticmethod
+    def _start(get_spark, state_dir, cfg: Config | None) -> SparkSession:
+        """The session, and (``cfg``) the catalog's schemas and layers' own tables created in
+        it while capture runs: a first run otherwise waits for that DDL after capture (about
+        8 s of a cold JVM's catalog calls)."""
+        spark = get_spark(state_dir)
+        if cfg is not None:
+            try:
+                prepare_lakehouse(spark, cfg)
+            except Exception as exc:  # idempotent: the stage that needs it does it again
+                log.debug("the lakehouse's tables were not prepared in the background: %s", exc)
+        return spark
 
     def __call__(self) -> SparkSession:
         if self._session is None:
@@ -107,11 +151,13 @@ class SparkStarter:
 
 
 def _needs_spark(cfg: Config, resync: Sequence[str]) -> bool:
-    """Whether a run will surely start Spark (so it starts while capture runs): a first run
-    (silver has no table yet: a snapshot to cast, tables to create) or a resync. Otherwise the
-    run may do without it (:class:`pgmedallion.core.session.LazySession`)."""
-    progress = cfg.local_table_path("silver", "_progress")
-    return bool(resync) or progress is None or not (Path(progress) / "_delta_log").is_dir()
+    """Whether a run will surely start Spark (so it starts while capture runs): a resync
+    (tables rebuilt), a lakehouse that is not local, ``engine = "spark"``. Otherwise the run
+    may do without it (:class:`pgmedallion.core.session.LazySession`), a first run too:
+    delta-rs creates the tables, and the catalog learns of them when Spark next starts
+    (:func:`register_created`)."""
+    local = cfg.local_table_path("silver", "_progress") is not None and not engine.spark_only()
+    return bool(resync) or not local
 
 
 def _lazy(cfg: Config, start: Callable[[], SparkSession]):
@@ -160,7 +206,8 @@ def run(
         before = bronze_batch(cfg)
         quiet = not resync and stages != ("capture",) and lakehouse_current(cfg, before)
         if stages != ("capture",) and not quiet:
-            later = SparkStarter(cfg.state_dir, background=_needs_spark(cfg, resync))
+            background = _needs_spark(cfg, resync)
+            later = SparkStarter(cfg.state_dir, background, cfg if background else None)
     elif stages != ("marts",):
         spark = open_lakehouse(cfg)
     resynced = request_resync(spark, cfg, list(resync)) if resync else []

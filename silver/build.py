@@ -53,7 +53,7 @@ from pgmedallion.core import delta_rs, engine
 from pgmedallion.core.config import Config
 from pgmedallion.core.naming import quote
 from pgmedallion.core.parallel import concurrently
-from pgmedallion.core.spark import reshape_columns
+from pgmedallion.core.spark import drop_table, reshape_columns
 from pgmedallion.silver import batch, catalog
 from pgmedallion.silver.cast_rows import (
     ROW_DIFF,
@@ -231,7 +231,7 @@ def _read_control(spark: SparkSession, n: Names, r: _Run, cfg: Config, taken: se
         # dropped at the source, or renamed (its new snapshot is rebuilt under the new name):
         # a crash before this run's _progress row drops nothing more on the run again
         log.info("silver: dropping %s (%s)", name, "table dropped at the source or renamed")
-        spark.sql(f"DROP TABLE IF EXISTS {n.table(name)}")
+        drop_table(spark, n.schema, name, n.table(name))
 
 
 def _bronze(spark: SparkSession, n: Names, source: str) -> DataFrame:
@@ -650,7 +650,16 @@ def _run_first_snapshots(
         target = n.table(info.silver_table)
         try:
             count = first_snapshot(
-                spark, info, bronze, where, target, paths[oid], width, cfg.source.name, r.plan.run
+                spark,
+                info,
+                bronze,
+                where,
+                target,
+                paths[oid],
+                width,
+                cfg.source.name,
+                r.plan.run,
+                n.schema,
             )
         except Exception as exc:  # e.g. a value Arrow cannot hold: Spark can
             log.warning("%s: snapshot read by Spark (%s)", info.qualified_name, exc)
@@ -723,7 +732,7 @@ def table_run(
         # Snapshotted again (a resync, or a table first read through the stream): the table is
         # rebuilt from this snapshot and the changes after it, with the columns and policies
         # of now. A crash before the run's _progress row redoes the same rebuild.
-        spark.sql(f"DROP TABLE {target}")
+        drop_table(spark, n.schema, info.silver_table, target)
         exists = False
     resolving = identity_keys is not None
     one = None if truncates or resolving else cast_in_one_pass(info, diffs)

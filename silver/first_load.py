@@ -115,8 +115,10 @@ def first_snapshot(
     width: int,
     source: str,
     run: int,
+    silver: str,
 ) -> int | None:
-    """The table's first snapshot appended to a new silver table ``target`` (at ``path``)
+    """The table's first snapshot appended to a new silver table ``target`` (at ``path``, in
+    schema ``silver``)
     from bronze's ``copy`` records at ``bronze`` matching ``where``; the rows appended, or None
     when the per-table path must take it (nothing was written)."""
     columns = typed_columns(info)
@@ -142,7 +144,7 @@ def first_snapshot(
         names=[*names, "_lsn", "_diff"],
     )
     out = consolidated_rows(table, names, run)
-    create_diff_table(spark, target, diff_schema(info))
+    create_diff_table(spark, target, diff_schema(info), local=(silver, info.silver_table))
     dt = delta_rs.open_table(path)
     app = diffs_app(source)
     if delta_rs.done(dt, app, run):

@@ -17,7 +17,7 @@ from pyspark.sql import types as T
 
 from pgmedallion.core import delta_rs
 from pgmedallion.core.failpoints import failpoint
-from pgmedallion.core.naming import quote
+from pgmedallion.core.naming import COLUMN_MAPPING, quote
 from pgmedallion.core.spark import create_table
 from pgmedallion.silver.cast_columns import cast_values
 from pgmedallion.silver.casts import CAST_ERRORS_COLUMN
@@ -134,9 +134,21 @@ def written(spark: SparkSession, target: str, run: int, counts: list[int | None]
     return spark.table(target).where(F.col("_run") == run).count()
 
 
-def create_diff_table(spark: SparkSession, table: str, schema: T.StructType) -> None:
-    """A table's diffs table, with column mapping by name (any PostgreSQL name works)."""
+def create_diff_table(
+    spark: SparkSession,
+    table: str,
+    schema: T.StructType,
+    *,
+    local: tuple[str, str] | None = None,
+) -> None:
+    """A table's diffs table, with column mapping by name (any PostgreSQL name works).
+    ``local``: its schema and name, for a creation by delta-rs before Spark starts
+    (``delta_rs.create_unregistered``)."""
     from delta.tables import DeltaTable
+
+    if local is not None:
+        if delta_rs.create_unregistered(spark, *local, schema, COLUMN_MAPPING) is not None:
+            return
 
     builder = (
         DeltaTable.createIfNotExists(spark)
