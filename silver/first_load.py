@@ -38,7 +38,6 @@ from pgmedallion.core.failpoints import failpoint
 from pgmedallion.silver.cast_arrow import plain_cast_arrow
 from pgmedallion.silver.cast_rows import typed_columns
 from pgmedallion.silver.contract import TableInfo
-from pgmedallion.silver.copy_sql import HARD_LINE
 from pgmedallion.silver.pgtypes import spark_type
 from pgmedallion.silver.rewind import consolidated_rows
 from pgmedallion.silver.write import create_diff_table, diffs_app
@@ -48,10 +47,28 @@ log = logging.getLogger(__name__)
 _NULL = "\\N"
 
 
+_SIMPLE = r"^(?:[^\\\x00]|\\[\\bfnrtv])*$"
+r"""A field whose escapes are all of one character (``\\``, ``\n``, ``\t`` ...): unescaped over
+Arrow. Others (octal and hex escapes, ``\.``, a lone backslash) go to the reference decoder."""
+_ONE_CHARACTER = [("\\n", "\n"), ("\\t", "\t"), ("\\r", "\r"), ("\\b", "\b")]
+_ONE_CHARACTER += [("\\f", "\f"), ("\\v", "\v")]
+
+
+def _unescaped(texts: pa.Array) -> pa.Array:
+    """Fields matching :data:`_SIMPLE` with their escapes resolved: an escaped backslash is
+    set aside as NUL (which no such field holds) while the others are replaced."""
+    out = pc.replace_substring(texts, "\\\\", "\x00")
+    for escape, character in _ONE_CHARACTER:
+        out = pc.replace_substring(out, escape, character)
+    return pc.replace_substring(out, "\x00", "\\")
+
+
 def copy_values(payloads: pa.Array, width: int) -> pa.Array | None:
     """COPY TEXT payloads (each a chunk of rows ended by newlines) -> one ``list<string>`` of
-    ``width`` values per row; None when a payload is not UTF-8, or a line holds an escape
-    Spark's decoder leaves to Python, or has another number of fields."""
+    ``width`` values per row, decoded as ``capture.copy_text.decode_copy_row`` decodes them
+    (the lines with escapes other than one-character ones go to it); None when a payload is
+    not UTF-8, or a line is not valid COPY TEXT or has another number of fields (the per-table
+    path then writes its error records)."""
     empty = pa.array([], pa.list_(pa.string()))
     try:
         text = payloads.cast(pa.string())
@@ -66,17 +83,21 @@ def copy_values(payloads: pa.Array, width: int) -> pa.Array | None:
     lines = flat.filter(pa.array(~(last & (pc.equal(flat, "").to_numpy(zero_copy_only=False)))))
     if len(lines) == 0:
         return empty
-    if width == 0 or pc.any(pc.match_substring_regex(lines, HARD_LINE)).as_py():
+    if width == 0:
         return None
     fields = pc.split_pattern(lines, "\t")
     counts = pc.list_value_length(fields)
     if pc.min(counts).as_py() != width or pc.max(counts).as_py() != width:
-        return None
+        return None  # an escaped tab splits wrong too: the per-table path decides
     texts = pc.list_flatten(fields)
     null = pc.equal(texts, _NULL)
-    # a field with an escape other than the NULL marker: its line goes to the reference decoder
-    other = pc.and_(pc.match_substring(texts, "\\"), pc.invert(null))
-    odd = other.to_numpy(zero_copy_only=False).reshape(-1, width).any(axis=1)
+    escaped = pc.and_(pc.match_substring(texts, "\\"), pc.invert(null))
+    simple = pc.match_substring_regex(texts, _SIMPLE)
+    # a field with another escape: its line goes to the reference decoder
+    hard = pc.and_(escaped, pc.invert(simple)).to_numpy(zero_copy_only=False)
+    odd = hard.reshape(-1, width).any(axis=1)
+    if escaped.to_numpy(zero_copy_only=False).any():
+        texts = pc.if_else(escaped, _unescaped(texts), texts)
     offsets = pa.array(np.arange(0, len(lines) * width + 1, width, dtype=np.int32))
     values = pa.ListArray.from_arrays(
         offsets, pc.if_else(null, pa.scalar(None, pa.string()), texts)
@@ -143,7 +164,9 @@ def first_snapshot(
         [*typed, pa.array(np.zeros(rows, np.int64)), pa.array(np.ones(rows, np.int64))],
         names=[*names, "_lsn", "_diff"],
     )
-    out = consolidated_rows(table, names, run)
+    # a primary key (all of its columns published) makes each snapshot row distinct
+    keyed = bool(info.primary_key) and set(info.primary_key) <= set(names)
+    out = consolidated_rows(table, names, run, distinct=keyed)
     create_diff_table(spark, target, diff_schema(info), local=(silver, info.silver_table))
     dt = delta_rs.open_table(path)
     app = diffs_app(source)

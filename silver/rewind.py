@@ -71,21 +71,28 @@ def consolidated(rows: DataFrame, data: Sequence[Column], run: int) -> DataFrame
     )
 
 
-def consolidated_rows(rows: pa.Table, data: Sequence[str], run: int) -> pa.Table:
+def consolidated_rows(
+    rows: pa.Table, data: Sequence[str], run: int, *, distinct: bool = False
+) -> pa.Table:
     """:func:`consolidated` in the driver: ``data..., _lsn, _diff`` rows summed per (row, LSN)
     with rows equal as Spark's grouping calls them equal (``pgmedallion.core.multiset``), zeros
     dropped, stamped with the run (``data..., _lsn, _diff, _run``); a float column's -0.0
-    written 0.0, as Spark's grouping writes it."""
-    keys = [rows.column(n) for n in [*data, "_lsn"]]
-    ids = group_ids(keys, rows.num_rows)
-    groups, first = np.unique(ids, return_index=True)
-    sums = sum_by(ids, len(groups), int_column(rows, "_diff"))
-    out = rows.select([*data, "_lsn"]).take(pa.array(first, pa.int64()))
+    written 0.0, as Spark's grouping writes it. ``distinct``: no two rows are equal (a
+    snapshot of a table with a primary key), so no sum has more than one term."""
+    if distinct:
+        sums = int_column(rows, "_diff")
+        out = rows.select([*data, "_lsn"])
+    else:
+        keys = [rows.column(n) for n in [*data, "_lsn"]]
+        ids = group_ids(keys, rows.num_rows)
+        groups, first = np.unique(ids, return_index=True)
+        sums = sum_by(ids, len(groups), int_column(rows, "_diff"))
+        out = rows.select([*data, "_lsn"]).take(pa.array(first, pa.int64()))
     for i, f in enumerate(out.schema):
         if pa.types.is_floating(f.type):  # Spark's grouping writes -0.0 as 0.0
             column = out.column(i)
             zero = pc.fill_null(pc.equal(column, pa.scalar(0, f.type)), False)
             out = out.set_column(i, f, pc.if_else(zero, pa.scalar(0, f.type), column))
     out = out.append_column("_diff", pa.array(sums, pa.int64()))
-    out = out.append_column("_run", pa.array(np.full(len(groups), run, np.int64)))
+    out = out.append_column("_run", pa.array(np.full(len(sums), run, np.int64)))
     return out.filter(pa.array(sums != 0))

@@ -125,3 +125,69 @@ def test_an_incremental_run_needs_no_spark_and_gold_stays_exact(db, tmp_path):
     assert "public.orders" in verify.stdout and "public.events" in verify.stdout
     assert "verify: OK" in verify.stdout, verify.stdout
     assert "Traceback" not in driver.stderr + halfway.stderr + verify.stderr
+
+
+FIRST = """
+CREATE TABLE items (id bigint PRIMARY KEY, "Name" text, price numeric(10,2), at timestamptz);
+INSERT INTO items SELECT g, 'item ' || g, g * 0.5, '2026-01-01'::timestamptz + g * interval '1 h'
+FROM generate_series(1, 300) g;
+CREATE TABLE tags (item bigint, tag text);
+INSERT INTO tags SELECT g % 50, 't' || (g % 7) FROM generate_series(1, 120) g;
+"""
+
+
+@pytest.mark.skipif(
+    os.environ.get("PGMEDALLION_LAKEHOUSE_ENGINE") == "spark",
+    reason="Spark commits every table on this engine",
+)
+def test_a_first_run_needs_no_spark_and_the_catalog_learns_its_tables_later(db, tmp_path):
+    """The first run creates every table with delta-rs (no JVM: JAVA_HOME points nowhere).
+    The first command that starts Spark puts them in the catalog, gold's ``_lag`` view too;
+    SQL reads them, and a resync and a table dropped at the source, which drop and create
+    tables through Spark, leave gold exact."""
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute(FIRST)
+        conn.execute("CREATE PUBLICATION first_pub FOR TABLE items, tags")
+    config = tmp_path / "pgmedallion.toml"
+    config.write_text(source_config(db, "first", tmp_path / "state"))
+    env = dict(os.environ, FIRST_PW=db["password"], PYTHONPATH=str(REPO))
+    no_java = dict(env, JAVA_HOME=str(tmp_path / "no-java-here"))
+
+    first = _run(config, no_java, "run")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "starting Spark" not in first.stderr, first.stderr
+    assert "gold: public.items: 300 rows" in first.stdout, first.stdout
+    assert "gold: public.tags: 120 rows" in first.stdout, first.stdout
+    silver = tmp_path / "state" / "warehouse" / "pgm_silver.db"
+    assert sorted(p.name for p in silver.glob(".pgmedallion-register-*")), "nothing to register"
+
+    query = (
+        "SELECT (SELECT count(*) FROM pgm_gold.public_items) AS items, "
+        "(SELECT sum(price) FROM pgm_gold.public_items) AS total, "
+        "(SELECT count(*) FROM pgm_gold._lag) AS lagged, "
+        "(SELECT count(*) FROM pgm_silver._progress) AS runs"
+    )
+    sql = _run(config, env, "sql", query)
+    assert sql.returncode == 0, sql.stdout + sql.stderr
+    assert "registered in the catalog" in sql.stderr, sql.stderr
+    row = sql.stdout.split("\n")
+    assert any("300" in line and "22575.00" in line for line in row), sql.stdout
+    assert not list(silver.glob(".pgmedallion-register-*"))
+
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("UPDATE items SET price = price + 1 WHERE id <= 10")
+        conn.execute("DELETE FROM tags WHERE item = 3")
+    resync = _run(config, env, "run", "--resync", "public.items")
+    assert resync.returncode == 0, resync.stdout + resync.stderr
+    assert "gold: public.items: 300 rows" in resync.stdout, resync.stdout
+
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("ALTER PUBLICATION first_pub DROP TABLE tags")
+        conn.execute("DROP TABLE tags")
+        conn.execute("INSERT INTO items VALUES (301, 'new', 1.00, now())")
+    after = _run(config, env, "run")
+    assert after.returncode == 0, after.stdout + after.stderr
+    verify = _run(config, env, "verify")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "verify: OK" in verify.stdout, verify.stdout
+    assert "Traceback" not in first.stderr + sql.stderr + resync.stderr + verify.stderr
