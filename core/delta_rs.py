@@ -431,6 +431,12 @@ def creation_leftover(path: Path) -> bool:
 _REGISTER = ".pgmedallion-register-"
 
 
+def waiting_for_catalog(where: str) -> bool:
+    """Whether the schema directory ``where`` holds tables :func:`create_unregistered` made
+    that the catalog does not know yet."""
+    return any(Path(where).glob(_REGISTER + "*"))
+
+
 def _register_marker(path: Path) -> Path:
     return path.parent / (_REGISTER + path.name)
 
@@ -464,50 +470,72 @@ def create_unregistered(
     return str(path)
 
 
-_LEGACY_WRITER_FEATURES = [
-    "checkConstraints",
-    "generatedColumns",
-    "invariants",
-    "changeDataFeed",
-    "appendOnly",
-]
-"""What writer version 7 lists for the features versions 2-5 implied, as Spark lists them."""
+def _timestamp_ntz(t: pa.DataType) -> bool:
+    """Whether ``t`` is or holds a timestamp without time zone (Delta's ``timestamp_ntz``)."""
+    if pa.types.is_timestamp(t):
+        return t.tz is None
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _timestamp_ntz(t.value_type)
+    if pa.types.is_struct(t):
+        return any(_timestamp_ntz(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_map(t):
+        return _timestamp_ntz(t.key_type) or _timestamp_ntz(t.item_type)
+    return False
+
+
+def spark_protocol(columns: pa.Schema, configuration: Mapping[str, str]) -> dict:
+    """The protocol Spark gives a new table of ``columns`` with ``configuration``: versions
+    (1, 2), or (2, 5) with column mapping; with deletion vectors or a ``timestamp_ntz`` column,
+    (3, 7) and table features, the writer's listing those that versions 2-5 implied."""
+    mapped = configuration.get("delta.columnMapping.mode", "none") != "none"
+    vectors = configuration.get("delta.enableDeletionVectors") == "true"
+    ntz = any(_timestamp_ntz(f.type) for f in columns)
+    if not (vectors or ntz):
+        return {"minReaderVersion": 2 if mapped else 1, "minWriterVersion": 5 if mapped else 2}
+    legacy = ["invariants", "appendOnly"]
+    if mapped:
+        legacy = [
+            "checkConstraints",
+            "generatedColumns",
+            *legacy,
+            "changeDataFeed",
+            "columnMapping",
+        ]
+    own = ["deletionVectors"] if vectors else []
+    return {
+        "minReaderVersion": 3,
+        "minWriterVersion": 7,
+        "readerFeatures": [
+            *own,
+            *(["columnMapping"] if mapped else []),
+            *(["timestampNtz"] if ntz else []),
+        ],
+        "writerFeatures": [*own, *legacy, *(["timestampNtz"] if ntz else [])],
+    }
 
 
 def _create(path: Path, columns: pa.Schema, configuration: Mapping[str, str]) -> None:
     """The empty Delta table at ``path`` as Spark creates it with ``configuration``: delta-rs
-    writes the first commit (column mapping's physical names and ids included); with deletion
-    vectors, the protocol is then written as Spark writes it (delta-rs 1.x leaves
-    ``columnMapping`` out of the table features it lists, which Spark then refuses:
-    ``DELTA_FEATURES_PROTOCOL_METADATA_MISMATCH``)."""
+    writes the first commit (column mapping's physical names and ids), and its protocol is
+    then written as Spark writes it (:func:`spark_protocol`). delta-rs 1.x lists other table
+    features: without ``columnMapping`` beside deletion vectors or ``timestampNtz``, which
+    Spark refuses (``DELTA_FEATURES_PROTOCOL_METADATA_MISMATCH``)."""
     config = {
         k: v
         for k, v in configuration.items()
         if k not in ("delta.minReaderVersion", "delta.minWriterVersion")
     }
-    if config.get("delta.enableDeletionVectors") != "true":
-        DeltaTable.create(str(path), columns, mode="ignore", configuration=config)
-        return
-    del config["delta.enableDeletionVectors"]
-    mapped = config.get("delta.columnMapping.mode", "none") != "none"
+    protocol = spark_protocol(columns, config)
+    vectors = config.pop("delta.enableDeletionVectors", None)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".creating-") as scratch:
         DeltaTable.create(scratch, columns, configuration=config)
         first = Path(scratch) / "_delta_log" / f"{0:020d}.json"
         actions = [json.loads(line) for line in first.read_text().splitlines() if line]
         for action in actions:
             if "protocol" in action:
-                action["protocol"] = {
-                    "minReaderVersion": 3,
-                    "minWriterVersion": 7,
-                    "readerFeatures": ["deletionVectors", *(["columnMapping"] if mapped else [])],
-                    "writerFeatures": [
-                        "deletionVectors",
-                        *_LEGACY_WRITER_FEATURES,
-                        *(["columnMapping"] if mapped else []),
-                    ],
-                }
-            if "metaData" in action:
-                action["metaData"]["configuration"]["delta.enableDeletionVectors"] = "true"
+                action["protocol"] = protocol
+            if "metaData" in action and vectors is not None:
+                action["metaData"]["configuration"]["delta.enableDeletionVectors"] = vectors
         log_dir = path / "_delta_log"
         log_dir.mkdir(parents=True, exist_ok=True)
         written = Path(scratch) / "commit.json"

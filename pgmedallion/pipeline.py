@@ -58,6 +58,17 @@ def ensure_schemas(spark: SparkSession, cfg: Config) -> None:
     register_created(spark, cfg)
 
 
+def unregistered_tables(cfg: Config) -> bool:
+    """Whether a run made tables before Spark started that the catalog does not know yet."""
+    from pgmedallion.core import delta_rs
+
+    for layer in ("silver", "gold"):
+        path = cfg.local_table_path(layer, "x")
+        if path is not None and delta_rs.waiting_for_catalog(str(Path(path).parent)):
+            return True
+    return False
+
+
 def register_created(spark: SparkSession, cfg: Config) -> None:
     """Silver's and gold's tables that a run made before Spark started (delta-rs, where the
     catalog keeps its managed tables: ``core.delta_rs.create_unregistered``) put in the
@@ -316,6 +327,8 @@ def run_stages(
 
                 if session is None and isinstance(spark, SparkStarter) and spark.background:
                     session = spark()  # started in the background: end it too
+                if session is None and unregistered_tables(cfg):
+                    lakehouse()  # the marts read gold by name: put in the catalog first
                 stop_local_spark()
                 session, ready = None, False
                 result.marts = run_marts(cfg)

@@ -132,6 +132,7 @@ CREATE TABLE items (id bigint PRIMARY KEY, "Name" text, price numeric(10,2), at 
 INSERT INTO items SELECT g, 'item ' || g, g * 0.5, '2026-01-01'::timestamptz + g * interval '1 h'
 FROM generate_series(1, 300) g;
 CREATE TABLE tags (item bigint, tag text);
+ALTER TABLE tags REPLICA IDENTITY FULL;
 INSERT INTO tags SELECT g % 50, 't' || (g % 7) FROM generate_series(1, 120) g;
 """
 
