@@ -192,10 +192,31 @@ def _bytea(texts: pa.Array) -> pa.Array:
     return pa.array(out, pa.binary())
 
 
-def _written_back(values: pa.Array) -> pa.Array:
-    """A timestamp's text as PostgreSQL writes it (trailing zeros of the fraction dropped)."""
-    text = pc.strftime(values, "%Y-%m-%d %H:%M:%S")  # seconds with six decimals
-    return pc.replace_substring_regex(text, r"\.?0+$", "")
+_WRITTEN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}( [0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{0,5}[1-9])?)?$"
+"""A date or timestamp as PostgreSQL writes it: its fields at their places, no trailing zero
+in a fraction of a second."""
+
+
+def _written_back(values: pa.Array, texts: pa.Array) -> pa.Array:
+    """Whether each of ``texts`` is what PostgreSQL writes for the date or timestamp parsed from
+    it (``values``): written as it writes them (:data:`_WRITTEN`) with each field that value's.
+    Compared field by field: formatting 4M timestamps back to text took 4 s."""
+
+    def field(start: int, stop: int) -> pa.Array:
+        return pc.cast(pc.utf8_slice_codeunits(texts, start, stop), pa.int64())
+
+    same = pc.match_substring_regex(texts, _WRITTEN)
+    parts = [(pc.year, 0, 4), (pc.month, 5, 7), (pc.day, 8, 10)]
+    if pa.types.is_timestamp(values.type):
+        parts += [(pc.hour, 11, 13), (pc.minute, 14, 16), (pc.second, 17, 19)]
+    texts = _where(same, texts)
+    for part, start, stop in parts:
+        same = pc.and_(same, pc.equal(part(values), field(start, stop)))
+    if pa.types.is_timestamp(values.type):
+        digits = pc.utf8_rpad(pc.utf8_slice_codeunits(texts, 20, 26), 6, "0")
+        micros = pc.add(pc.multiply(pc.millisecond(values), 1000), pc.microsecond(values))
+        same = pc.and_(same, pc.equal(micros, pc.cast(digits, pa.int64())))
+    return pc.fill_null(same, False)
 
 
 def _timestamp(target: pa.DataType, suffix: str | None) -> ArrowPlain:
@@ -208,7 +229,7 @@ def _timestamp(target: pa.DataType, suffix: str | None) -> ArrowPlain:
         parsed = _cast(candidates, pa.timestamp("us"))
         if parsed is None:
             return _nulls(len(texts), target)
-        same = pc.fill_null(pc.equal(_written_back(parsed), local), False)
+        same = _written_back(parsed, local)
         typed = parsed if suffix is None else pc.assume_timezone(parsed, "UTC")
         return pc.if_else(same, typed.cast(target), pa.scalar(None, target))
 
@@ -220,7 +241,7 @@ def _date(texts: pa.Array) -> pa.Array:
     parsed = _cast(candidates, pa.date32())
     if parsed is None:
         return _nulls(len(texts), pa.date32())
-    same = pc.fill_null(pc.equal(pc.strftime(parsed, "%Y-%m-%d"), texts), False)
+    same = _written_back(parsed, texts)
     return pc.if_else(same, parsed, pa.scalar(None, pa.date32()))
 
 
@@ -268,16 +289,11 @@ def plain_cast_arrow(
     unsettled = ~pc.fill_null(pc.is_valid(values), False).to_numpy(zero_copy_only=False)
     sizes = pc.fill_null(pc.list_value_length(values), 0).to_numpy(zero_copy_only=False)
     unsettled |= sizes < len(columns)
+    if rows and unsettled.any():  # rows short of values are unsettled: read none of theirs
+        values = pc.if_else(pa.array(~unsettled), values, pa.scalar(None, values.type))
     typed: list[pa.Array] = []
     for position, ((_, t), cast) in enumerate(zip(columns, casts, strict=True)):
-        texts = (
-            pc.list_element(
-                pc.if_else(pa.array(sizes > position), values, pa.scalar(None, values.type)),
-                position,
-            )
-            if rows
-            else pa.array([], pa.string())
-        )
+        texts = pc.list_element(values, position) if rows else pa.array([], pa.string())
         texts = texts.cast(pa.string())
         value = cast(texts)
         failed = pc.and_(pc.is_valid(texts), pc.is_null(value))
