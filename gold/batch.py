@@ -38,6 +38,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -220,7 +221,8 @@ def _all_pass(item: _Item) -> tuple[pa.Table, list] | None:
         check = rule.check if isinstance(rule, Rule) else None
         if check is None or not check.passes(rows).all():
             return None
-    empty = pa.array([[] for _ in range(rows.num_rows)], pa.list_(pa.string()))
+    offsets = pa.array(np.zeros(rows.num_rows + 1, np.int32))  # an empty list per row
+    empty = pa.ListArray.from_arrays(offsets, pa.array([], pa.string()))
     return rows.append_column(RULES, empty), [None] * rows.num_rows
 
 

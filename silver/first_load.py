@@ -67,40 +67,40 @@ def copy_values(payloads: pa.Array, width: int) -> pa.Array | None:
     """COPY TEXT payloads (each a chunk of rows ended by newlines) -> one ``list<string>`` of
     ``width`` values per row, decoded as ``capture.copy_text.decode_copy_row`` decodes them
     (the lines with escapes other than one-character ones go to it); None when a payload is
-    not UTF-8, or a line is not valid COPY TEXT or has another number of fields (the per-table
-    path then writes its error records)."""
-    empty = pa.array([], pa.list_(pa.string()))
-    try:
-        text = payloads.cast(pa.string())
+    not UTF-8 or does not end with a newline, or a line is not valid COPY TEXT or has another
+    number of fields (the per-table path then writes its error records)."""
+    raw = payloads.filter(pc.greater(pc.binary_length(payloads), 0))
+    if len(raw) == 0:
+        return pa.array([], pa.list_(pa.string()))
+    if width == 0 or not pc.all(pc.ends_with(raw, b"\n")).as_py():
+        return None
+    try:  # each payload without its last newline: the lines are then all the pieces
+        body = pc.binary_slice(raw, 0, -1).cast(pa.string())
     except pa.ArrowInvalid:
         return None
-    pieces = pc.split_pattern(text, "\n")
-    flat = pc.list_flatten(pieces)
-    # each payload ends with a newline: the empty piece after it is no row
-    lengths = pc.list_value_length(pieces).to_numpy(zero_copy_only=False)
-    last = np.zeros(len(flat), bool)
-    last[np.cumsum(lengths)[lengths > 0] - 1] = True
-    lines = flat.filter(pa.array(~(last & (pc.equal(flat, "").to_numpy(zero_copy_only=False)))))
-    if len(lines) == 0:
-        return empty
-    if width == 0:
-        return None
+    lines = pc.list_flatten(pc.split_pattern(body, "\n"))
     fields = pc.split_pattern(lines, "\t")
-    counts = pc.list_value_length(fields)
-    if pc.min(counts).as_py() != width or pc.max(counts).as_py() != width:
+    fewest, most = pc.min_max(pc.list_value_length(fields)).values()
+    if fewest.as_py() != width or most.as_py() != width:
         return None  # an escaped tab splits wrong too: the per-table path decides
     texts = pc.list_flatten(fields)
-    null = pc.equal(texts, _NULL)
-    escaped = pc.and_(pc.match_substring(texts, "\\"), pc.invert(null))
-    simple = pc.match_substring_regex(texts, _SIMPLE)
-    # a field with another escape: its line goes to the reference decoder
-    hard = pc.and_(escaped, pc.invert(simple)).to_numpy(zero_copy_only=False)
-    odd = hard.reshape(-1, width).any(axis=1)
-    if escaped.to_numpy(zero_copy_only=False).any():
-        texts = pc.if_else(escaped, _unescaped(texts), texts)
-    offsets = pa.array(np.arange(0, len(lines) * width + 1, width, dtype=np.int32))
+    null = pc.equal(texts, _NULL).to_numpy(zero_copy_only=False)
+    odd = np.zeros(len(lines), bool)
+    escaping = pc.match_substring(lines, "\\").to_numpy(zero_copy_only=False)
+    if escaping.any():  # only the fields of lines with a backslash can hold an escape
+        candidates = (np.flatnonzero(escaping)[:, None] * width + np.arange(width)).ravel()
+        inside = pc.match_substring(texts.take(candidates), "\\").to_numpy(zero_copy_only=False)
+        escaped = candidates[inside & ~null[candidates]]
+        found = texts.take(escaped)
+        simple = pc.match_substring_regex(found, _SIMPLE).to_numpy(zero_copy_only=False)
+        # a field with another escape: its line goes to the reference decoder
+        odd[escaped[~simple] // width] = True
+        mask = np.zeros(len(texts), bool)
+        mask[escaped[simple]] = True
+        texts = pc.replace_with_mask(texts, pa.array(mask), _unescaped(found.filter(simple)))
     values = pa.ListArray.from_arrays(
-        offsets, pc.if_else(null, pa.scalar(None, pa.string()), texts)
+        pa.array(np.arange(0, len(lines) * width + 1, width, dtype=np.int32)),
+        _with_nulls(texts, null),
     )
     if not odd.any():
         return values
@@ -111,6 +111,20 @@ def copy_values(payloads: pa.Array, width: int) -> pa.Array | None:
         except CopyDecodeError:
             return None
     return pa.concat_arrays([values.filter(pa.array(~odd)), pa.array(decoded, values.type)])
+
+
+def _with_nulls(texts: pa.Array, null: np.ndarray) -> pa.Array:
+    """``texts`` with NULL where ``null`` holds, its text buffers shared (no copy of 4M
+    strings to drop the NULL markers)."""
+    texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+    valid = np.concatenate([np.zeros(texts.offset, bool), ~null])
+    if texts.null_count:
+        valid[texts.offset :] &= pc.is_valid(texts).to_numpy(zero_copy_only=False)
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    _, offsets, data = texts.buffers()
+    return pa.Array.from_buffers(
+        pa.string(), len(texts), [bitmap, offsets, data], offset=texts.offset
+    )
 
 
 def diff_schema(info: TableInfo) -> T.StructType:
