@@ -272,9 +272,10 @@ class LakehouseConfig:
     """Silver batches a table into a few shared Spark jobs when its run holds at most this many
     changes (a 1% update of a 4M-row table: 40,000)."""
     driver_rows: int = 4_000_000
-    """Gold builds a local table in full in the driver (Arrow, delta-rs) when silver holds at
-    most this many rows (about 2 GB of driver memory for 4M rows of eight columns); a larger
-    one is built by Spark, a bucket of keys at a time."""
+    """Silver takes a local table's first snapshot in the driver (``silver/first_load.py``), and
+    gold builds a local table in full there (Arrow, delta-rs), up to this many rows (a first
+    load of 4M rows of eight columns peaked at 4.7 GB); a larger one goes through Spark, gold's
+    a bucket of keys at a time."""
 
 
 ENGINES = ("auto", "delta-rs", "spark")

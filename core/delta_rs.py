@@ -557,11 +557,12 @@ def register_created(spark, schema: str, qualify) -> list[str]:
     for marker in sorted(Path(where).glob(_REGISTER + "*")):
         name = marker.name[len(_REGISTER) :]
         path = Path(where) / name
-        if (path / "_delta_log").is_dir():
-            location = str(path).replace("\\", "\\\\").replace("'", "\\'")
-            table = qualify(name)
-            spark.sql(f"CREATE TABLE IF NOT EXISTS {table} USING DELTA LOCATION '{location}'")
-            done.append(name)
+        if not (path / "_delta_log").is_dir():
+            continue  # being created by a run right now (or never will be): its note stays
+        location = str(path).replace("\\", "\\\\").replace("'", "\\'")
+        table = qualify(name)
+        spark.sql(f"CREATE TABLE IF NOT EXISTS {table} USING DELTA LOCATION '{location}'")
+        done.append(name)
         marker.unlink(missing_ok=True)
     if done:
         log.info("registered in the catalog: %s", ", ".join(f"{schema}.{n}" for n in done))

@@ -317,6 +317,11 @@ def cmd_sql(config: Config, args: argparse.Namespace) -> int:
     from pgmedallion.status import print_query
 
     spark = open_lakehouse(config)
+    from pyspark.logger import PySparkLogger
+
+    # PySpark logs a failed query's error as a JSON record with the JVM's stack trace; the
+    # error is the user's query, said in one line below
+    PySparkLogger.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     try:
         print_query(spark, config, args.query, limit=args.limit)
     except Exception as e:  # an analysis or parse error is the user's query, not a crash

@@ -72,6 +72,18 @@ INSERT INTO events SELECT 'k1', at, n FROM events WHERE kind = 'k1' LIMIT 3;
 """
 
 
+def _lakehouse(db: dict, tmp_path: Path, name: str, schema: str, tables: str):
+    """``schema`` made in the test database and published (``tables``) as source ``name``:
+    the config file, the environment of a run, and the same with ``JAVA_HOME`` nowhere."""
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute(schema)
+        conn.execute(f"CREATE PUBLICATION {name}_pub FOR TABLE {tables}")
+    config = tmp_path / "pgmedallion.toml"
+    config.write_text(source_config(db, name, tmp_path / "state"))
+    env = dict(os.environ, **{f"{name.upper()}_PW": db["password"]}, PYTHONPATH=str(REPO))
+    return config, env, dict(env, JAVA_HOME=str(tmp_path / "no-java-here"))
+
+
 def _run(config: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pgmedallion.cli", "-c", str(config), *args],
@@ -88,13 +100,7 @@ def _run(config: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
     reason="Spark commits every table on this engine",
 )
 def test_an_incremental_run_needs_no_spark_and_gold_stays_exact(db, tmp_path):
-    with psycopg.connect(**db, autocommit=True) as conn:
-        conn.execute(SCHEMA)
-        conn.execute("CREATE PUBLICATION lazy_pub FOR TABLE orders, events, spans")
-    config = tmp_path / "pgmedallion.toml"
-    config.write_text(source_config(db, "lazy", tmp_path / "state"))
-    env = dict(os.environ, LAZY_PW=db["password"], PYTHONPATH=str(REPO))
-    no_java = dict(env, JAVA_HOME=str(tmp_path / "no-java-here"))
+    config, env, no_java = _lakehouse(db, tmp_path, "lazy", SCHEMA, "orders, events, spans")
 
     first = _run(config, env, "run")
     assert first.returncode == 0, first.stdout + first.stderr
@@ -146,13 +152,7 @@ def test_a_first_run_needs_no_spark_and_the_catalog_learns_its_tables_later(db, 
     The first command that starts Spark puts them in the catalog, gold's ``_lag`` view too;
     SQL reads them, and a resync and a table dropped at the source, which drop and create
     tables through Spark, leave gold exact."""
-    with psycopg.connect(**db, autocommit=True) as conn:
-        conn.execute(FIRST)
-        conn.execute("CREATE PUBLICATION first_pub FOR TABLE items, tags")
-    config = tmp_path / "pgmedallion.toml"
-    config.write_text(source_config(db, "first", tmp_path / "state"))
-    env = dict(os.environ, FIRST_PW=db["password"], PYTHONPATH=str(REPO))
-    no_java = dict(env, JAVA_HOME=str(tmp_path / "no-java-here"))
+    config, env, no_java = _lakehouse(db, tmp_path, "first", FIRST, "items, tags")
 
     first = _run(config, no_java, "run")
     assert first.returncode == 0, first.stdout + first.stderr
@@ -174,6 +174,10 @@ def test_a_first_run_needs_no_spark_and_the_catalog_learns_its_tables_later(db, 
     row = sql.stdout.split("\n")
     assert any("300" in line and "22575.00" in line for line in row), sql.stdout
     assert not list(silver.glob(".pgmedallion-register-*"))
+    wrong = _run(config, env, "sql", "SELECT no_such_column FROM pgm_gold.public_items")
+    assert wrong.returncode == 1, wrong.stdout + wrong.stderr
+    assert "sql error: [UNRESOLVED_COLUMN" in wrong.stderr, wrong.stderr
+    assert "SQLQueryContextLogger" not in wrong.stderr and "\tat org." not in wrong.stderr
 
     with psycopg.connect(**db, autocommit=True) as conn:
         conn.execute("UPDATE items SET price = price + 1 WHERE id <= 10")
