@@ -546,6 +546,19 @@ def _create(path: Path, columns: pa.Schema, configuration: Mapping[str, str]) ->
             pass
 
 
+def create_layer_unregistered(spark, schema: str, tables: Mapping[str, object]) -> bool:
+    """Before Spark starts (a first run): a layer's own ``tables`` (name -> columns) created by
+    :func:`create_unregistered` and noted as ready (:func:`mark_ready`); False where that
+    cannot be, or some of them are there already (Spark creates or upgrades them)."""
+    if not unstarted(spark) or table_names(spark, schema) & set(tables):
+        return False
+    for name, columns in tables.items():
+        if create_unregistered(spark, schema, name, columns) is None:
+            return False
+    mark_ready(spark, schema, tables)
+    return True
+
+
 def register_created(spark, schema: str, qualify) -> list[str]:
     """The tables :func:`create_unregistered` made in ``schema`` (qualified) put in the
     catalog (``qualify(name)``: a table's qualified name), as Spark points it at a table that

@@ -105,15 +105,9 @@ def ensure_report_tables(spark: SparkSession, cfg: Config) -> None:
     current = {"_frontier": {"source_time"}, "_quality": set()}
     if delta_rs.local_tables_current(spark, cfg.schema("gold"), current):
         return
-    if unstarted(spark) and not delta_rs.table_names(spark, cfg.schema("gold")) & set(current):
-        schemas = {"_frontier": FRONTIER_SCHEMA, "_quality": QUALITY_SCHEMA}
-        made = [
-            delta_rs.create_unregistered(spark, cfg.schema("gold"), name, schema)
-            for name, schema in schemas.items()
-        ]
-        if all(made):  # a first run before Spark: put in the catalog when it starts
-            delta_rs.mark_ready(spark, cfg.schema("gold"), current)
-            return
+    schemas = {"_frontier": FRONTIER_SCHEMA, "_quality": QUALITY_SCHEMA}
+    if delta_rs.create_layer_unregistered(spark, cfg.schema("gold"), schemas):
+        return  # a first run before Spark: put in the catalog when it starts
     try:
         _ensure_report_tables(spark, cfg)
     except BaseException:

@@ -85,20 +85,6 @@ def register_created(spark: SparkSession, cfg: Config) -> None:
             ensure_lag_view(spark, cfg, delta_rs.table_names(spark, cfg.schema("gold")))
 
 
-def prepare_lakehouse(spark: SparkSession, cfg: Config) -> None:
-    """The catalog's schemas, silver's own tables and gold's report tables, as the stages
-    would create them (each idempotent, done once per application); bronze is registered only
-    where capture created it already (capture may be creating it while this runs)."""
-    from pgmedallion.gold.reports import ensure_report_tables
-    from pgmedallion.silver.contract import ensure_silver_tables
-
-    bronze = cfg.local_table_path("bronze", "bronze")
-    if bronze is not None and (Path(bronze) / "_delta_log").is_dir():
-        ensure_schemas(spark, cfg)
-    ensure_silver_tables(spark, cfg)
-    ensure_report_tables(spark, cfg)
-
-
 def open_lakehouse(cfg: Config) -> SparkSession:
     """The session for commands that read the lakehouse (status, sql, verify): a bronze table
     that a capture without Spark created is put in the catalog first."""
@@ -128,7 +114,7 @@ class SparkStarter:
     it (bronze is written by delta-rs), so silver finds it ready instead of waiting for the
     JVM after capture. Calling it waits for the session (and raises what starting raised)."""
 
-    def __init__(self, state_dir, background: bool = True, cfg: Config | None = None) -> None:
+    def __init__(self, state_dir, background: bool = True) -> None:
         from concurrent.futures import Future, ThreadPoolExecutor
 
         from pgmedallion.core.spark import get_spark
@@ -138,22 +124,9 @@ class SparkStarter:
         self._session: Future | None = None
         if background:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="spark-start")
-            self._session = self._pool.submit(self._start, get_spark, state_dir, cfg)
+            self._session = self._pool.submit(get_spark, state_dir)
             self._pool.shutdown(wait=False)
         self._get_spark = get_spark
-
-    @staticmethod
-    def _start(get_spark, state_dir, cfg: Config | None) -> SparkSession:
-        """The session, and (``cfg``) the catalog's schemas and layers' own tables created in
-        it while capture runs: a first run otherwise waits for that DDL after capture (about
-        8 s of a cold JVM's catalog calls)."""
-        spark = get_spark(state_dir)
-        if cfg is not None:
-            try:
-                prepare_lakehouse(spark, cfg)
-            except Exception as exc:  # idempotent: the stage that needs it does it again
-                log.debug("the lakehouse's tables were not prepared in the background: %s", exc)
-        return spark
 
     def __call__(self) -> SparkSession:
         if self._session is None:
@@ -217,8 +190,7 @@ def run(
         before = bronze_batch(cfg)
         quiet = not resync and stages != ("capture",) and lakehouse_current(cfg, before)
         if stages != ("capture",) and not quiet:
-            background = _needs_spark(cfg, resync)
-            later = SparkStarter(cfg.state_dir, background, cfg if background else None)
+            later = SparkStarter(cfg.state_dir, background=_needs_spark(cfg, resync))
     elif stages != ("marts",):
         spark = open_lakehouse(cfg)
     resynced = request_resync(spark, cfg, list(resync)) if resync else []

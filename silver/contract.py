@@ -16,7 +16,6 @@ from pyspark.sql import types as T
 
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
-from pgmedallion.core.session import unstarted
 from pgmedallion.core.spark import create_table, first_time, forget
 
 LSN, DIFF, RUN = "_lsn", "_diff", "_run"
@@ -176,20 +175,6 @@ def ensure_silver_tables(spark: SparkSession, cfg: Config) -> None:
     }
     if delta_rs.local_tables_current(spark, n.schema, current):
         return
-    if _create_unregistered(spark, n, current):
-        return
-    try:
-        _ensure(spark, n)
-    except BaseException:
-        forget(spark, n.progress)
-        raise
-    delta_rs.mark_ready(spark, n.schema, current)
-
-
-def _create_unregistered(spark: SparkSession, n: Names, current: dict[str, set[str]]) -> bool:
-    """Before Spark starts (a first run): silver's own tables created by delta-rs, to be put in
-    the catalog when it starts (``delta_rs.create_unregistered``); False where that cannot be,
-    or some of them are there already (Spark creates or upgrades them)."""
     ddls = {
         "_tables": TABLES_DDL,
         "_errors": ERRORS_DDL,
@@ -198,13 +183,15 @@ def _create_unregistered(spark: SparkSession, n: Names, current: dict[str, set[s
         "_relations": RELATIONS_DDL,
         "_adjustments": ADJUSTMENTS_DDL,
     }
-    if not unstarted(spark) or delta_rs.table_names(spark, n.schema) & set(ddls):
-        return False
-    for name, ddl in ddls.items():
-        if delta_rs.create_unregistered(spark, n.schema, name, delta_rs.arrow_columns(ddl)) is None:
-            return False
+    columns = {name: delta_rs.arrow_columns(ddl) for name, ddl in ddls.items()}
+    if delta_rs.create_layer_unregistered(spark, n.schema, columns):
+        return  # a first run before Spark: put in the catalog when it starts
+    try:
+        _ensure(spark, n)
+    except BaseException:
+        forget(spark, n.progress)
+        raise
     delta_rs.mark_ready(spark, n.schema, current)
-    return True
 
 
 def _ensure(spark: SparkSession, n: Names) -> None:
