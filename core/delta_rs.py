@@ -735,11 +735,11 @@ def query(path: str, sql: str) -> pa.Table:
     """The answer of DataFusion SQL ``sql`` over the table at ``path`` (named ``t``)."""
     reader = QueryBuilder().register("t", open_table(path)).execute(sql)
     table = pa.RecordBatchReader.from_stream(reader).read_all()
-    plain = pa.schema([f.with_type(_plain(f.type)) for f in table.schema])
+    plain = pa.schema([f.with_type(plain_type(f.type)) for f in table.schema])
     return table if plain == table.schema else table.cast(plain)
 
 
-def _plain(t: pa.DataType) -> pa.DataType:
+def plain_type(t: pa.DataType) -> pa.DataType:
     """``t`` with views as the plain types (DataFusion answers strings as ``string_view``,
     which not every Arrow kernel, nor Spark, takes)."""
     if pa.types.is_string_view(t):
@@ -747,11 +747,11 @@ def _plain(t: pa.DataType) -> pa.DataType:
     if pa.types.is_binary_view(t):
         return pa.binary()
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
-        return pa.list_(t.value_field.with_type(_plain(t.value_type)))
+        return pa.list_(t.value_field.with_type(plain_type(t.value_type)))
     if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_plain(f.type)) for f in t])
+        return pa.struct([f.with_type(plain_type(f.type)) for f in t])
     if pa.types.is_map(t):
-        return pa.map_(_plain(t.key_type), t.item_field.with_type(_plain(t.item_type)))
+        return pa.map_(plain_type(t.key_type), t.item_field.with_type(plain_type(t.item_type)))
     return t
 
 

@@ -13,7 +13,7 @@ must be Spark's, the rule conditions (Spark SQL), in one job per
               failing row, its JSON sample, as ``count_rules`` writes it
     judge     ``judge`` and ``tallies``
     merge     ``merge_operations`` (or ``gold_rows`` for a full build) and delta-rs' MERGE
-              with gold's tag and idempotency record (``merge_arrow``)
+              or one by deletion vectors, with gold's tag and idempotency record
 
 The rules are the functions a large table's build applies bucket by bucket in Spark
 (``gold.on_spark``): one definition, two places to run it.
@@ -21,14 +21,21 @@ The rules are the functions a large table's build applies bucket by bucket in Sp
 What qualifies: an incremental build of a table whose gold and silver tables are local, with
 gold's columns as silver's, no quarantine table, and no map column, when the table has at most
 ``[lakehouse] small_table_rows`` rows, or when its run brings at most that many diffs and its
-key has an integer column: then only the gold rows those diffs can touch are read (the key's
-integer columns narrow delta-rs' read by value lists or ranges; ``old_state`` still picks the
-touched keys' rows exactly), and delta-rs' MERGE rewrites the files holding them. A large
-table's run with more diffs goes the per-table path. A full build qualifies when silver's
-table has at most ``[lakehouse] driver_rows`` rows (a first build of a large table is faster
-here than in Spark's buckets: 1M rows). A table whose new state sends a row to quarantine goes
-back to the per-table path (which writes the quarantine) before anything is written, and so
-does one whose MERGE delta-rs refuses.
+key can find them. Then only the gold rows those diffs can touch are read:
+
+- a primary key of integer, text, date, timestamp, decimal or boolean columns finds them
+  file by file (``core.deletion_vectors.locate``: each file's key columns joined to the
+  touched keys), and the MERGE deletes them by deletion vector and appends the new rows
+  (``merge_by_vectors``) instead of rewriting every file that holds one;
+- otherwise the key's integer columns narrow delta-rs' read by value lists or ranges
+  (``old_state`` still picks the touched keys' rows exactly), and delta-rs' MERGE rewrites
+  the files holding them.
+
+A large table's run with more diffs goes the per-table path. A full build qualifies when
+silver's table has at most ``[lakehouse] driver_rows`` rows (a first build of a large table is
+faster here than in Spark's buckets: 1M rows). A table whose new state sends a row to
+quarantine goes back to the per-table path (which writes the quarantine) before anything is
+written, and so does one whose MERGE delta-rs refuses.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pgmedallion.core import delta_rs, engine, packed
+from pgmedallion.core import deletion_vectors, delta_rs, engine, packed
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.naming import quote
 from pgmedallion.core.parallel import concurrently
@@ -56,7 +63,7 @@ from pgmedallion.gold.quality import NO_DEFINITE_ERRORS, QualityRecord, Rule
 from pgmedallion.gold.reports import summary_record
 from pgmedallion.gold.state import DIFF, KEY_ROWS, LSN, MULT, OP, RULES
 from pgmedallion.gold.table import build_mode, ensure_gold, outcome
-from pgmedallion.gold.table_io import gold_schema, merge_arrow
+from pgmedallion.gold.table_io import gold_schema, merge_arrow, merge_by_vectors
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +93,9 @@ class _Item:
     old_rows: int = 0
     arrow: pa.Schema | None = None
     """Gold's columns and ``_lsn`` as Arrow."""
+    located: deletion_vectors.Located | None = None
+    """A large table's gold rows of the touched keys, where they are (its MERGE then deletes
+    them by deletion vector)."""
 
 
 def _has_map(t: T.DataType) -> bool:
@@ -120,7 +130,9 @@ def qualifies(t: Table, exists: bool) -> _Item | None:
     if applied is not None and t.silver_run <= applied.silver_run:
         return None  # no idempotency record to commit under
     mode = build_mode(t, applied)
-    if mode == "incremental" and (applied.rows <= delta_rs.small_rows() or _narrowing_columns(t)):
+    if mode == "incremental" and (
+        applied.rows <= delta_rs.small_rows() or _narrowing_columns(t) or _locatable(t)
+    ):
         return _Item(t, applied, mode, exists)
     quarantine = str(Path(t.path).parent / (t.info.silver_table + "__quarantine").lower())
     most = engine.current().driver_rows
@@ -154,7 +166,18 @@ def _state(item: _Item) -> None:
         raise _TooLarge(f"more than {most} diffs into {item.applied.rows} rows")
     parts = ["TRUE"] if item.mode == "incremental" else ["FALSE"]  # a full build reads none
     gold = None
-    if large:
+    if large and t.keyed:
+        try:
+            item.located = deletion_vectors.locate(
+                t.path, updates.select(t.key), [*names, LSN], most
+            )
+        except deletion_vectors.Unsupported as reason:
+            log.debug("%s: gold rows by narrowed reads (%s)", t.gold, reason)
+        else:
+            if item.located is None:
+                raise _TooLarge(f"more than {most} gold rows to read for {updates.num_rows} diffs")
+            gold = item.located.rows
+    if large and gold is None:
         parts = delta_rs.narrowings({k: updates.column(k) for k in _narrowing_columns(t)})
         gold = delta_rs.read_at_most(t.path, [*names, LSN], None, parts, most)
         if gold is None:
@@ -183,6 +206,16 @@ def _narrowing_columns(t: Table) -> list[str]:
     """The key's integer columns (every column is the key of a table without one)."""
     types = {f.name: f.dataType for f in t.columns}
     return [k for k in t.key if isinstance(types.get(k), _INTEGERS)]
+
+
+_LOCATABLE = (*_INTEGERS, T.StringType, T.DateType, T.TimestampType, T.DecimalType, T.BooleanType)
+
+
+def _locatable(t: Table) -> bool:
+    """Whether a large table's touched keys' rows are found by their key columns' values
+    (``deletion_vectors.locate``: a primary key of types a hash join takes exactly)."""
+    types = {f.name: f.dataType for f in t.columns}
+    return t.keyed and all(isinstance(types.get(k), _LOCATABLE) for k in t.key)
 
 
 def _nullable(schema: pa.Schema) -> pa.Schema:
@@ -351,7 +384,9 @@ def _finish(item: _Item, checked: pa.Table, samples: list) -> TableOutcome | Non
     if full:
         tag = {"userMetadata": json.dumps({TAG: meta})}
         delta_rs.append(t.path, data, t.app_id, t.silver_run, tag, mode="overwrite")
-    elif not merge_arrow(t, data, meta, t.silver_run):
+    elif not (
+        item.located is not None and merge_by_vectors(t, item.located, data, meta, t.silver_run)
+    ) and not merge_arrow(t, data, meta, t.silver_run):
         return None
     failpoint("gold.after_table")
     now = Applied(

@@ -13,11 +13,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pgmedallion.core import delta_rs
+from pgmedallion.core import deletion_vectors, delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.core.naming import COLUMN_MAPPING, quote
 from pgmedallion.core.spark import create_table as create_managed
@@ -180,6 +181,32 @@ def merge_gold_delta_rs(
     if delta_rs.done(delta_rs.open_table(t.path), t.app_id, version):
         return True
     return merge_arrow(t, ops.toArrow(), metadata, version)
+
+
+def merge_by_vectors(
+    t: Table, located: deletion_vectors.Located, source: pa.Table, metadata: dict, version: int
+) -> bool:
+    """:func:`merge_arrow`'s MERGE written as Spark writes it on a table with deletion vectors:
+    the gold rows ``located`` read whose key a ``delete`` or ``upsert`` source row names are
+    deleted by deletion vector, the ``upsert`` and ``insert`` rows appended, in one commit
+    (``core.deletion_vectors``). ``located`` holds every gold row of the source's keys. False,
+    having written nothing, when the table cannot take it or was written since it was read
+    (then :func:`merge_arrow`)."""
+    table = delta_rs.open_table(t.path)
+    if delta_rs.done(table, t.app_id, version):
+        return True
+    op = source.column(OP)
+    matched = source.filter(pc.is_in(op, value_set=pa.array([DELETE, UPSERT])))
+    deleted = deletion_vectors.matching(located.rows, matched.select(t.key))
+    added = source.filter(pc.is_in(op, value_set=pa.array([UPSERT, INSERT]))).drop_columns([OP])
+    meta = {"userMetadata": json.dumps({TAG: metadata})}
+    try:
+        return deletion_vectors.delete_and_append(
+            located, deleted, added, app=t.app_id, version=version, metadata=meta
+        )
+    except deletion_vectors.Unsupported as reason:
+        log.info("%s: MERGE by delta-rs (%s)", t.gold, reason)
+        return False
 
 
 def merge_arrow(t: Table, source: pa.Table, metadata: dict, version: int) -> bool:

@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pgmedallion.core import delta_rs, engine, packed
+from pgmedallion.core import deletion_vectors, delta_rs, engine, packed
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.naming import quote
 from pgmedallion.core.parallel import concurrently
@@ -279,19 +279,17 @@ def _resolve(cand: Candidate, rows: pa.Table, names: list[str], run: int):
             changes.append(
                 Change(lsns[i], ordinals[i], diffs[i], kind, tuple(touched[i] or ()), values)
             )
-    wanted = {
-        tuple(hashable(c.values[p]) for p in keys)
-        for c in changes
-        if c.kind == RETRACT and all(c.values[p] is not None for p in keys)
-    }
-    narrowed = {
-        names[p]: pa.array([w[i] for w in wanted], rows.schema.field(names[p]).type)
-        for i, p in enumerate(keys)
-        if pa.types.is_integer(rows.schema.field(names[p]).type)
-    }
+    retracts = [
+        c for c in changes if c.kind == RETRACT and all(c.values[p] is not None for p in keys)
+    ]
+    wanted = {tuple(hashable(c.values[p]) for p in keys) for c in retracts}
+    key = pa.table(
+        [pa.array([c.values[p] for c in retracts], rows.schema.field(names[p]).type) for p in keys],
+        names=[names[p] for p in keys],
+    )
     base = [
         values
-        for values in _prior_rows(cand.path, names, run, narrowed)
+        for values in _prior_rows(cand.path, names, run, key)
         if all(values[p] is not None for p in keys)
         and tuple(hashable(values[p]) for p in keys) in wanted
     ]
@@ -308,14 +306,30 @@ def _resolve(cand: Candidate, rows: pa.Table, names: list[str], run: int):
     return pa.Table.from_arrays(arrays, schema=schema), unresolved
 
 
-def _prior_rows(path: str, names: list[str], run: int, narrowed: dict[str, pa.Array]) -> list[list]:
+def _prior_rows(path: str, names: list[str], run: int, key: pa.Table) -> list[list]:
     """The table's state before run ``run`` (:func:`pgmedallion.silver.identity.state_before`
-    of its rows of earlier runs, read by delta-rs), of the rows whose integer key columns hold
-    the ``narrowed`` values (and maybe others; all rows when it is empty)."""
-    where = f"{RUN} < {int(run)}"
-    parts = delta_rs.narrowings(narrowed) if narrowed else ["TRUE"]
+    of its rows of earlier runs, read by delta-rs), of the rows whose key columns hold one of
+    ``key``'s rows (and maybe others): found file by file by the key's values
+    (``deletion_vectors.locate``), or read narrowed by its integer columns' values."""
     most = delta_rs.small_rows()
-    earlier = delta_rs.read_at_most(path, [*names, LSN, DIFF], where, parts, most)
+    try:
+        located = deletion_vectors.locate(path, key, [*names, LSN, DIFF, RUN], most)
+    except deletion_vectors.Unsupported as reason:
+        log.debug("%s: earlier rows by narrowed reads (%s)", path, reason)
+        narrowed = {
+            n: key.column(n)
+            for n in key.column_names
+            if pa.types.is_integer(key.schema.field(n).type)
+        }
+        parts = delta_rs.narrowings(narrowed) if narrowed else ["TRUE"]
+        earlier = delta_rs.read_at_most(
+            path, [*names, LSN, DIFF], f"{RUN} < {int(run)}", parts, most
+        )
+    else:
+        earlier = None
+        if located is not None:
+            rows = located.rows
+            earlier = rows.filter(pc.less(rows.column(RUN), int(run))).drop_columns([RUN])
     if earlier is None:
         raise TooLarge(f"more than {most} earlier rows to read")
     state = state_before(earlier, names)

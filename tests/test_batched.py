@@ -10,10 +10,10 @@ per-table application of gold's rules equal to a plain reference on random diffs
 
 ``[lakehouse] small_table_rows`` is 12 here, so two tables count as large: their first builds go
 the per-table path, and their increments are batched when a run brings few diffs (gold's rows
-read narrowed by the key's integer columns: ``accounts.id``; every integer column of the
-key-less ``lines``, whose diffs hold a NULL there), per table when it brings more. Silver
-batches both too: ``accounts``' earlier rows read narrowed to the retracted ids, ``lines``
-(REPLICA IDENTITY FULL) needs none.
+of ``accounts`` found file by file by its primary key, and its old rows deleted by deletion
+vector; those of the key-less ``lines``, whose diffs hold a NULL, read narrowed by every
+integer column), per table when it brings more. Silver batches both too: ``accounts``'
+earlier rows found by the retracted ids, ``lines`` (REPLICA IDENTITY FULL) needs none.
 """
 
 from __future__ import annotations
@@ -107,3 +107,8 @@ def test_incremental_runs_of_small_tables_are_batched_and_exact(spark, db, caplo
         # that took octet_length for strings only sent every window to Spark, unnoticed)
         assert "window read through Spark (delta-rs:" not in caplog.text, caplog.text
         assert_exact(verify(spark, cfg), counts)
+        if step == 2:
+            # accounts' second increment is small enough: its MERGE deleted the old rows by
+            # deletion vector and appended the new ones, a commit Spark then read (verify)
+            newest = spark.sql("DESCRIBE HISTORY `batched_gold`.`public_accounts`").first()
+            assert (newest["operation"], newest["engineInfo"]) == ("MERGE", "pgmedallion")

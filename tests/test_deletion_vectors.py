@@ -1,0 +1,227 @@
+"""Deletes by deletion vector without Spark (``core.deletion_vectors``): the commits gold's
+MERGE of a large table makes, read by the engines that read gold.
+
+Tables made by Spark as gold's are (column mapping by name, deletion vectors enabled), then
+written by ``delete_and_append`` and ``compact``, and read by Spark and delta-rs, which must
+both see what a plain model of the rows says (chispa). Spark's own DELETE and UPDATE are
+mixed in: a vector Spark wrote is read by ``locate`` and merged into the next one. Deleted
+positions go both ways through Roaring's two container kinds (more and fewer than 4,096
+positions in one 65,536 block). A table written meanwhile, a table whose rules such a commit
+would not keep, and a repeated commit are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from chispa import assert_df_equality
+from deltalake import DeltaTable
+
+from pgmedallion.core import deletion_vectors as dv
+from pgmedallion.core import delta_rs
+
+COLUMNS = ["id", "part", "name", "at"]
+
+
+def _make(spark, path, rows: int, properties: str = "") -> None:
+    spark.sql(
+        f"""CREATE TABLE delta.`{path}` (id BIGINT, part INT, name STRING, at TIMESTAMP)
+        USING DELTA TBLPROPERTIES ('delta.columnMapping.mode' = 'name',
+        'delta.enableDeletionVectors' = 'true' {properties})"""
+    )
+    spark.range(0, rows).selectExpr(
+        "id",
+        "cast(id % 3 as int) AS part",
+        "concat('n', id) AS name",
+        "timestamp_micros(id * 1000003) AS at",
+    ).repartition(2).write.format("delta").mode("append").save(str(path))
+
+
+def _model(rows: int) -> dict[tuple[int, int], tuple]:
+    return {(i, i % 3): (f"n{i}", i * 1000003) for i in range(rows)}
+
+
+def _assert_reads(spark, path, model) -> None:
+    """Spark and delta-rs both read the rows of ``model``."""
+    expected = spark.createDataFrame(
+        [(k[0], k[1], v[0], v[1]) for k, v in model.items()],
+        "id BIGINT, part INT, name STRING, micros BIGINT",
+    ).selectExpr("id", "part", "name", "timestamp_micros(micros) AS at")
+    actual = spark.read.format("delta").load(str(path))
+    assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+    read = delta_rs.read_arrow(str(path), ["id", "part", "name"])
+    columns = [read.column(c).to_pylist() for c in ["id", "part", "name"]]
+    assert sorted(zip(*columns, strict=True)) == sorted(
+        (k[0], k[1], v[0]) for k, v in model.items()
+    )
+
+
+def _apply(path, model, delete: list[tuple[int, int]], upsert: dict, app="t", version=1):
+    """Deletes ``delete`` and the old rows of ``upsert``'s keys; appends ``upsert``'s rows."""
+    keys = list(delete) + list(upsert)
+    key = pa.table(
+        {
+            "id": pa.array([k[0] for k in keys], pa.int64()),
+            "part": pa.array([k[1] for k in keys], pa.int32()),
+        }
+    )
+    located = dv.locate(str(path), key, COLUMNS, 10**7)
+    assert located is not None
+    ids, parts = located.rows.column("id").to_pylist(), located.rows.column("part").to_pylist()
+    found = set(zip(ids, parts, strict=True))
+    assert found == {k for k in keys if k in model}  # every live row of the keys, no other
+    deleted = dv.matching(located.rows, key)
+    added = pa.table(
+        {
+            "id": pa.array([k[0] for k in upsert], pa.int64()),
+            "part": pa.array([k[1] for k in upsert], pa.int32()),
+            "name": pa.array([v[0] for v in upsert.values()], pa.string()),
+            "at": pa.array([v[1] for v in upsert.values()], pa.timestamp("us", "UTC")),
+        }
+    )
+    assert dv.delete_and_append(located, deleted, added, app=app, version=version)
+    for k in delete:
+        model.pop(k, None)
+    model.update(upsert)
+
+
+def test_spark_and_delta_rs_read_what_is_deleted_and_appended(spark, tmp_path):
+    path = tmp_path / "gold"
+    rows = 150_000
+    _make(spark, path, rows)
+    model = _model(rows)
+    rng = random.Random(7)
+    # a dense block (a bitmap container: over 4,096 positions of one 65,536 block) and a sparse one
+    dense = [(i, i % 3) for i in range(10_000, 20_000)]
+    sparse = [(i, i % 3) for i in rng.sample(range(rows), 300)]
+    upsert = {(i, i % 3): (f"u{i}", i) for i in rng.sample(range(rows), 200)}
+    upsert[(rows + 5, 2)] = ("new", 5)  # a key gold did not have
+    _apply(path, model, dense + sparse + [(rows + 9, 0)], upsert, version=1)
+    _assert_reads(spark, path, model)
+    assert delta_rs.done(DeltaTable(str(path)), "t", 1)
+
+    # Spark deletes and updates on top of our vectors; ours then merge with Spark's
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id % 1000 = 1")
+    spark.sql(f"UPDATE delta.`{path}` SET name = 'spark' WHERE id % 1000 = 2")
+    for i in list(model):
+        if i[0] % 1000 == 1:
+            del model[i]
+        elif i[0] % 1000 == 2:
+            model[i] = ("spark", model[i][1])
+    again = {(i, i % 3): (f"again{i}", i) for i in rng.sample(range(rows), 500)}
+    gone = [(i, i % 3) for i in rng.sample(range(rows), 500)]
+    _apply(path, model, gone, again, version=2)
+    _assert_reads(spark, path, model)
+
+    # the commit is Delta's: one version, the deletion vectors and the record of the write
+    commit = (path / "_delta_log" / f"{DeltaTable(str(path)).version():020d}.json").read_text()
+    actions = [json.loads(line) for line in commit.splitlines()]
+    assert actions[1] == {
+        "txn": {"appId": "t", "version": 2, "lastUpdated": actions[1]["txn"]["lastUpdated"]}
+    }
+    vectors = [
+        a["add"]["deletionVector"] for a in actions if "add" in a and "deletionVector" in a["add"]
+    ]
+    assert vectors and all(v["storageType"] == "u" for v in vectors)
+
+    # compaction: the small files and the vectors' deleted rows are gone, the rows are not
+    before = len(DeltaTable(str(path)).file_uris())
+    assert dv.compact(str(path), most_rows=100_000)
+    table = DeltaTable(str(path))
+    assert len(table.file_uris()) < before
+    _assert_reads(spark, path, model)
+
+
+def test_the_vector_format_is_what_spark_writes(spark, tmp_path):
+    """The bytes for the positions Spark's DELETE wrote are the bytes Spark wrote."""
+    path = tmp_path / "spark"
+    _make(spark, path, 70_000)
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id % 7 = 0 OR id BETWEEN 100 AND 20000")
+    table = DeltaTable(str(path))
+    masks = dv._keep_masks(table, str(path))
+    log = path / "_delta_log"
+    adds = [
+        json.loads(line)["add"]
+        for f in sorted(log.glob("*.json"))
+        for line in f.read_text().splitlines()
+        if '"add"' in line and "deletionVector" in line
+    ]
+    assert adds
+    for add in adds:
+        d = add["deletionVector"]
+        blob = (path / f"deletion_vector_{_uuid(d['pathOrInlineDv'][-20:])}.bin").read_bytes()
+        size = int.from_bytes(blob[d["offset"] : d["offset"] + 4], "big")
+        theirs = blob[d["offset"] + 4 : d["offset"] + 4 + size]
+        keep = masks[add["path"]]
+        ours = dv.serialize(np.flatnonzero(~keep))
+        assert ours == theirs
+        assert d["cardinality"] == int((~keep).sum())
+
+
+def _uuid(encoded: str) -> str:
+    import uuid
+
+    alphabet = dv._Z85
+    raw = b""
+    for i in range(0, 20, 5):
+        value = 0
+        for ch in encoded[i : i + 5]:
+            value = value * 85 + alphabet.index(ch)
+        raw += value.to_bytes(4, "big")
+    assert dv.z85(raw) == encoded
+    return str(uuid.UUID(bytes=raw))
+
+
+def test_a_table_written_meanwhile_is_left_alone(spark, tmp_path):
+    path = tmp_path / "raced"
+    _make(spark, path, 1000)
+    key = pa.table({"id": pa.array([1, 2], pa.int64())})
+    located = dv.locate(str(path), key, COLUMNS, 100)
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id = 500")
+    version = DeltaTable(str(path)).version()
+    files = set(p.name for p in path.rglob("*") if p.is_file())
+    added = pa.table(
+        {
+            "id": pa.array([], pa.int64()),
+            "part": pa.array([], pa.int32()),
+            "name": pa.array([], pa.string()),
+            "at": pa.array([], pa.timestamp("us", "UTC")),
+        }
+    )
+    assert not dv.delete_and_append(located, np.ones(2, bool), added, app="t", version=1)
+    assert DeltaTable(str(path)).version() == version
+    assert set(p.name for p in path.rglob("*") if p.is_file()) == files  # nothing left behind
+    assert dv.locate(str(path), key, COLUMNS, 1) is None  # more rows than asked for
+
+
+@pytest.mark.parametrize(
+    "properties, reason",
+    [
+        (", 'delta.enableChangeDataFeed' = 'true'", "change data feed"),
+        (", 'delta.appendOnly' = 'true'", "append-only"),
+    ],
+)
+def test_a_table_whose_rules_such_a_commit_breaks_is_refused(spark, tmp_path, properties, reason):
+    path = tmp_path / "refused"
+    _make(spark, path, 10, properties)
+    with pytest.raises(dv.Unsupported, match=reason):
+        dv.writable(DeltaTable(str(path)))
+    assert not dv.compact(str(path))
+
+
+def test_constraints_and_partitions_are_refused(spark, tmp_path):
+    path = tmp_path / "checked"
+    _make(spark, path, 10)
+    spark.sql(f"ALTER TABLE delta.`{path}` ADD CONSTRAINT positive CHECK (id >= 0)")
+    with pytest.raises(dv.Unsupported, match="CHECK"):
+        dv.writable(DeltaTable(str(path)))
+    parted = tmp_path / "parted"
+    spark.range(10).selectExpr("id", "id % 2 AS p").write.format("delta").partitionBy("p").save(
+        str(parted)
+    )
+    with pytest.raises(dv.Unsupported, match="partitioned"):
+        dv.locate(str(parted), pa.table({"id": pa.array([1], pa.int64())}), ["id"], 10)
