@@ -170,7 +170,8 @@ def locate(
     path: str, key: pa.Table, names: list[str], most: int, workers: int = 2
 ) -> Located | None:
     """The rows of the table at ``path`` whose key columns (``key``'s column names) hold one
-    of ``key``'s rows, in columns ``names``; None when more than ``most`` rows do.
+    of ``key``'s rows (a NULL equal to a NULL, as the MERGE matches), in columns ``names``;
+    None when more than ``most`` rows do.
 
     Each file's key columns are read alone and joined to ``key`` (rows its deletion vector
     deletes left out); only then are the matched rows read, from the files that hold one.
@@ -224,20 +225,59 @@ def _locate(path: str, key: pa.Table, names: list[str], most: int, workers: int)
 
 def matching(rows: pa.Table, key: pa.Table) -> np.ndarray:
     """Per row of ``rows``, whether its key columns (``key``'s column names) hold one of
-    ``key``'s rows (a NULL matches nothing)."""
-    names = key.column_names
+    ``key``'s rows, a NULL equal to a NULL (the MERGE's ``IS NOT DISTINCT FROM``)."""
     if rows.num_rows == 0:
         return np.zeros(0, bool)
-    mine = _cast(rows.select(names), rows.schema)
-    key = _distinct(_cast(key, rows.schema))
-    if len(names) == 1:
-        found = pc.is_in(mine.column(0), value_set=key.column(0))
-        return found.fill_null(False).to_numpy(zero_copy_only=False)
+    mine = _cast(rows.select(key.column_names), rows.schema)
     mine = mine.append_column("__pos", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
-    hit = mine.join(key, keys=names, join_type="left semi", use_threads=False)
     out = np.zeros(rows.num_rows, bool)
-    out[hit.column("__pos").to_numpy()] = True
+    out[_found(mine, _distinct(_cast(key, rows.schema))).to_numpy()] = True
     return out
+
+
+def _found(rows: pa.Table, key: pa.Table) -> pa.ChunkedArray:
+    """``rows.__pos`` of the rows whose key columns (``key``'s column names) hold one of
+    ``key``'s rows, a NULL equal to a NULL: a hash lookup (one column) or semi-join."""
+    names = key.column_names
+    if len(names) == 1:
+        hit = pc.is_in(rows.column(names[0]), value_set=key.column(0), skip_nulls=False)
+        return rows.filter(hit).column("__pos")
+    left, on = _null_safe(rows, names)
+    right, _ = _null_safe(key, names)
+    return left.join(right, keys=on, join_type="left semi", use_threads=False).column("__pos")
+
+
+def _null_safe(table: pa.Table, names: list[str]) -> tuple[pa.Table, list[str]]:
+    """``table`` with each key column's NULLs replaced by a value of its type and a column
+    saying which were NULL: a join on both matches NULL to NULL (Arrow's joins do not)."""
+    on = list(names)
+    for i, n in enumerate(names):
+        column = table.column(n)
+        flag = f"__null{i}"
+        table = table.append_column(flag, pc.is_null(column))
+        on.append(flag)
+        if column.null_count:
+            filled = pc.fill_null(column, _some_value(column.type))
+            table = table.set_column(table.schema.get_field_index(n), n, filled)
+    return table, on
+
+
+def _some_value(t: pa.DataType) -> pa.Scalar:
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return pa.scalar("", t)
+    if pa.types.is_binary(t):
+        return pa.scalar(b"", t)
+    if pa.types.is_boolean(t):
+        return pa.scalar(False)
+    if pa.types.is_decimal(t):
+        from decimal import Decimal
+
+        return pa.scalar(Decimal(0), t)
+    if pa.types.is_date32(t):
+        return pa.scalar(0, pa.int32()).cast(t)
+    if pa.types.is_timestamp(t) or pa.types.is_date64(t):
+        return pa.scalar(0, pa.int64()).cast(t)
+    return pa.scalar(0, t)  # an integer
 
 
 def _joinable(t: pa.DataType) -> bool:
@@ -262,11 +302,7 @@ def _cast(rows: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def _distinct(key: pa.Table) -> pa.Table:
-    key = key.filter(
-        pc.and_(*[pc.is_valid(c) for c in key.columns])
-        if key.num_columns > 1
-        else pc.is_valid(key.column(0))
-    )
+    """``key``'s distinct rows (one NULL among them counts as one value)."""
     return key.group_by(key.column_names).aggregate([])
 
 
@@ -295,11 +331,7 @@ def _matched(file: Path, layout: _Layout, key: pa.Table, keep: np.ndarray | None
         mask = np.ones(n, bool)
         mask[: min(n, len(keep))] = keep[:n]
         columns = columns.filter(pa.array(mask))
-    if len(names) == 1:
-        found = columns.filter(pc.is_in(columns.column(0), value_set=key.column(0)))
-    else:
-        found = columns.join(key, keys=names, join_type="left semi", use_threads=False)
-    return np.sort(found.column("__pos").to_numpy())
+    return np.sort(_found(columns, key).to_numpy())
 
 
 def _fragment(file: Path, row_groups: list[int] | None = None):

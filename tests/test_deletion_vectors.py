@@ -225,3 +225,19 @@ def test_constraints_and_partitions_are_refused(spark, tmp_path):
     )
     with pytest.raises(dv.Unsupported, match="partitioned"):
         dv.locate(str(parted), pa.table({"id": pa.array([1], pa.int64())}), ["id"], 10)
+
+
+def test_keys_match_as_the_merge_matches_them_null_to_null():
+    rows = pa.table(
+        {
+            "id": pa.array([1, None, 2, None, 3], pa.int64()),
+            "part": pa.array([None, 1, 2, None, 3], pa.int32()),
+        }
+    )
+    one = pa.table({"id": pa.array([None, 3, 9], pa.int64())})
+    assert dv.matching(rows, one).tolist() == [False, True, False, True, True]
+    two = pa.table(
+        {"id": pa.array([None, 1, 2], pa.int64()), "part": pa.array([None, None, 9], pa.int32())}
+    )
+    assert dv.matching(rows, two).tolist() == [True, False, False, True, False]
+    assert dv.matching(rows.slice(0, 0), two).tolist() == []
