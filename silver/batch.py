@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -262,34 +263,39 @@ def _resolved(cand: Candidate, rows: pa.Table, run: int) -> tuple[pa.Table, list
 def _resolve(cand: Candidate, rows: pa.Table, names: list[str], run: int):
     """:func:`pgmedallion.silver.identity.resolve_previous_images` on the driver: whole rows for the
     ``RETRACT`` and ``FILL`` changes above the snapshot LSN, the state before the run read from
-    the table's rows of earlier runs."""
+    the table's rows of earlier runs.
+
+    The earlier rows of the retracted keys are read (Arrow, in threads of its own) while the
+    changes are made Python rows for the rule; the rows that are whole already stay Arrow."""
     keys = cand.keys
     floor = -1 if cand.info.snapshot_lsn is None else cand.info.snapshot_lsn
-    # column by column: a dict per row of 80,000 changes cost more than resolving them
-    data = [rows.column(n).to_pylist() for n in names]
-    lsns, diffs = rows.column(ROW_LSN).to_pylist(), rows.column(ROW_DIFF).to_pylist()
-    kinds, ordinals = rows.column(KIND).to_pylist(), rows.column(ORDINAL).to_pylist()
-    touched = rows.column(COLUMNS).to_pylist()
-    changes, whole = [], []
-    for i, values in enumerate(map(list, zip(*data, strict=True)) if names else ()):
-        kind = kinds[i]
-        if kind is None or kind == PLAIN:
-            whole.append((values, lsns[i], diffs[i]))
-        if kind is not None and lsns[i] > floor:
-            changes.append(
-                Change(lsns[i], ordinals[i], diffs[i], kind, tuple(touched[i] or ()), values)
-            )
-    retracts = [
-        c for c in changes if c.kind == RETRACT and all(c.values[p] is not None for p in keys)
-    ]
-    wanted = {tuple(hashable(c.values[p]) for p in keys) for c in retracts}
-    key = pa.table(
-        [pa.array([c.values[p] for c in retracts], rows.schema.field(names[p]).type) for p in keys],
-        names=[names[p] for p in keys],
-    )
+    kind = rows.column(KIND)
+    changed = pc.and_(pc.is_valid(kind), pc.greater(rows.column(ROW_LSN), floor))
+    retracted = pc.and_(changed, pc.equal(kind, RETRACT))
+    for p in keys:
+        retracted = pc.and_(retracted, pc.is_valid(rows.column(names[p])))
+    key = rows.filter(retracted).select([names[p] for p in keys])
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        prior = pool.submit(_prior_rows, cand.path, names, run, key)
+        picked = rows.filter(changed)
+        # column by column: a dict per row of 80,000 changes cost more than resolving them
+        data = [picked.column(n).to_pylist() for n in names]
+        lsns, diffs = picked.column(ROW_LSN).to_pylist(), picked.column(ROW_DIFF).to_pylist()
+        kinds, ordinals = picked.column(KIND).to_pylist(), picked.column(ORDINAL).to_pylist()
+        touched = picked.column(COLUMNS).to_pylist()
+        changes = [
+            Change(lsns[i], ordinals[i], diffs[i], kinds[i], tuple(touched[i] or ()), values)
+            for i, values in enumerate(map(list, zip(*data, strict=True)) if names else ())
+        ]
+        wanted = {
+            tuple(hashable(c.values[p]) for p in keys)
+            for c in changes
+            if c.kind == RETRACT and all(c.values[p] is not None for p in keys)
+        }
+        earlier = prior.result()
     base = [
         values
-        for values in _prior_rows(cand.path, names, run, key)
+        for values in earlier
         if all(values[p] is not None for p in keys)
         and tuple(hashable(values[p]) for p in keys) in wanted
     ]
@@ -298,12 +304,21 @@ def _resolve(cand: Candidate, rows: pa.Table, names: list[str], run: int):
         [rows.schema.field(n) for n in names]
         + [pa.field("_lsn", pa.int64()), pa.field("_diff", pa.int64())]
     )
-    every = [v for v, _, _ in whole] + [o.values for o in out]
-    columns = [list(c) for c in zip(*every, strict=True)] if every else [[] for _ in names]
-    columns += [[lsn for _, lsn, _ in whole] + [o.lsn for o in out]]
-    columns += [[d for _, _, d in whole] + [o.diff for o in out]]
+    whole = rows.filter(pc.fill_null(pc.equal(kind, PLAIN), True)) if names else rows.slice(0, 0)
+    whole = pa.Table.from_arrays(
+        [
+            *(whole.column(n) for n in names),
+            whole.column(ROW_LSN).cast(pa.int64()),
+            whole.column(ROW_DIFF).cast(pa.int64()),
+        ],
+        schema=schema,
+    )
+    columns = [list(c) for c in zip(*(o.values for o in out), strict=True)] if out else None
+    if columns is None:
+        columns = [[] for _ in names]
+    columns += [[o.lsn for o in out], [o.diff for o in out]]
     arrays = [pa.array(c, f.type) for c, f in zip(columns, schema, strict=True)]
-    return pa.Table.from_arrays(arrays, schema=schema), unresolved
+    return pa.concat_tables([whole, pa.Table.from_arrays(arrays, schema=schema)]), unresolved
 
 
 def _prior_rows(path: str, names: list[str], run: int, key: pa.Table) -> list[list]:
