@@ -96,6 +96,8 @@ class Located:
     """Per row, its file's index in :attr:`files`."""
     position: np.ndarray
     """Per row, its position in its file (counting rows the file's deletion vector deletes)."""
+    kept: dict[str, np.ndarray]
+    """Per file with a deletion vector at that version, which of its rows it keeps."""
 
 
 @dataclass
@@ -220,7 +222,7 @@ def _locate(path: str, key: pa.Table, names: list[str], most: int, workers: int)
         else np.zeros(0, np.int32)
     )
     position = np.concatenate([positions[i] for i in hit]) if hit else np.zeros(0, np.int64)
-    return Located(path, version, rows, [files[i] for i in hit], file_of, position)
+    return Located(path, version, rows, [files[i] for i in hit], file_of, position, kept)
 
 
 def matching(rows: pa.Table, key: pa.Table) -> np.ndarray:
@@ -422,15 +424,17 @@ def delete_and_append(
         touched = sorted(set(located.file_of[chosen].tolist()))
         if touched:
             current = _current_adds(log_dir, located.version, [located.files[i] for i in touched])
-            kept = _keep_masks(table, located.path)
             vectors: list[tuple[dict, np.ndarray]] = []
             for i in touched:
                 name = located.files[i]
                 old = current[name]
                 new = located.position[chosen & (located.file_of == i)]
-                keep = kept.get(name)
-                before = np.flatnonzero(~keep) if keep is not None else np.zeros(0, np.int64)
-                vectors.append((old, np.union1d(before, new)))
+                keep = located.kept.get(name)
+                gone = np.zeros(max(len(keep) if keep is not None else 0, int(new.max()) + 1), bool)
+                if keep is not None:
+                    gone[: len(keep)] = ~keep
+                gone[new] = True
+                vectors.append((old, np.flatnonzero(gone)))
             dv_file, descriptors = _write_vectors(root, [v for _, v in vectors])
             written.append(dv_file)
             for (old, positions), descriptor in zip(vectors, descriptors, strict=True):
@@ -792,12 +796,13 @@ def _roaring32(values: np.ndarray) -> bytes:
     """Sorted distinct 32-bit values as Roaring's portable serialization, with array and
     bitmap containers (no run containers, which readers need not be given)."""
     keys = (values >> 16).astype(np.uint16)
-    containers = np.unique(keys)
+    containers, starts = np.unique(keys, return_index=True)
+    ends = [*starts[1:].tolist(), len(values)]
     header = bytearray(struct.pack("<II", _COOKIE_NO_RUNS, len(containers)))
     bodies = []
-    for k in containers:
-        low = (values[keys == k] & 0xFFFF).astype(np.uint16)
-        header += struct.pack("<HH", int(k), len(low) - 1)
+    for k, start, end in zip(containers.tolist(), starts.tolist(), ends, strict=True):
+        low = (values[start:end] & 0xFFFF).astype(np.uint16)
+        header += struct.pack("<HH", k, len(low) - 1)
         if len(low) <= 4096:
             bodies.append(low.astype("<u2").tobytes())
         else:

@@ -35,6 +35,7 @@ from pyspark.sql import types as T
 from pgmedallion.capture.copy_text import CopyDecodeError, decode_copy_row
 from pgmedallion.core import delta_rs, engine
 from pgmedallion.core.failpoints import failpoint
+from pgmedallion.core.parallel import concurrently
 from pgmedallion.silver.cast_arrow import plain_cast_arrow
 from pgmedallion.silver.cast_rows import typed_columns
 from pgmedallion.silver.contract import TableInfo
@@ -127,6 +128,29 @@ def _with_nulls(texts: pa.Array, null: np.ndarray) -> pa.Array:
     )
 
 
+def _halves(payloads: pa.Array) -> list[pa.Array]:
+    """``payloads`` in two runs of whole payloads of about half the bytes each (the decode and
+    cast of each are Arrow kernels, which release the GIL: two threads take two cores)."""
+    if len(payloads) < 2:
+        return [payloads]
+    sizes = np.cumsum(pc.fill_null(pc.binary_length(payloads), 0).to_numpy(zero_copy_only=False))
+    cut = int(np.searchsorted(sizes, sizes[-1] / 2)) + 1
+    cut = min(max(cut, 1), len(payloads) - 1)
+    return [payloads.slice(0, cut), payloads.slice(cut)]
+
+
+def _typed(payloads: pa.Array, width: int, columns) -> list[pa.Array] | None:
+    """The rows of ``payloads`` decoded (:func:`copy_values`) and cast (``plain_cast_arrow``),
+    one array per column; None when a line or a value needs the per-table path."""
+    values = copy_values(payloads, width)
+    if values is None:
+        return None
+    cast = plain_cast_arrow(values, columns)
+    if cast is None or cast[1].any():
+        return None
+    return cast[0]
+
+
 def diff_schema(info: TableInfo) -> T.StructType:
     """The silver table's columns as the per-table path creates them."""
     data = [T.StructField(name, spark_type(t), True) for name, t in typed_columns(info)]
@@ -165,15 +189,14 @@ def first_snapshot(
     if sum(n or 0 for n in counted) > most:
         return None
     payloads = delta_rs.read_arrow(bronze, ["payload"], where).column("payload").combine_chunks()
-    values = copy_values(payloads, width)
-    if values is None:
+    parts = concurrently(
+        lambda part: _typed(part, width, columns), _halves(payloads), engine.current().workers
+    )
+    if any(part is None for part in parts):
         return None
-    cast = plain_cast_arrow(values, columns)
-    if cast is None or cast[1].any():
-        return None
-    typed, _ = cast
+    typed = [pa.chunked_array([part[i] for part in parts]) for i in range(len(columns))]
     names = [name for name, _ in columns]
-    rows = len(values)
+    rows = sum(len(part[0]) for part in parts)
     table = pa.Table.from_arrays(
         [*typed, pa.array(np.zeros(rows, np.int64)), pa.array(np.ones(rows, np.int64))],
         names=[*names, "_lsn", "_diff"],
