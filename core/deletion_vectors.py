@@ -410,6 +410,9 @@ def delete_and_append(
     layout = _layout(table)
     if sorted(appended.column_names) != sorted(layout.schema.names):
         raise Unsupported("the appended rows' columns are not the table's")
+    for f in layout.schema:
+        if not f.nullable and appended.column(f.name).null_count:
+            raise Unsupported(f"a NULL for the NOT NULL column {f.name}")
     root = Path(located.path)
     log_dir = root / "_delta_log"
     now = int(time.time() * 1000)

@@ -285,6 +285,13 @@ def write_records(
     return True
 
 
+def replace_where(path: str, data: pa.Table, predicate: str) -> None:
+    """The rows of the table at ``path`` matching ``predicate`` (SQL) replaced by ``data``, in
+    one commit (Delta's ``replaceWhere``)."""
+    table = open_table(path)
+    write_deltalake(table, in_table_order(table, data), mode="overwrite", predicate=predicate)
+
+
 def empty_commit(
     path: str, app: str, version: int, metadata: Mapping[str, str] | None = None
 ) -> None:

@@ -6,7 +6,8 @@ appends a row to silver's and gold's own tables. A table with more than ``FILES`
 is compacted, one commit each:
 
 - a silver diffs table: the diffs gold has applied, consolidated into their state
-  (:func:`pgmedallion.silver.compact.compact_table`, bounded by gold's ``_frontier`` row);
+  (:func:`pgmedallion.silver.compact.compact_table`, bounded by gold's ``_frontier`` row; in
+  the driver by delta-rs where the table is local and small enough: ``compact_local``);
 - a gold table, and the layers' own tables (``_progress``, ``_plans``, ``_quality``, ...):
   Delta's ``OPTIMIZE`` (small files bin-packed; the rows do not change).
 
@@ -26,7 +27,7 @@ from pgmedallion.core import deletion_vectors, delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.gold.history import read_reported
 from pgmedallion.silver.catalog import load_tables
-from pgmedallion.silver.compact import compact_table
+from pgmedallion.silver.compact import compact_local, compact_table
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +103,15 @@ def maintain(
         if info is None or (tables is not None and oid not in tables):
             continue
         name = info.silver_table
-        if crowded("silver", name) and compact_table(
-            spark, cfg.qualified("silver", name), reported.silver_run, reported.frontier
-        ):
-            done.append(f"silver {name}: applied diffs consolidated")
+        if crowded("silver", name):
+            path = delta_rs.table_dir(dirs["silver"], name)
+            consolidated = compact_local(path, reported.silver_run, reported.frontier)
+            if consolidated is None:
+                consolidated = compact_table(
+                    spark, cfg.qualified("silver", name), reported.silver_run, reported.frontier
+                )
+            if consolidated:
+                done.append(f"silver {name}: applied diffs consolidated")
         if crowded("gold", name):
             optimize(spark, cfg.qualified("gold", name), delta_rs.table_dir(dirs["gold"], name))
             done.append(f"gold {name}: files compacted")

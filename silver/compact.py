@@ -26,10 +26,13 @@ from __future__ import annotations
 import logging
 from functools import partial
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pgmedallion.core import delta_rs, engine
 from pgmedallion.core.by_key import by_key
 from pgmedallion.core.multiset import DIFF, LSN, MULT, consolidate
 from pgmedallion.core.naming import quote
@@ -73,4 +76,48 @@ def compact_table(spark: SparkSession, target: str, upto_run: int, below_lsn: in
     # A V2 overwrite by condition (Delta's replaceWhere): the rows of runs <= upto_run go,
     # the consolidated ones come, in one commit; readers see one or the other
     out.writeTo(target).overwrite(region)
+    return True
+
+
+def compact_local(path: str | None, upto_run: int, below_lsn: int) -> bool | None:
+    """:func:`compact_table` of the local silver table at ``path`` in the driver: its rows of
+    runs ``<= upto_run`` read by delta-rs, those with ``_lsn < below_lsn`` consolidated by the
+    same rule (:func:`pgmedallion.core.multiset.consolidate`, here over all of them at once),
+    and written back in place of those runs' rows in one delta-rs commit. None when the table
+    is not local or those runs hold more than ``[lakehouse] driver_rows`` rows (then
+    :func:`compact_table`, through Spark); False when there was nothing to consolidate.
+    Measured at 4M rows: a cold Spark started for it cost a run 30-40 s."""
+    if not delta_rs.usable(path):
+        return None
+    region = f"{RUN} <= {int(upto_run)}"
+    table = delta_rs.open_table(path)
+    names = [f.name for f in table.schema().fields]
+    data = [n for n in names if n not in (LSN, DIFF, RUN)]
+    rows = delta_rs.read_at_most(path, names, region, ["TRUE"], engine.current().driver_rows)
+    if rows is None:
+        return None
+    lsn = rows.column(LSN)
+    applied = rows.filter(pc.less(lsn, below_lsn))
+    if applied.num_rows == 0:
+        return False
+    stamp = pc.max(applied.column(RUN)).as_py()
+    held = rows.filter(pc.greater_equal(lsn, below_lsn))
+    state = consolidate(applied.select([*data, LSN, DIFF]), data)
+    consolidated = pa.table(
+        {
+            **{n: state.column(n) for n in data},
+            LSN: state.column(LSN),
+            DIFF: state.column(MULT),
+            RUN: pa.array([stamp] * state.num_rows, pa.int64()),
+        }
+    )
+    types = rows.schema
+    out = pa.concat_tables(
+        [
+            pa.table([consolidated.column(f.name).cast(f.type) for f in types], schema=types),
+            held.select(types.names),
+        ]
+    )
+    delta_rs.replace_where(path, out, region)
+    log.info("silver %s: %d rows consolidated into %d", path, applied.num_rows, state.num_rows)
     return True
