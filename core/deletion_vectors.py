@@ -196,15 +196,18 @@ def _locate(path: str, key: pa.Table, names: list[str], most: int, workers: int)
         if not _joinable(layout.schema.field(f.name).type):
             raise Unsupported(f"key column {f.name} of type {f.type}")
     key = _distinct(_cast(key, layout.schema))
-    actions = pa.table(table.get_add_actions(flatten=True)).select(["path", "num_records"])
+    actions = pa.table(table.get_add_actions(flatten=True))
     files = [unquote(p) for p in actions.column("path").to_pylist()]
     kept = _keep_masks(table, path)
     root = Path(path)
+    bounded = _in_bounds(actions, layout, key) if key.num_rows else np.zeros(len(files), bool)
 
     def matched(i: int) -> np.ndarray:
+        if not bounded[i]:
+            return np.zeros(0, np.int64)
         return _matched(root / files[i], layout, key, kept.get(files[i]))
 
-    positions = concurrently(matched, list(range(len(files))), workers) if key.num_rows else []
+    positions = concurrently(matched, list(range(len(files))), workers)
     total = sum(len(p) for p in positions)
     if total > most:
         return None
@@ -223,6 +226,28 @@ def _locate(path: str, key: pa.Table, names: list[str], most: int, workers: int)
     )
     position = np.concatenate([positions[i] for i in hit]) if hit else np.zeros(0, np.int64)
     return Located(path, version, rows, [files[i] for i in hit], file_of, position, kept)
+
+
+def _in_bounds(actions: pa.Table, layout: _Layout, key: pa.Table) -> np.ndarray:
+    """Per file (``get_add_actions`` rows), whether its statistics let it hold one of
+    ``key``'s rows: a one-column integer key with no NULL among its values, each file's
+    minimum and maximum of it (bounds that stay true under a deletion vector); every file
+    otherwise, and any file without them."""
+    everything = np.ones(actions.num_rows, bool)
+    if key.num_columns != 1 or key.column(0).null_count:
+        return everything
+    name = key.column_names[0]
+    if not pa.types.is_integer(layout.schema.field(name).type):
+        return everything
+    low, high = f"min.{layout.physical[name]}", f"max.{layout.physical[name]}"
+    if low not in actions.column_names or high not in actions.column_names:
+        return everything
+    values = np.sort(key.column(0).to_numpy())
+    lows, highs = actions.column(low), actions.column(high)
+    unknown = pc.or_(pc.is_null(lows), pc.is_null(highs)).to_numpy(zero_copy_only=False)
+    first = np.searchsorted(values, pc.fill_null(lows, 0).to_numpy(zero_copy_only=False), "left")
+    last = np.searchsorted(values, pc.fill_null(highs, 0).to_numpy(zero_copy_only=False), "right")
+    return unknown | (last > first)
 
 
 def matching(rows: pa.Table, key: pa.Table) -> np.ndarray:

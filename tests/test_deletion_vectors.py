@@ -241,3 +241,27 @@ def test_keys_match_as_the_merge_matches_them_null_to_null():
     )
     assert dv.matching(rows, two).tolist() == [True, False, False, True, False]
     assert dv.matching(rows.slice(0, 0), two).tolist() == []
+
+
+def test_files_whose_key_bounds_hold_no_key_are_not_read(tmp_path, monkeypatch):
+    from deltalake import write_deltalake
+
+    path = str(tmp_path / "ranges")
+    for start in (0, 1000, 2000):  # three files, their ids apart
+        ids = list(range(start, start + 1000))
+        write_deltalake(path, pa.table({"id": pa.array(ids, pa.int64()), "v": ids}), mode="append")
+    read = []
+    original = dv._matched
+    monkeypatch.setattr(dv, "_matched", lambda file, *a: read.append(file) or original(file, *a))
+    rng = random.Random(5)
+    for keys in ([1500, 1501, 99999], [-5, 2999], [rng.randrange(-10, 3010) for _ in range(50)]):
+        read.clear()
+        located = dv.locate(path, pa.table({"id": pa.array(keys, pa.int64())}), ["id", "v"], 10**6)
+        assert sorted(located.rows.column("id").to_pylist()) == sorted(
+            {k for k in keys if 0 <= k < 3000}
+        )
+        assert len(read) == len({k // 1000 for k in keys if 0 <= k < 3000})
+    read.clear()
+    with_null = pa.table({"id": pa.array([1500, None], pa.int64())})
+    assert dv.locate(path, with_null, ["id"], 10**6).rows.column("id").to_pylist() == [1500]
+    assert len(read) == 3  # a NULL among the keys: no file is skipped by its bounds
