@@ -31,6 +31,7 @@ this module is a way to read and write them, never a rule of which rows change.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 import time
@@ -73,6 +74,8 @@ _WRITE_FEATURES = {
     "vacuumProtocolCheck",
 }
 
+
+log = logging.getLogger(__name__)
 
 _FORMAT = ds.ParquetFileFormat()
 _FS = pafs.LocalFileSystem()
@@ -493,6 +496,7 @@ def delete_and_append(
         body = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in head + actions)
         if not _commit(log_dir, located.version + 1, body):
             raise _Raced()
+        _checkpoint_every(located.path, located.version + 1, layout.configuration)
     except _Raced:
         for f in written:
             f.unlink(missing_ok=True)
@@ -590,6 +594,7 @@ def compact(path: str, most_rows: int = 1_000_000) -> bool:
             )
             if not _commit(root / "_delta_log", version + 1, body):
                 raise _Raced()
+            _checkpoint_every(path, version + 1, layout.configuration)
         except BaseException:
             for f in written:
                 f.unlink(missing_ok=True)
@@ -617,6 +622,18 @@ def _commit(log_dir: Path, version: int, body: str) -> bool:
     finally:
         temp.unlink(missing_ok=True)
     return True
+
+
+def _checkpoint_every(path: str, version: int, configuration: dict[str, str]) -> None:
+    """A checkpoint at every ``delta.checkpointInterval``-th version (10, Spark's default):
+    delta-rs writes them after its own commits, not after these, and without them every
+    reader of a table written only here would replay its whole log."""
+    interval = int(configuration.get("delta.checkpointInterval", "10") or 10)
+    if interval > 0 and version % interval == 0:
+        try:
+            delta_rs.open_table(path).create_checkpoint()
+        except Exception as exc:  # the commit stands; a later one writes the checkpoint
+            log.debug("no checkpoint at %s version %d (%s)", path, version, exc)
 
 
 def _records(add: dict) -> int | None:

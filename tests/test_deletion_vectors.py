@@ -92,7 +92,7 @@ def _apply(path, model, delete: list[tuple[int, int]], upsert: dict, app="t", ve
 def test_spark_and_delta_rs_read_what_is_deleted_and_appended(spark, tmp_path):
     path = tmp_path / "gold"
     rows = 150_000
-    _make(spark, path, rows)
+    _make(spark, path, rows, ", 'delta.checkpointInterval' = '2'")
     model = _model(rows)
     rng = random.Random(7)
     # a dense block (a bitmap container: over 4,096 positions of one 65,536 block) and a sparse one
@@ -103,6 +103,8 @@ def test_spark_and_delta_rs_read_what_is_deleted_and_appended(spark, tmp_path):
     _apply(path, model, dense + sparse + [(rows + 9, 0)], upsert, version=1)
     _assert_reads(spark, path, model)
     assert delta_rs.done(DeltaTable(str(path)), "t", 1)
+    # the next commit finds the files' adds (their vectors) in a checkpoint, then in the log
+    DeltaTable(str(path)).create_checkpoint()
 
     # Spark deletes and updates on top of our vectors; ours then merge with Spark's
     spark.sql(f"DELETE FROM delta.`{path}` WHERE id % 1000 = 1")
@@ -134,6 +136,10 @@ def test_spark_and_delta_rs_read_what_is_deleted_and_appended(spark, tmp_path):
     table = DeltaTable(str(path))
     assert len(table.file_uris()) < before
     _assert_reads(spark, path, model)
+    # our commits write the checkpoints delta-rs writes after its own (every 2nd version here)
+    version = table.version()
+    checkpoint = path / "_delta_log" / f"{version:020d}.checkpoint.parquet"
+    assert checkpoint.exists() == (version % 2 == 0), version
 
 
 def test_the_vector_format_is_what_spark_writes(spark, tmp_path):
