@@ -354,7 +354,7 @@ def _keep_masks(table, path: str) -> dict[str, np.ndarray]:
 def _matched(file: Path, layout: _Layout, key: pa.Table, keep: np.ndarray | None) -> np.ndarray:
     """The positions in ``file`` of rows its deletion vector keeps whose key is in ``key``."""
     names = key.column_names
-    columns = _read_columns(file, layout, names)
+    columns = _read(file, layout, names)
     n = columns.num_rows
     columns = columns.append_column("__pos", pa.array(np.arange(n, dtype=np.int64)))
     if keep is not None:
@@ -392,11 +392,6 @@ def _read(
         for n in names
     ]
     return pa.table(arrays, names=names)
-
-
-def _read_columns(file: Path, layout: _Layout, names: list[str]) -> pa.Table:
-    """Columns ``names`` of every row of ``file`` (see :func:`_read`)."""
-    return _read(file, layout, names)
 
 
 def _read_rows(file: Path, layout: _Layout, names: list[str], positions: np.ndarray) -> pa.Table:
@@ -478,34 +473,53 @@ def delete_and_append(
                 added["dataChange"] = True
                 added["stats"] = _loose(old.get("stats"))
                 actions.append({"add": added})
-        info = {
-            "timestamp": now,
-            "operation": "MERGE",
-            "operationParameters": {},
-            "readVersion": located.version,
-            "isBlindAppend": False,
-            "engineInfo": _ENGINE,
-            "txnId": str(uuid.uuid4()),
-        }
-        if metadata and "userMetadata" in metadata:
-            info["userMetadata"] = metadata["userMetadata"]
-        head = [
-            {"commitInfo": info},
-            {"txn": {"appId": app, "version": int(version), "lastUpdated": now}},
-        ]
-        body = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in head + actions)
-        if not _commit(log_dir, located.version + 1, body):
-            raise _Raced()
-        _checkpoint_every(located.path, located.version + 1, layout.configuration)
-    except _Raced:
-        for f in written:
-            f.unlink(missing_ok=True)
-        return False
+        txn = {"txn": {"appId": app, "version": int(version), "lastUpdated": now}}
+        user = (metadata or {}).get("userMetadata")
+        return _commit_actions(
+            located.path, located.version, "MERGE", [txn, *actions], now, layout, written, user
+        )
     except BaseException:
-        for f in written:
-            f.unlink(missing_ok=True)
+        _remove(written)
         raise
+
+
+def _commit_actions(
+    path: str,
+    read: int,
+    operation: str,
+    actions: list[dict],
+    now: int,
+    layout: _Layout,
+    written: list[Path],
+    user: str | None = None,
+) -> bool:
+    """Commits ``actions`` (with ``commitInfo``) as version ``read + 1`` of the table at
+    ``path``; a checkpoint at its interval. False when another writer made that version
+    first: the files ``written`` for the commit are removed."""
+    info = {
+        "timestamp": now,
+        "operation": operation,
+        "operationParameters": {},
+        "readVersion": read,
+        "isBlindAppend": False,
+        "engineInfo": _ENGINE,
+        "txnId": str(uuid.uuid4()),
+    }
+    if user is not None:
+        info["userMetadata"] = user
+    body = "".join(
+        json.dumps(a, separators=(",", ":")) + "\n" for a in [{"commitInfo": info}, *actions]
+    )
+    if not _commit(Path(path) / "_delta_log", read + 1, body):
+        _remove(written)
+        return False
+    _checkpoint_every(path, read + 1, layout.configuration)
     return True
+
+
+def _remove(files: list[Path]) -> None:
+    for f in files:
+        f.unlink(missing_ok=True)
 
 
 SMALL_FILE_ROWS = 250_000
@@ -580,32 +594,12 @@ def compact(path: str, most_rows: int = 1_000_000) -> bool:
                 removed["dataChange"] = False
                 out.append({"remove": removed})
             flush()
-            info = {
-                "timestamp": now,
-                "operation": "OPTIMIZE",
-                "operationParameters": {},
-                "readVersion": version,
-                "isBlindAppend": False,
-                "engineInfo": _ENGINE,
-                "txnId": str(uuid.uuid4()),
-            }
-            body = "".join(
-                json.dumps(a, separators=(",", ":")) + "\n" for a in [{"commitInfo": info}, *out]
-            )
-            if not _commit(root / "_delta_log", version + 1, body):
-                raise _Raced()
-            _checkpoint_every(path, version + 1, layout.configuration)
+            return _commit_actions(path, version, "OPTIMIZE", out, now, layout, written)
         except BaseException:
-            for f in written:
-                f.unlink(missing_ok=True)
+            _remove(written)
             raise
-    except (Unsupported, _Raced, pa.ArrowException):
+    except (Unsupported, pa.ArrowException):
         return False
-    return True
-
-
-class _Raced(Exception):
-    pass
 
 
 def _commit(log_dir: Path, version: int, body: str) -> bool:

@@ -313,9 +313,7 @@ def _resolve(cand: Candidate, rows: pa.Table, names: list[str], run: int):
         ],
         schema=schema,
     )
-    columns = [list(c) for c in zip(*(o.values for o in out), strict=True)] if out else None
-    if columns is None:
-        columns = [[] for _ in names]
+    columns = [[o.values[p] for o in out] for p in range(len(names))]
     columns += [[o.lsn for o in out], [o.diff for o in out]]
     arrays = [pa.array(c, f.type) for c, f in zip(columns, schema, strict=True)]
     return pa.concat_tables([whole, pa.Table.from_arrays(arrays, schema=schema)]), unresolved
