@@ -1,7 +1,7 @@
 """The one place a SparkSession comes from.
 
-Locally the session is ``local[*]`` with Delta Lake (jars from Maven through
-``spark.jars.packages``, downloaded once by Ivy), a Hive catalog whose Derby metastore and
+Locally the session is ``local[*]`` with Delta Lake (jars from Maven Central, resolved and
+downloaded once by Ivy: :func:`fetch_jars`), a Hive catalog whose Derby metastore and
 warehouse live under the state directory (so a second run sees the first run's tables), small
 shuffle partitions and no UI. On Databricks the runtime's own session is returned untouched.
 
@@ -130,7 +130,7 @@ def _jvm_flags() -> str:
     return f"{JVM_OPTIONS} {LOCAL_JVM_OPTIONS} {os.environ.get(EXTRA_JVM_OPTIONS_ENV, '')}".strip()
 
 
-def _archive_key(jars: list[str] | None, java_options: str) -> str:
+def _archive_key(jars: list[str], java_options: str) -> str:
     """What an archive of the JVM's loaded classes depends on: the Java installation, Spark's
     jars, the packages' jars and the options (a mismatch would only make the JVM ignore it)."""
     import pyspark
@@ -142,7 +142,7 @@ def _archive_key(jars: list[str] | None, java_options: str) -> str:
         str(java.stat().st_mtime) if java.exists() else "",
         pyspark.__version__,
         *sorted(p.name for p in spark_jars.glob("*.jar")),
-        *(jars or ["(resolved by Ivy)"]),
+        *jars,
         java_options,
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
@@ -153,7 +153,7 @@ def _java_path() -> str | None:
     return f"{home}/bin{os.pathsep}{os.environ.get('PATH', '')}" if home else None
 
 
-def class_archive_options(jars: list[str] | None, java_options: str) -> str:
+def class_archive_options(jars: list[str], java_options: str) -> str:
     """JVM options that start the local Spark JVM from an archive of the classes an earlier
     run loaded (HotSpot's class data sharing), or that make this run write one at its exit.
 
@@ -223,9 +223,9 @@ def write_log4j2(state_dir: Path) -> Path:
 
 
 def jars_file() -> Path:
-    """Where the jars Ivy resolved for ``spark.jars.packages`` are remembered (beside Ivy's own
-    cache, for every state directory), so that later starts pass them as ``spark.jars`` and
-    skip the resolution and its report."""
+    """Where the jar files resolved for a set of Maven coordinates are remembered (in
+    pgmedallion's cache, for every state directory), so that every start passes them as
+    ``spark.jars`` and none resolves."""
     return _cache_dir() / "spark-jars.json"
 
 
@@ -241,10 +241,7 @@ def resolved_jars(packages: str) -> list[str] | None:
     return jars
 
 
-def remember_jars(packages: str, spark: SparkSession) -> None:
-    jars = [j for j in (spark.sparkContext.getConf().get("spark.jars") or "").split(",") if j]
-    if not jars:
-        return
+def _remember_jars(packages: str, jars: list[str]) -> None:
     path = jars_file()
     try:
         recorded = json.loads(path.read_text())
@@ -260,23 +257,117 @@ def remember_jars(packages: str, spark: SparkSession) -> None:
         pass  # a read-only home: every start resolves, as without the cache
 
 
-def spark_settings(
-    state_dir: Path, *, packages: tuple[str, ...] = (), jars: list[str] | None = None
-) -> dict[str, str]:
-    """The local session's settings; ``jars``: the files Ivy resolved for the packages before
-    (then passed as ``spark.jars``, with no resolution)."""
+IVY_MODULE = """\
+<ivy-module version="2.0">
+  <info organisation="pgmedallion" module="spark-jars"/>
+  <dependencies>
+{dependencies}
+    <exclude org="org.apache.spark"/>
+    <exclude module="scala-library"/>
+  </dependencies>
+</ivy-module>
+"""
+"""What Spark itself resolves for ``spark.jars.packages``: each coordinate's ``default``
+configuration (compile and runtime scopes), without Spark's own artifacts and the Scala
+library, which Spark brings."""
+
+
+def fetch_jars(packages: str) -> list[str]:
+    """The jar files of ``packages`` (Maven coordinates, comma-separated), resolved and
+    downloaded once by Ivy (the one Spark ships) into Ivy's cache and remembered.
+
+    Spark resolves ``spark.jars.packages`` itself at every start, printing Ivy's report (about
+    a hundred lines, with a "Host ... not found" line for each artifact its spark-packages
+    resolver cannot reach). Done here instead, the first start prints one line and every
+    later start resolves nothing. Processes starting together resolve one at a time (a lock
+    beside the record); the later ones find the jars recorded."""
+    jars = resolved_jars(packages)
+    if jars is not None:
+        return jars
+    import fcntl
+
+    lock_path = jars_file().with_suffix(".lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        jars = resolved_jars(packages)
+        if jars is None:
+            jars = _ivy_resolve(packages)
+            _remember_jars(packages, jars)
+    return jars
+
+
+def _ivy_resolve(packages: str) -> list[str]:
+    import tempfile
+    from xml.sax.saxutils import quoteattr
+
+    import pyspark
+
+    from pgmedallion.core.errors import TransientError
+
+    coordinates = [c.strip().split(":") for c in packages.split(",") if c.strip()]
+    dependencies = "\n".join(
+        f"    <dependency org={quoteattr(group)} name={quoteattr(name)} rev={quoteattr(rev)}"
+        ' conf="default->default"/>'
+        for group, name, rev in coordinates
+    )
+    settings = _extra_settings()
+    ivy_home = Path(settings.get("spark.jars.ivy") or Path.home() / ".ivy2.5.2")
+    (ivy_jar,) = (Path(pyspark.__file__).parent / "jars").glob("ivy-*.jar")
+    names = ", ".join(":".join(c) for c in coordinates)
+    log.info("Downloading %s and its dependencies from Maven Central (once) ...", names)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        module = Path(tmp) / "ivy.xml"
+        module.write_text(IVY_MODULE.format(dependencies=dependencies))
+        classpath = Path(tmp) / "classpath"
+        command = [
+            shutil.which("java", path=_java_path()) or "java",
+            "-cp",
+            str(ivy_jar),
+            "org.apache.ivy.Main",
+            "-ivy",
+            str(module),
+            "-confs",
+            "default",
+            "-cache",
+            str(ivy_home / "cache"),
+            "-cachepath",
+            str(classpath),
+            "-warn",
+        ]
+        if settings.get("spark.jars.ivySettings"):
+            command += ["-settings", settings["spark.jars.ivySettings"]]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0 or not classpath.is_file():
+            problems = [
+                line.strip()
+                for line in (done.stdout + done.stderr).splitlines()
+                if "::" in line or "ERROR" in line or "not found" in line.lower()
+            ]
+            raise TransientError(
+                f"could not download the Spark jars of {names} from Maven Central (is it "
+                "reachable from here?): " + ("; ".join(problems[:8]) or f"exit {done.returncode}")
+            )
+        jars = [j for j in classpath.read_text().strip().split(os.pathsep) if j]
+    log.info("Downloaded %d jars in %.0f s", len(jars), time.monotonic() - started)
+    return jars
+
+
+def spark_settings(state_dir: Path, *, packages: tuple[str, ...] = ()) -> dict[str, str]:
+    """The local session's settings: Delta's jars and ``packages`` (Maven coordinates) as
+    files resolved once (:func:`fetch_jars`), so that Spark resolves nothing."""
     state_dir = Path(state_dir).absolute()
     metastore = state_dir / "metastore_db"
     java_options = (
         f"-Dderby.system.home={state_dir} -Dlog4j2.configurationFile={log4j2_file(state_dir)} "
         + _jvm_flags()
     )
-    coordinates = ",".join((delta_package(), *packages))
-    jar_setting = {"spark.jars": ",".join(jars)} if jars else {"spark.jars.packages": coordinates}
+    jars = fetch_jars(",".join((delta_package(), *packages)))
     return {
         "spark.master": "local[*]",
         "spark.app.name": "pgmedallion",
-        **jar_setting,
+        "spark.jars": ",".join(jars),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.catalogImplementation": "hive",
@@ -333,20 +424,16 @@ def get_spark(
     os.environ.setdefault("PYSPARK_PYTHON", _python())
     state = Path(state_dir).absolute()
     state.mkdir(parents=True, exist_ok=True)
-    coordinates = ",".join((delta_package(), *packages))
-    jars = resolved_jars(coordinates)
     write_log4j2(state)
     builder = SparkSession.builder
-    settings = spark_settings(state, packages=packages, jars=jars)
-    archive = class_archive_options(jars, _jvm_flags())
+    settings = spark_settings(state, packages=packages)
+    archive = class_archive_options(settings["spark.jars"].split(","), _jvm_flags())
     if archive:
         settings["spark.driver.extraJavaOptions"] += " " + archive
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    if jars is None:
-        remember_jars(coordinates, spark)
     return spark
 
 

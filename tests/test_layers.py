@@ -1,9 +1,10 @@
 """The layer order the README draws, held by the code's imports (no Spark, no PostgreSQL).
 
-core <- bronze <- capture <- silver <- gold <- marts <- pgmedallion: a module imports only from
+core <- bronze <- capture <- silver <- gold <- marts <- commands: a module imports only from
 its own layer and the layers before it, so no cycle can form between layers. Each layer is a
 folder of the repository installed as a subpackage of the one import package (``capture/`` is
-``pgmedallion.capture``); the folder ``pgmedallion/`` is the top layer (CLI, pipeline).
+``pgmedallion.capture``); the folder ``commands/`` is the top layer (CLI, pipeline), installed
+as ``pgmedallion`` itself.
 Imports sit at module top, except where a module states why below.
 """
 
@@ -15,17 +16,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ["core", "bronze", "capture", "silver", "gold", "marts", "pgmedallion"]
+LAYERS = ["core", "bronze", "capture", "silver", "gold", "marts", "commands"]
 
 # Modules allowed to import project code inside functions, and why.
 LAZY_IMPORTS = {
     "bronze/engines.py": "bronze's Spark writer loads pyspark, which a local capture never needs",
-    "pgmedallion/cli.py": "a command imports only what it runs (no pyspark for `capture`)",
-    "pgmedallion/pipeline.py": "a stage's modules load only when it runs (silver: ~0.2 s more)",
-    "pgmedallion/demo.py": "the demo starts PostgreSQL before importing the Spark side",
-    "pgmedallion/status.py": "status reads local tables by delta-rs: bronze's Spark reader "
+    "commands/cli.py": "a command imports only what it runs (no pyspark for `capture`)",
+    "commands/pipeline.py": "a stage's modules load only when it runs (silver: ~0.2 s more)",
+    "commands/demo.py": "the demo starts PostgreSQL before importing the Spark side",
+    "commands/status.py": "status reads local tables by delta-rs: bronze's Spark reader "
     "(pyspark) loads only where a table is not local",
-    "pgmedallion/checks.py": "type overrides are judged with silver's Spark types, and doctor "
+    "commands/checks.py": "type overrides are judged with silver's Spark types, and doctor "
     "runs where PySpark is not installed",
 }
 
@@ -35,13 +36,13 @@ def _layer(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] != "pgmedallion":
         return None
-    return parts[1] if len(parts) > 1 and parts[1] in LAYERS[:-1] else "pgmedallion"
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS[:-1] else "commands"
 
 
 def _module_name(path: Path) -> str:
     rel = path.relative_to(ROOT).with_suffix("")
     parts = list(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
-    return ".".join(parts if parts[0] == "pgmedallion" else ["pgmedallion", *parts])
+    return ".".join(["pgmedallion", *(parts[1:] if parts[0] == "commands" else parts)])
 
 
 def _modules() -> list[Path]:
@@ -144,4 +145,4 @@ def test_the_checker_sees_a_wrong_import(tmp_path):
         ("pgmedallion.silver.build", True, 4),
     ]
     assert [_layer(name) for name, _, _ in _imports(bad)] == ["gold", "silver"]
-    assert _layer("pgmedallion.cli") == "pgmedallion" and _layer("pyspark.sql") is None
+    assert _layer("pgmedallion.cli") == "commands" and _layer("pyspark.sql") is None

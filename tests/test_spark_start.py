@@ -7,6 +7,7 @@ JVMs in child processes, each with a fresh cache directory of its own.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -85,3 +86,40 @@ def test_a_claimed_archive_is_left_to_its_writer_and_an_old_claim_is_taken(tmp_p
     options, rows = _start(cache, tmp_path / "state")
     assert "-XX:ArchiveClassesAtExit=" in options and rows == 3
     assert len(list(archives.glob("*.jsa"))) == 1 and not claim.exists()
+
+
+def test_a_first_start_downloads_the_jars_with_one_line_and_no_resolution_report(tmp_path):
+    """Nothing remembered (a fresh pgmedallion cache): the start resolves the Delta jars
+    itself, says so in one line, and Spark resolves nothing (no Ivy report, no "Host ... not
+    found" for resolvers it does not need). The next start does not resolve at all."""
+    child = (
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.INFO, format='%(name)s: %(message)s')\n"
+        "from pgmedallion.core.spark import get_spark\n"
+        "spark = get_spark(sys.argv[1])\n"
+        "print('JARS', len(spark.sparkContext.getConf().get('spark.jars').split(',')))\n"
+        "print('ROWS', spark.range(3).count())\n"
+    )
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+
+    def start() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", child, str(tmp_path / "state")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=True,
+        )
+
+    first = start()
+    said = [line for line in first.stderr.splitlines() if "from Maven Central" in line]
+    assert len(said) == 1 and "io.delta:delta-spark_" in said[0], first.stderr
+    for report in [":: resolving dependencies", "found io.delta", "not found", ":: loading"]:
+        assert report not in first.stderr
+    assert "ROWS 3" in first.stdout and int(first.stdout.split("JARS ")[1].split()[0]) > 1
+    recorded = json.loads((tmp_path / "cache" / "pgmedallion" / "spark-jars.json").read_text())
+    assert all(Path(jar).is_file() for jars in recorded.values() for jar in jars)
+
+    second = start()
+    assert "Maven Central" not in second.stderr and "ROWS 3" in second.stdout
