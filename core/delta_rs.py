@@ -20,7 +20,7 @@ import tempfile
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -200,11 +200,17 @@ def done(table: DeltaTable, app: str, version: int) -> bool:
 
 
 def commit_properties(
-    app: str | None, version: int | None, metadata: Mapping[str, str] | None = None
+    app: str | None,
+    version: int | None,
+    metadata: Mapping[str, str] | None = None,
+    also: Sequence[str] = (),
 ) -> CommitProperties:
-    """The commit's idempotency record and ``commitInfo`` entries (``userMetadata`` as Spark
-    writes it: a top-level string)."""
-    transactions = [Transaction(app, version)] if app is not None and version is not None else None
+    """The commit's idempotency record (``app`` at ``version``, and each of ``also`` at the
+    same version: the commit stands for theirs too) and ``commitInfo`` entries
+    (``userMetadata`` as Spark writes it: a top-level string)."""
+    transactions = None
+    if app is not None and version is not None:
+        transactions = [Transaction(a, version) for a in (app, *also)]
     return CommitProperties(
         app_transactions=transactions, custom_metadata=dict(metadata) if metadata else None
     )
@@ -231,10 +237,12 @@ def append(
     version: int,
     metadata: Mapping[str, str] | None = None,
     mode: str = "append",
+    also: Sequence[str] = (),
 ) -> bool:
     """Append ``data`` to the table at ``path`` (``mode="overwrite"``: replace every row by
-    it) as the commit of ``app`` at ``version``. False when that commit was made before
-    (nothing is written)."""
+    it) as the commit of ``app`` at ``version`` (and of each of ``also``: see
+    :func:`commit_properties`). False when that commit was made before (nothing is
+    written)."""
     table = open_table(path)
     if done(table, app, version):
         return False
@@ -242,7 +250,7 @@ def append(
         table,
         data,
         mode=mode,
-        commit_properties=commit_properties(app, version, metadata),
+        commit_properties=commit_properties(app, version, metadata, also),
     )
     return True
 

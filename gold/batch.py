@@ -108,6 +108,16 @@ def _has_map(t: T.DataType) -> bool:
     return False
 
 
+def _shape(t: T.DataType):
+    """A type without its fields' metadata (a column-mapped table's struct fields carry their
+    ids and physical names), for comparing types."""
+    if isinstance(t, T.StructType):
+        return tuple((f.name, _shape(f.dataType), f.nullable) for f in t.fields)
+    if isinstance(t, T.ArrayType):
+        return ("array", _shape(t.elementType), t.containsNull)
+    return t
+
+
 def qualifies(t: Table, exists: bool) -> _Item | None:
     """The table's batch item if its build takes this path (delta-rs reads only)."""
     if not (t.path and delta_rs.usable(t.silver_path)):
@@ -120,8 +130,8 @@ def qualifies(t: Table, exists: bool) -> _Item | None:
             return None
         have = delta_rs.spark_schema(t.path)
         want = gold_schema(t.columns)
-        if [(f.name, f.dataType) for f in have.fields] != [
-            (f.name, f.dataType) for f in want.fields
+        if [(f.name, _shape(f.dataType)) for f in have.fields] != [
+            (f.name, _shape(f.dataType)) for f in want.fields
         ]:
             return None  # the per-table path recreates it
         applied = applied_state(t.spark, t.gold, t.path)

@@ -6,9 +6,10 @@ append's collect: 0.15-0.35 s each, whatever the rows). Here the tables that qua
 are run in the driver on a few rows, and need no Spark when the window was read there
 (:mod:`silver.window`):
 
-    1. cast        the driver's plain cast (``pgmedallion.silver.cast_arrow``) of each table's
-                   changes; for a window Spark holds, or a type only Spark casts, one Spark job
-                   per :data:`core.packed.PARTS_PER_JOB` tables (the plain expressions, packed,
+    1. cast        each column's kernel (``pgmedallion.silver.kernel``) over each table's
+                   changes: typed values, or an error record for a value that does not cast
+                   (its row is not a diff); for a window Spark holds, one Spark job per
+                   :data:`core.packed.PARTS_PER_JOB` tables (the plain expressions, packed,
                    collected as Arrow)
     2. resolve     previous images (``pgmedallion.silver.identity.resolve``, the same function
                    the Spark path runs in a Python task) against the table's rows of earlier
@@ -19,12 +20,11 @@ are run in the driver on a few rows, and need no Spark when the window was read 
 
 What qualifies: a table with changes in the window and nothing else (no snapshot rows, no
 truncate), whose silver table exists in a local directory, whose window holds at most
-``[lakehouse] batch_changes`` changes, and whose types all have plain casts; and whose earlier
-rows are few to read: none needed (no previous images to resolve), or at most
-``[lakehouse] small_table_rows`` rows, or an identity key with an integer column (the earlier
-rows are then read narrowed to the retracted keys' values of it). A table whose cast leaves a
-row unsettled (a value that does not cast, or needs the full cast), or with a change at or
-below its snapshot LSN (a rewind), goes back to the per-table path, which writes what this path
+``[lakehouse] batch_changes`` changes; and whose earlier rows are few to read: none needed (no
+previous images to resolve), or at most ``[lakehouse] small_table_rows`` rows, or an identity
+key with an integer column (the earlier rows are then read narrowed to the retracted keys'
+values of it). A table whose Spark cast leaves a row unsettled, or with a change at or below
+its snapshot LSN (a rewind), goes back to the per-table path, which writes what this path
 would and also records the errors and the rewinds; so does one whose silver columns are not the
 run's (a new column: schema evolution is Spark's).
 """
@@ -34,8 +34,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
@@ -45,12 +46,11 @@ from pgmedallion.core import deletion_vectors, delta_rs, engine, packed
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.naming import quote
 from pgmedallion.core.parallel import concurrently
-from pgmedallion.silver.cast_arrow import plain_cast_arrow
 from pgmedallion.silver.cast_columns import UNSETTLED_COLUMN, plain_cast
 from pgmedallion.silver.cast_rows import ROW_DIFF, ROW_LSN, cast_base, typed_columns
 from pgmedallion.silver.changes import PLAIN, RETRACT
 from pgmedallion.silver.contract import DIFF, LSN, RUN, TableInfo
-from pgmedallion.silver.errors import ErrorRecord
+from pgmedallion.silver.errors import CastError, ErrorRecord
 from pgmedallion.silver.identity import (
     COLUMNS,
     KIND,
@@ -60,7 +60,9 @@ from pgmedallion.silver.identity import (
     resolve,
     state_before,
 )
+from pgmedallion.silver.kernel import cast_rows
 from pgmedallion.silver.rewind import consolidated_rows
+from pgmedallion.silver.write import diffs_app
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,19 @@ class Outcome:
     rows: int | None
     """Rows appended; None when the commit was made before (a rerun)."""
     errors: list[ErrorRecord]
+    adjusted: list[tuple] = field(default_factory=list)
+    """``(column, code, count, first_lsn, sample)``: values a declared rule adjusted."""
+
+
+@dataclass
+class DriverCast:
+    """A candidate's changes cast in the driver: the rows that cast (``_CAST_SHARED`` after
+    the data columns, none unsettled), an error per value that did not (its row is not a
+    diff), and the adjustments."""
+
+    rows: pa.Table
+    errors: list[ErrorRecord]
+    adjusted: list[tuple]
 
 
 _INTEGER_TYPES = {20, 21, 23}  # int8, int2, int4
@@ -120,18 +135,26 @@ def run_batched(
     spark: SparkSession,
     candidates: list[Candidate],
     run: int,
-    app: str,
+    source: str,
 ) -> tuple[dict[int, Outcome], list[int]]:
-    """The candidates' runs: outcomes by table oid, and the oids left to the per-table path."""
+    """The candidates' runs: outcomes by table oid, and the oids left to the per-table path.
+
+    Each table's one commit holds all of its rows of the run and stands for both of the
+    per-table path's commits (``write.diffs_app``: its settled and its unsettled rows), so a
+    redo on that path finds nothing left to do. A redo here of a run whose per-table attempt
+    made only its first commit goes to the per-table path, which decides what is left."""
+    app, app_unsettled = diffs_app(source), diffs_app(source, unsettled=True)
     ready: list[tuple[Candidate, pa.Table]] = []
     rest: list[int] = []
     in_spark: list[Candidate] = []
+    cast_out: dict[int, DriverCast] = {}
     for cand in candidates:
-        rows = None if cand.rows is None else _cast_in_driver(cand)
-        if rows is None:
+        if cand.rows is None:
             in_spark.append(cand)
-        else:
-            ready.append((cand, rows))
+            continue
+        cast = _cast_in_driver(cand)
+        cast_out[cand.info.oid] = cast
+        ready.append((cand, cast.rows))
     ready += _cast_in_spark(in_spark, rest)
     ready = [(cand, rows) for cand, rows in ready if _settled(cand, rows, rest)]
     if not ready:
@@ -155,18 +178,24 @@ def run_batched(
 
     def commit(i: int) -> tuple[int, Outcome | None]:
         cand, _ = ready[i]
+        oid = cand.info.oid
         names = [c["name"] for c in cand.info.columns]
         rows = consolidated_rows(results[i][0], names, run)
         table = delta_rs.open_table(cand.path)
         if not delta_rs.conforms(table, rows.column_names):
-            return cand.info.oid, None
+            return oid, None
+        cast = cast_out.get(oid)
+        errors = results[i][1] + (cast.errors if cast else [])
+        adjusted = cast.adjusted if cast else []
         if delta_rs.done(table, app, run):  # a rerun: the crashed attempt made this commit
-            return cand.info.oid, Outcome(None, results[i][1])
+            if not delta_rs.done(table, app_unsettled, run):
+                return oid, None  # the per-table path's first commit: it decides the rest
+            return oid, Outcome(None, errors, adjusted)
         rows = _conformed(cand.path, delta_rs.in_table_order(table, rows))
         failpoint("silver.before_append")
-        delta_rs.append(cand.path, rows, app, run)
+        delta_rs.append(cand.path, rows, app, run, also=[app_unsettled])
         failpoint("silver.after_append")
-        return cand.info.oid, Outcome(rows.num_rows, results[i][1])
+        return oid, Outcome(rows.num_rows, errors, adjusted)
 
     done: dict[int, Outcome] = {}
     for oid, outcome in concurrently(commit, list(range(len(ready))), engine.current().workers):
@@ -190,15 +219,12 @@ def _settled(cand: Candidate, rows: pa.Table, rest: list[int]) -> bool:
     return True
 
 
-def _cast_in_driver(cand: Candidate) -> pa.Table | None:
-    """The candidate's changes cast by the driver's plain cast (:mod:`silver.cast_arrow`), as
-    ``_cast_in_spark`` gives them; None when a type has no plain cast there."""
+def _cast_in_driver(cand: Candidate) -> DriverCast:
+    """The candidate's changes cast by each column's kernel (:mod:`silver.kernel`), as
+    ``_cast_in_spark`` gives them, without the rows that did not cast (their errors instead)."""
     rows = cand.rows
     columns = typed_columns(cand.info)
-    cast = plain_cast_arrow(rows.column("values"), columns)
-    if cast is None:
-        return None
-    typed, unsettled = cast
+    cast = cast_rows(rows.column("values"), columns)
     names = [name for name, _ in columns]
     shared = [
         rows.column("lsn"),
@@ -206,9 +232,18 @@ def _cast_in_driver(cand: Candidate) -> pa.Table | None:
         rows.column("ordinal"),
         rows.column("kind"),
         rows.column("columns"),
-        pa.array(unsettled, pa.bool_()),
+        pa.array(np.zeros(rows.num_rows, bool)),
     ]
-    return pa.Table.from_arrays([*typed, *shared], names=[*names, *_CAST_SHARED])
+    table = pa.Table.from_arrays([*cast.columns, *shared], names=[*names, *_CAST_SHARED])
+    lsns = rows.column("lsn").to_numpy()
+    errors = [
+        ErrorRecord(cand.info.oid, int(lsns[row]), CastError.__name__, message, column, raw)
+        for row, column, raw, message in cast.errors
+    ]
+    adjusted = cast.adjustments(lsns)
+    if cast.failed.any():
+        table = table.filter(pa.array(~cast.failed))
+    return DriverCast(table, errors, adjusted)
 
 
 def _cast_in_spark(

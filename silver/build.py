@@ -75,7 +75,6 @@ from pgmedallion.silver.window import Decoded, Window, single_reads, with_mtype
 from pgmedallion.silver.write import (
     append_diffs,
     create_diff_table,
-    diffs_app,
     rename_by_rewrite,
     restate_added,
     widen_columns,
@@ -415,8 +414,10 @@ def _run_tables(
     paths = {oid: delta_rs.table_dir(schema_dir, r.tables[oid].silver_table) for oid in work}
     rows: dict[str, int] = {}
     adjusted: list[tuple] = []
-    rest = _run_batched(spark, cfg, n, r, work, existing, paths, wal_diffs, rows)
-    rest = _run_first_snapshots(spark, cfg, n, r, rest, existing, paths, copy_widths, rows)
+    rest = _run_batched(spark, cfg, n, r, work, existing, paths, wal_diffs, rows, adjusted)
+    rest = _run_first_snapshots(
+        spark, cfg, n, r, rest, existing, paths, copy_widths, rows, adjusted
+    )
 
     def one_table(oid: int) -> tuple[int, list[ErrorRecord], list[tuple]]:
         info = r.tables[oid]
@@ -566,9 +567,11 @@ def _run_batched(
     paths: dict[int, str | None],
     wal_diffs: Decoded,
     rows: dict[str, int],
+    adjusted: list[tuple],
 ) -> list[int]:
     """The tables of ``work`` that :mod:`silver.batch` takes, run there (their rows counted in
-    ``rows``, their errors in ``r.errors``); returns the others, in order."""
+    ``rows``, their errors in ``r.errors``, their adjustments in ``adjusted``); returns the
+    others, in order."""
     only_changes = [
         oid
         for oid in work
@@ -605,11 +608,12 @@ def _run_batched(
         for oid in chosen
     ]
     run = r.plan.run
-    outcomes, _ = batch.run_batched(spark, candidates, run, diffs_app(cfg.source.name))
+    outcomes, _ = batch.run_batched(spark, candidates, run, cfg.source.name)
     for oid, outcome in outcomes.items():
         info = r.tables[oid]
         rows[info.qualified_name] = written(spark, n.table(info.silver_table), run, [outcome.rows])
         r.errors.extend(outcome.errors)
+        adjusted += [(oid, *a) for a in outcome.adjusted]
     return [oid for oid in work if oid not in outcomes]
 
 
@@ -623,10 +627,11 @@ def _run_first_snapshots(
     paths: dict[int, str | None],
     copy_widths: dict[int, tuple[int, int]],
     rows: dict[str, int],
+    adjusted: list[tuple],
 ) -> list[int]:
     """The tables of ``work`` whose first snapshot :mod:`silver.first_load` takes (one at a
-    time: each holds its rows in the driver), their rows counted in ``rows``; returns the
-    others, in order."""
+    time: each holds its rows in the driver), their rows counted in ``rows``, their errors in
+    ``r.errors`` and adjustments in ``adjusted``; returns the others, in order."""
     bronze = bronze_dir(spark, cfg) if work else None
     literal = "'" + cfg.source.name.replace("'", "''") + "'"
     rest = []
@@ -649,7 +654,7 @@ def _run_first_snapshots(
         )
         target = n.table(info.silver_table)
         try:
-            count = first_snapshot(
+            done = first_snapshot(
                 spark,
                 info,
                 bronze,
@@ -663,11 +668,13 @@ def _run_first_snapshots(
             )
         except Exception as exc:  # e.g. a value Arrow cannot hold: Spark can
             log.warning("%s: snapshot read by Spark (%s)", info.qualified_name, exc)
-            count = None
-        if count is None:
+            done = None
+        if done is None:
             rest.append(oid)
         else:
-            rows[info.qualified_name] = count
+            rows[info.qualified_name] = done.rows
+            r.errors.extend(done.errors)
+            adjusted += [(oid, *a) for a in done.adjusted]
     return rest
 
 

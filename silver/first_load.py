@@ -9,22 +9,24 @@ snapshot's COPY rows and nothing else, takes that path:
     read         delta-rs: the table's ``copy`` records of the run's batch window
     decode       lines split on newlines, fields on tabs, ``\N`` is NULL; a line with another
                  escape is decoded by the reference decoder (``capture.copy_text.decode_copy_row``)
-    cast         the driver's plain cast (``silver.cast_arrow``)
+    cast         every column's kernel (``silver.kernel``): typed values, or an error record
     consolidate  ``silver.rewind.consolidated_rows`` (every row at LSN 0, +1)
     create       the silver table, by Spark (its catalog entry)
-    append       delta-rs, the same idempotent commit the per-table path makes first
+    append       delta-rs, one idempotent commit that stands for both of the per-table path's
+                 (its settled and its unsettled rows)
 
 Anything else goes the per-table path before anything is written: a table with changes,
-truncates or columns added since the snapshot in the run, a line Spark's decoder leaves to
-Python or that has the wrong number of fields (its error record is the per-table path's), a
-value the plain cast does not settle, more rows than ``[lakehouse] driver_rows``, a bronze or
-silver that is not local. A run that crashed after the append is redone by the per-table path,
-which finds the table and rebuilds it from the snapshot.
+truncates or columns added since the snapshot in the run, a line that is not valid COPY TEXT
+or has the wrong number of fields (its error record is the per-table path's), more rows than
+``[lakehouse] driver_rows``, a bronze or silver that is not local. A run that crashed after
+the append is redone by the per-table path, which finds the table and rebuilds it from the
+snapshot.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -36,9 +38,10 @@ from pgmedallion.capture.copy_text import CopyDecodeError, decode_copy_row
 from pgmedallion.core import delta_rs, engine
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.parallel import concurrently
-from pgmedallion.silver.cast_arrow import plain_cast_arrow
 from pgmedallion.silver.cast_rows import typed_columns
 from pgmedallion.silver.contract import TableInfo
+from pgmedallion.silver.errors import CastError, ErrorRecord
+from pgmedallion.silver.kernel import Rows, cast_rows, merged_adjustments
 from pgmedallion.silver.pgtypes import spark_type
 from pgmedallion.silver.rewind import consolidated_rows
 from pgmedallion.silver.write import create_diff_table, diffs_app
@@ -139,16 +142,23 @@ def _halves(payloads: pa.Array) -> list[pa.Array]:
     return [payloads.slice(0, cut), payloads.slice(cut)]
 
 
-def _typed(payloads: pa.Array, width: int, columns) -> list[pa.Array] | None:
-    """The rows of ``payloads`` decoded (:func:`copy_values`) and cast (``plain_cast_arrow``),
-    one array per column; None when a line or a value needs the per-table path."""
+def _typed(payloads: pa.Array, width: int, columns) -> Rows | None:
+    """The rows of ``payloads`` decoded (:func:`copy_values`) and cast
+    (``silver.kernel.cast_rows``); None when a line needs the per-table path."""
     values = copy_values(payloads, width)
     if values is None:
         return None
-    cast = plain_cast_arrow(values, columns)
-    if cast is None or cast[1].any():
-        return None
-    return cast[0]
+    return cast_rows(values, columns)
+
+
+@dataclass
+class FirstLoad:
+    rows: int
+    """Rows appended."""
+    errors: list[ErrorRecord]
+    """A ``CastError`` per value that does not cast (its row is not a diff)."""
+    adjusted: list[tuple]
+    """``(column, code, count, first_lsn, sample)``: values a declared rule adjusted."""
 
 
 def diff_schema(info: TableInfo) -> T.StructType:
@@ -175,11 +185,14 @@ def first_snapshot(
     source: str,
     run: int,
     silver: str,
-) -> int | None:
+) -> FirstLoad | None:
     """The table's first snapshot appended to a new silver table ``target`` (at ``path``, in
-    schema ``silver``)
-    from bronze's ``copy`` records at ``bronze`` matching ``where``; the rows appended, or None
-    when the per-table path must take it (nothing was written)."""
+    schema ``silver``) from bronze's ``copy`` records at ``bronze`` matching ``where``: the
+    rows appended, with the errors and adjustments of its values; None when the per-table path
+    must take it (nothing was written).
+
+    The one commit holds every row of the snapshot, and stands for both of the per-table
+    path's commits of the run (its settled and its unsettled rows, ``write.diffs_app``)."""
     columns = typed_columns(info)
     if not (delta_rs.usable(bronze) and path is not None) or len(columns) != width:
         return None
@@ -194,9 +207,19 @@ def first_snapshot(
     )
     if any(part is None for part in parts):
         return None
-    typed = [pa.chunked_array([part[i] for part in parts]) for i in range(len(columns))]
     names = [name for name, _ in columns]
-    rows = sum(len(part[0]) for part in parts)
+    errors = [
+        ErrorRecord(info.oid, 0, CastError.__name__, message, column, raw)
+        for part in parts
+        for _, column, raw, message in part.errors
+    ]
+    adjusted = merged_adjustments([part.adjustments(np.zeros(len(part.failed))) for part in parts])
+    kept = [pa.array(~part.failed) for part in parts]
+    typed = [
+        pa.chunked_array([part.columns[i].filter(k) for part, k in zip(parts, kept, strict=True)])
+        for i in range(len(columns))
+    ]
+    rows = sum(int((~part.failed).sum()) for part in parts)
     table = pa.Table.from_arrays(
         [*typed, pa.array(np.zeros(rows, np.int64)), pa.array(np.ones(rows, np.int64))],
         names=[*names, "_lsn", "_diff"],
@@ -212,7 +235,7 @@ def first_snapshot(
     types = delta_rs.read_arrow(path, [*names, "_lsn", "_diff", "_run"], "FALSE").schema
     out = pa.table([out.column(f.name).cast(f.type) for f in types], schema=types)
     failpoint("silver.before_append")
-    delta_rs.append(path, out, app, run)
+    delta_rs.append(path, out, app, run, also=[diffs_app(source, unsettled=True)])
     failpoint("silver.after_append")
     log.info("silver: %s: snapshot of %d rows read in the driver", info.qualified_name, rows)
-    return out.num_rows
+    return FirstLoad(out.num_rows, errors, adjusted)

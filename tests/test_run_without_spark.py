@@ -105,9 +105,9 @@ def test_an_incremental_run_needs_no_spark_and_gold_stays_exact(db, tmp_path):
     first = _run(config, env, "run")
     assert first.returncode == 0, first.stdout + first.stderr
     assert "gold: public.orders: 400 rows" in first.stdout, first.stdout
-    # the first snapshot's rows are decoded, cast and appended in the driver; interval is Spark's
+    # the first snapshot's rows are decoded, cast and appended in the driver, of every type
     assert "public.orders: snapshot of 400 rows read in the driver" in first.stderr, first.stderr
-    assert "public.spans: snapshot of" not in first.stderr
+    assert "public.spans: snapshot of 2 rows read in the driver" in first.stderr
 
     with psycopg.connect(**db, autocommit=True) as conn:
         conn.execute(CHANGES)
@@ -117,12 +117,19 @@ def test_an_incremental_run_needs_no_spark_and_gold_stays_exact(db, tmp_path):
     assert "gold: public.orders: 385 rows" in driver.stdout, driver.stdout
     assert "(incremental)" in driver.stdout
 
-    # A type only Spark casts (interval) in the window: the run starts Spark for it, and is
-    # exact; the table beside it stays on the driver's path.
+    # interval is cast in the driver too
     with psycopg.connect(**db, autocommit=True) as conn:
         conn.execute("UPDATE spans SET d = d + interval '1 hour' WHERE id = 2")
+    spans = _run(config, no_java, "run")
+    assert spans.returncode == 0, spans.stdout + spans.stderr
+    assert "starting Spark" not in spans.stderr, spans.stderr
+
+    # A run that needs Spark (here a table with more changes than [lakehouse] batch_changes)
+    # starts it halfway, and is exact.
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("UPDATE spans SET d = d + interval '1 hour'")
         conn.execute("UPDATE orders SET note = 'again' WHERE id = 12")
-    halfway = _run(config, env, "run")
+    halfway = _run(config, dict(env, PGMEDALLION_LAKEHOUSE_BATCH_CHANGES="1"), "run")
     assert halfway.returncode == 0, halfway.stdout + halfway.stderr
     assert "starting Spark" in halfway.stderr, halfway.stderr
 
@@ -130,7 +137,7 @@ def test_an_incremental_run_needs_no_spark_and_gold_stays_exact(db, tmp_path):
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "public.orders" in verify.stdout and "public.events" in verify.stdout
     assert "verify: OK" in verify.stdout, verify.stdout
-    assert "Traceback" not in driver.stderr + halfway.stderr + verify.stderr
+    assert "Traceback" not in driver.stderr + spans.stderr + halfway.stderr + verify.stderr
 
 
 FIRST = """
@@ -196,3 +203,85 @@ def test_a_first_run_needs_no_spark_and_the_catalog_learns_its_tables_later(db, 
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "verify: OK" in verify.stdout, verify.stdout
     assert "Traceback" not in first.stderr + sql.stderr + resync.stderr + verify.stderr
+
+
+ZOO = """
+CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
+CREATE DOMAIN money2 AS numeric(10,2);
+CREATE TABLE zoo (
+    id int PRIMARY KEY,
+    o oid,
+    oa oid[],
+    tags text[],
+    span interval,
+    spans interval[],
+    t time,
+    tz timetz,
+    m money,
+    n numeric,
+    r int4range,
+    v tsvector,
+    boxes box[],
+    price numeric(12,2),
+    d money2,
+    days date[],
+    at timestamptz,
+    feel mood,
+    nums numeric(6,2)[]
+);
+INSERT INTO zoo
+SELECT g, g, ARRAY[g, g + 1]::oid[], ARRAY['a' || g, NULL, 'q"uote', 'back\\slash', '', 'NULL'],
+       make_interval(months => g, days => -g, secs => g * 1.5), ARRAY[interval '1 day', NULL],
+       '12:34:56.789'::time, '12:34:56+05:30'::timetz, g * 1.25,
+       (repeat('9', 20) || '.' || repeat('1', 20))::numeric / g,
+       int4range(g, g + 10), to_tsvector('english', 'the quick fox ' || g),
+       ARRAY[box(point(g, g), point(0, 0))], g * 0.5, g * 0.25,
+       ARRAY['2026-01-01'::date + g, 'infinity'],
+       '2026-01-01 00:00:00+00'::timestamptz + g * interval '1 s',
+       (ARRAY['sad', 'ok', 'happy']::mood[])[g % 3 + 1], ARRAY[g * 0.01, NULL]::numeric(6,2)[]
+FROM generate_series(1, 200) g;
+"""
+
+
+@pytest.mark.skipif(
+    os.environ.get("PGMEDALLION_LAKEHOUSE_ENGINE") == "spark",
+    reason="Spark commits every table on this engine",
+)
+def test_a_table_of_every_kind_of_type_runs_without_spark(db, tmp_path):
+    """Arrays of several element types (NULL elements, quotes, escapes, ``box[]``'s ``;``),
+    interval, time, timetz, money, ranges, tsvector, an enum, a domain, unconstrained numeric
+    whose values are rounded (counted in ``_adjustments``), a type override: the first run
+    and a run after three changed rows cast every value in the driver (JAVA_HOME points
+    nowhere: starting Spark would fail), and PostgreSQL agrees with gold."""
+    config, env, no_java = _lakehouse(db, tmp_path, "zoo", ZOO, "zoo")
+    rounded = "SELECT count(*) FROM zoo WHERE length(rtrim(split_part(n::text, '.', 2), '0')) > 18"
+    with psycopg.connect(**db, autocommit=True) as conn:
+        expected = conn.execute(rounded).fetchone()[0]
+    with config.open("a") as f:
+        f.write('[tables."public.zoo".columns]\nprice = "double"\n')
+
+    first = _run(config, no_java, "run")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "starting Spark" not in first.stderr, first.stderr
+    assert "public.zoo: snapshot of 200 rows read in the driver" in first.stderr, first.stderr
+    assert "gold: public.zoo: 200 rows" in first.stdout, first.stdout
+
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("UPDATE zoo SET tags = ARRAY['x,y', '{z}'], span = '-1 day' WHERE id = 1")
+        conn.execute("UPDATE zoo SET n = 0.000000000000000000015, price = 3.25 WHERE id = 2")
+        conn.execute("DELETE FROM zoo WHERE id = 3")
+        # the two updates' new rows are silver's values too (the delete's is its key alone)
+        expected += conn.execute(rounded + " AND id IN (1, 2)").fetchone()[0]
+    again = _run(config, no_java, "run")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "starting Spark" not in again.stderr, again.stderr
+    assert "gold: public.zoo: 199 rows" in again.stdout, again.stdout
+
+    adjusted = _run(
+        config, env, "sql", "SELECT code, sum(count) FROM pgm_silver._adjustments GROUP BY code"
+    )
+    assert adjusted.returncode == 0, adjusted.stdout + adjusted.stderr
+    assert f"Rounded | {expected} " in adjusted.stdout, (expected, adjusted.stdout)
+    verify = _run(config, env, "verify")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "verify: OK" in verify.stdout, verify.stdout
