@@ -643,11 +643,13 @@ def _canonical_number(text: Column, target: DataType) -> Column:
 
 
 def _rounding_number(text: Column, target: DecimalType) -> Column:
-    """A number with at most the target's scale of significant decimals (trailing zeros change
-    no value); NULL for one with more (the full cast rounds it, and silver counts it) or one
-    that does not cast."""
+    """A number in PostgreSQL's form with at most the target's scale of significant decimals
+    (trailing zeros change no value); NULL for one with more (the full cast rounds it, and
+    silver counts it) or one that does not cast."""
     decimals = _significant_decimals(text)
-    return F.when(~text.contains(".") | (decimals <= target.scale), text.try_cast(target))
+    fits = ~text.contains(".") | (decimals <= target.scale)
+    # a strict parse of PostgreSQL's form: Spark's own cast also reads ``.5`` and ``5E-1``
+    return F.when(text.rlike(_NUMERIC) & fits, text.try_cast(target))
 
 
 def _datetime_plain(text: Column, target: DataType, full_pattern: str) -> Column:

@@ -1,11 +1,11 @@
-"""The driver's plain cast (``silver.cast_arrow``) never decides a value differently from
-Spark's full cast, and settles what PostgreSQL writes.
+"""The cast kernel (``silver.kernel``) decides every text as Spark's full cast does, and casts
+what PostgreSQL writes.
 
 PostgreSQL is the oracle for the texts: each type's values are written by the server (with the
 settings capture pins), together with texts PostgreSQL would never write (padded, signed,
-rounded, out of range, other offsets) and seeded random near-misses. For every text the driver
-settles, Spark's full cast (``silver.cast_columns.cast_values``) gives the same value and no
-error; every text PostgreSQL wrote for a finite value is settled.
+rounded, out of range, other offsets) and seeded random near-misses. For every text the kernel
+and Spark's full cast (``silver.cast_columns.cast_values``) give the same value and the same
+error; every text PostgreSQL wrote casts.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
 
-from pgmedallion.silver.cast_arrow import plain_cast_arrow
-from pgmedallion.silver.cast_columns import UNSETTLED_COLUMN, cast_values, plain_cast
+from pgmedallion.silver.cast_columns import cast_values
 from pgmedallion.silver.casts import CAST_ERRORS_COLUMN
+from pgmedallion.silver.kernel import cast_rows
 from pgmedallion.silver.pgtypes import PgType
 
 
@@ -87,7 +87,7 @@ CASES = {
     "text": (PgType(25), ["", "a b", "tab\there", "ü"], []),
     "jsonb": (PgType(3802), ['{"b": 1, "a": [1, null]}', "null"], []),
 }
-UNSETTLED_BY_DESIGN = {"infinity", "-infinity"}  # the column's infinity policy is the full cast's
+ERRORS_BY_DESIGN: set[str] = set()  # texts PostgreSQL writes that no Spark type holds
 
 
 def _near_misses(texts: list[str], seed: int) -> list[str]:
@@ -118,7 +118,7 @@ def _same(a, b) -> bool:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_the_driver_settles_only_what_spark_reads_the_same(db, spark, name):
+def test_the_kernel_decides_every_text_as_spark_does(db, spark, name):
     t, literals, others = CASES[name]
     with psycopg.connect(**db, autocommit=True) as conn:
         for setting in ("DateStyle = ISO", "IntervalStyle = postgres", "TimeZone = 'UTC'"):
@@ -129,13 +129,14 @@ def test_the_driver_settles_only_what_spark_reads_the_same(db, spark, name):
         text = "CASE WHEN v::bool THEN 't' ELSE 'f' END" if name == "bool" else f"v::{name}::text"
         query = f"SELECT {text} FROM unnest(%s::text[]) AS s(v)"
         written = [r[0] for r in conn.execute(query, (literals,))]
-    texts = written + others + _near_misses(written, seed=len(name))
-    values = pa.array([[x] for x in texts] + [[None]], pa.list_(pa.string()))
-    typed, unsettled = plain_cast_arrow(values, [("v", t)])
-    mine = typed[0].to_pylist()
+    texts = [*written, *others, *_near_misses(written, seed=len(name)), None]
+    values = pa.array([[x] for x in texts], pa.list_(pa.string()))
+    rows = cast_rows(values, [("v", t)])
+    mine = rows.columns[0].to_pylist()
+    my_errors = {row: message for row, _, _, message in rows.errors}
 
     df = spark.createDataFrame(
-        [(i, [x]) for i, x in enumerate([*texts, None])],
+        list(enumerate([[x] for x in texts])),
         T.StructType(
             [
                 T.StructField("i", T.IntegerType()),
@@ -143,19 +144,12 @@ def test_the_driver_settles_only_what_spark_reads_the_same(db, spark, name):
             ]
         ),
     )
-    # what the driver settles, Spark's plain cast settles too: a table's rows split the same
-    # way between a run's settled and unsettled appends on either path (a redo may take the other)
-    spark_plain = plain_cast(df, "values", [("v", t)]).orderBy("i").toArrow()
-    spark_unsettled = spark_plain.column(UNSETTLED_COLUMN).to_pylist()
-    for i, text in enumerate([*texts, None]):
-        assert unsettled[i] or not spark_unsettled[i], (name, text)
     cast = cast_values(df, "values", [("v", t)]).orderBy("i").toArrow()
     theirs, errors = cast.column("v").to_pylist(), cast.column(CAST_ERRORS_COLUMN).to_pylist()
-    for i, text in enumerate([*texts, None]):
-        if not unsettled[i]:
-            assert not errors[i], (name, text, errors[i])
-            assert _same(mine[i], theirs[i]), (name, text, mine[i], theirs[i])
-    for i, text in enumerate(written):
-        if text not in UNSETTLED_BY_DESIGN:
-            assert not unsettled[i], (name, text)
-    assert not unsettled[len(texts)] and mine[len(texts)] is None  # NULL is NULL, settled
+    for i, text in enumerate(texts):
+        their_error = errors[i][0]["message"] if errors[i] else None
+        assert my_errors.get(i) == their_error, (name, text, my_errors.get(i), their_error)
+        assert _same(mine[i], theirs[i]), (name, text, mine[i], theirs[i])
+    for i, text in enumerate(written):  # what PostgreSQL writes casts (or meets its policy)
+        assert i not in my_errors or text in ERRORS_BY_DESIGN, (name, text, my_errors[i])
+    assert mine[-1] is None and len(texts) - 1 not in my_errors  # NULL is NULL, no error

@@ -35,7 +35,7 @@ from pgmedallion.capture.connection import connect
 from pgmedallion.capture.copy_text import decode_copy_row
 from pgmedallion.capture.snapshot import table_schema_at_snapshot
 from pgmedallion.silver.cast_columns import cast_values
-from pgmedallion.silver.casts import CAST_ERRORS_COLUMN, adjustments
+from pgmedallion.silver.casts import CAST_ERRORS_COLUMN, adjustments, caster
 from pgmedallion.silver.kernel import adjustment, arrow_type, cast_texts
 from pgmedallion.silver.pgtypes import PgType, pg_type_of
 from tests.conftest import _fresh_db
@@ -670,6 +670,8 @@ class Outcome:
     spark_errors: list
     spark_adjusted: list | None
     spark_code: str | None
+    full: list[tuple[Any, str | None]]
+    """Spark's full cast alone (``caster(t)``, without ``cast_values``' plain half)."""
 
 
 @pytest.fixture(scope="module")
@@ -748,7 +750,9 @@ def outcomes(zoo_db, spark) -> dict[str, Outcome]:
         k = int(column[1:])
         codes[k] = code
         tests.append(test(F.get(F.col("payload"), k)).alias(f"a{k}"))
-    cast = cast_values(frame.select("r", "payload", *tests), "payload", columns)
+    # caster(t) alone, Spark's full cast without its plain half, for the reports
+    full = [caster(t)(F.get(F.col("payload"), k)).alias(f"f{k}") for k, t in enumerate(types)]
+    cast = cast_values(frame.select("r", "payload", *tests, *full), "payload", columns)
     spark_out = cast.toArrow().sort_by("r")  # the one Spark job
     errors_by_row = [
         {e["column_name"]: e["message"] for e in row}
@@ -768,12 +772,53 @@ def outcomes(zoo_db, spark) -> dict[str, Outcome]:
             texts=texts[name],
             **_kernel_cast(t, texts[name]),
             kernel_code=None if rule is None else rule[0],
-            spark_values=spark_out.column(f"c{k}").to_pylist()[:n],
+            spark_values=python_values(spark_out.column(f"c{k}").combine_chunks())[:n],
             spark_errors=[errors.get(f"c{k}") for errors in errors_by_row[:n]],
             spark_adjusted=spark_adjusted,
             spark_code=codes.get(k),
+            full=[
+                _pair(pair)
+                for pair in python_values(spark_out.column(f"f{k}").combine_chunks())[:n]
+            ],
         )
     return out
+
+
+def _physical(t: pa.DataType) -> pa.DataType:
+    """``t`` with its dates and timestamps as the integers that hold them."""
+    if pa.types.is_date32(t):
+        return pa.int32()
+    if pa.types.is_timestamp(t):
+        return pa.int64()
+    if pa.types.is_list(t):
+        return pa.list_(_physical(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _physical(f.type)) for f in t])
+    return t
+
+
+def python_values(values: pa.Array) -> list:
+    """``values.to_pylist()``; a date or timestamp Python cannot hold (year 0, 10000, ...) as
+    ``("outside Python", <days or microseconds since 1970>)``."""
+    try:
+        return values.to_pylist()
+    except (OverflowError, ValueError):
+        pass
+    out = []
+    for i in range(len(values)):
+        try:
+            out.append(values[i].as_py())
+        except (OverflowError, ValueError):
+            raw = values.slice(i, 1).cast(_physical(values.type))[0].as_py()
+            out.append(("outside Python", raw))
+    return out
+
+
+def _pair(pair: Any) -> tuple[Any, str | None]:
+    """A full cast's ``struct<value, error>`` as ``(value, error)``."""
+    if isinstance(pair, tuple):  # ("outside Python", {"value": raw, "error": ...})
+        return ("outside Python", pair[1]["value"]), pair[1]["error"]
+    return pair["value"], pair["error"]
 
 
 def _kernel_cast(t: PgType, texts: list[str | None]) -> dict[str, Any]:
@@ -786,7 +831,7 @@ def _kernel_cast(t: PgType, texts: list[str | None]) -> dict[str, Any]:
         return {
             "kernel_raised": None,
             "kernel_type": cast.values.type,
-            "kernel_values": cast.values.to_pylist(),
+            "kernel_values": python_values(cast.values),
             "kernel_errors": cast.errors.to_pylist(),
             "kernel_adjusted": None if cast.adjusted is None else cast.adjusted.to_pylist(),
         }
@@ -799,7 +844,7 @@ def _kernel_cast(t: PgType, texts: list[str | None]) -> dict[str, Any]:
             errors.append(f"raised {type(exc).__name__}: {exc}")
             adjusted.append(None)
             continue
-        values.append(one.values[0].as_py())
+        values.append(python_values(one.values)[0])
         errors.append(one.errors[0].as_py())
         adjusted.append(None if one.adjusted is None else one.adjusted[0].as_py())
     has_rule = adjustment(t) is not None
@@ -849,9 +894,15 @@ def test_kernel_casts_every_text_as_spark(outcomes, name):
     o = outcomes[name]
     assert [x for x in o.written if x is not None], "PostgreSQL wrote no text"
     differ = [
-        (text, ("kernel", kv, ke), ("spark", sv, se))
-        for text, kv, ke, sv, se in zip(
-            o.texts, o.kernel_values, o.kernel_errors, o.spark_values, o.spark_errors, strict=True
+        (text, ("kernel", kv, ke), ("cast_values", sv, se), ("caster alone", *full))
+        for text, kv, ke, sv, se, full in zip(
+            o.texts,
+            o.kernel_values,
+            o.kernel_errors,
+            o.spark_values,
+            o.spark_errors,
+            o.full,
+            strict=True,
         )
         if _same(kv) != _same(sv) or ke != se
     ]
