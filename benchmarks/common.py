@@ -267,10 +267,12 @@ def write_pipeline_config(
     slot: str,
     password_env: str,
     writer: str,
+    engine: str = "auto",
 ) -> Path:
     """A ``pgmedallion.toml`` for whole ``pgmedallion`` processes against the benchmark
     database: its source (the password in ``$password_env``, never in the file), an existing
-    publication, the lakehouse under ``lake`` with schemas ``<source>_bronze|silver|gold``."""
+    publication, the lakehouse under ``lake`` with schemas ``<source>_bronze|silver|gold``,
+    read and written by ``engine`` (``[lakehouse] engine``: ``spark`` is what Databricks runs)."""
     info = env.conninfo
     text = "\n".join(
         [
@@ -288,6 +290,7 @@ def write_pipeline_config(
             "",
             "[lakehouse]",
             f"state_dir = {json.dumps(str(lake))}",
+            f"engine = {json.dumps(engine)}",
             *(f'{layer}_schema = "{source}_{layer}"' for layer in ("bronze", "silver", "gold")),
             "",
         ]

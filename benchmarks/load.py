@@ -111,6 +111,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--skip-noop", action="store_true", help="do not time a last run with nothing new"
     )
     parser.add_argument(
+        "--engine",
+        choices=("auto", "spark", "delta-rs"),
+        default="auto",
+        help="pgmedallion's [lakehouse] engine (%(default)s; spark: what a Databricks job runs)",
+    )
+    parser.add_argument(
         "--migrations",
         action="store_true",
         help="then time the run after each of six schema migrations (followed in place) and "
@@ -153,7 +159,9 @@ def run(args: argparse.Namespace) -> Result:
         slot=SLOT,
         password_env=PASSWORD_ENV,
         writer=NAME,
+        engine=args.engine,
     )
+    say(f"pgmedallion's engine: {args.engine}")
     gold_schema_dir = lake / "warehouse" / f"{SCHEMAS['gold']}.db"
     jdbc_path = root / "jdbc-delta" / name
     job = {

@@ -13,8 +13,8 @@ Escapes are resolved on bytes, because ``\xNN`` and octal escapes may spell out 
 multibyte character; each field is then decoded as UTF-8 (the capture connections pin
 ``client_encoding=UTF8``). Because every tab that PostgreSQL writes inside a value is escaped, a
 row without any backslash splits on raw tabs in one C-level call: that is the common case, and
-the only one that needs to be fast. Silver decodes snapshot rows with Spark SQL expressions
-(``silver/copy_sql.py``) and leaves this decoder, the reference, the rows with rare escapes.
+the only one that needs to be fast. Silver decodes snapshot rows over Arrow
+(``silver/copy_arrow.py``) and leaves this decoder, the reference, the rows with rare escapes.
 
 Errors are definite, i.e. they belong to the row and would recur on every re-read:
 ``InvalidCopyInput`` for a row ending in a lone backslash, ``\.``, or a field that is not UTF-8;

@@ -44,25 +44,25 @@ Compaction (``silver/compact.py``, run by ``pgmedallion.maintain``)
     last-change LSNs are unchanged; the history below gold's frontier is not kept.
 
 Unsettled rows
-    A table's rows are cast first by plain (code-generated) Spark SQL expressions. The rows
-    those do not settle are its *unsettled* rows: decode errors, COPY records marked for the
-    Python decoder, and rows with a value the plain cast leaves to the full cast (arrays with
-    escapes, intervals, values a declared policy rounds, clamps or nulls, values that do not
-    cast). They are cast in full, with their error messages, and appended in a second commit of
-    the run; usually there are none.
+    Every value is cast by its type's Arrow kernel (``kernel``), in the driver or in Spark's
+    Python workers. On the per-table path, the rows with a decode error, a value that does not
+    cast or one a declared rule rounds, clamps or nulls are the table's *unsettled* rows: cast
+    again with their error messages, their adjustments counted, and appended in a second commit
+    of the run; usually there are none. The driver's paths write a table's run in one commit,
+    which stands for both.
 
 Modules (each one job)
     ``build``      the run: :func:`silver.build.run_silver` and one table's run (``table_run``)
     ``plan``       the run's windows (``_plans``) and bronze's control records
     ``catalog``    ``_tables``, Relations and their column layouts, truncates per table
     ``contract``   the DDL of silver's tables and the schemas between its stages
-    ``decode``     bronze records -> diff rows (changes by Python workers, COPY in Spark SQL)
+    ``decode``     bronze records -> diff rows (changes and COPY records by Python workers)
     ``changes``    one pgoutput change -> diff rows, and Relation layouts
-    ``copy_sql``   COPY TEXT decoding as Spark SQL; ``capture.copy_text``: the Python decoder
+    ``copy_arrow`` COPY TEXT decoding over Arrow; ``capture.copy_text``: the reference decoder
     ``identity``   previous images of changes by key (REPLICA IDENTITY DEFAULT / USING INDEX)
     ``pgtypes``    PostgreSQL types (``PgType``) and the Spark type each one becomes
-    ``casts``      PostgreSQL text -> Spark values: a registry with one entry per type
-    ``cast_columns``  an ``array<string>`` column -> typed columns (``plain_cast``, ``cast_values``)
+    ``kernel``     PostgreSQL text -> typed values or errors over Arrow, one kernel per type
+    ``cast_columns``  the kernels on Spark (``mapInArrow``): ``plain_cast``, ``cast_values``
     ``cast_rows``  one table's rows cast: the settled ones, then the unsettled ones
     ``rewind``     rewinds, truncates and consolidation (DataFrame -> DataFrame)
     ``write``      every append of a run (idempotent per run)

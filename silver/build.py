@@ -11,8 +11,8 @@ One run ``R`` reads a window of bronze and appends to the tables of the contract
              │
              ├─ Relation messages ──> per-table column layouts (kept in ``_relations``)
              ├─ Insert/Update/Delete ──> (values, lsn, ±1)       [Python workers, Arrow]
-             ├─ COPY rows ──> (values, 0, +1)          [Spark SQL; rare escapes: Python]
-             ├─ casts (Spark SQL) ──> typed rows; values that do not cast ──> ``_errors``
+             ├─ COPY rows ──> (values, 0, +1)                       [Arrow kernels]
+             ├─ casts ──> typed rows; values that do not cast ──> ``_errors``  [Arrow kernels]
              ├─ rewinds: changes with lsn <= snapshot LSN again at 0 with the diff negated
              ├─ TRUNCATE: an error, or (policy ``delete``) every row retracted at its LSN
              └─ consolidate: sum diffs per (row, lsn), drop zeros ──> ``<silver_table>``
@@ -23,12 +23,11 @@ immutable bronze rows. Every append carries ``txnAppId = pgmedallion-silver-<sou
 ``txnVersion = R``, so Delta skips the tables the crashed attempt had already committed. The
 ``_progress`` row is the run's last write.
 
-One pass per table. A table's rows are decoded and cast by plain Spark SQL expressions in the
-job that appends them, which also counts (an observed metric) the rows those expressions do not
-settle (the *unsettled* rows): decode errors, records left to the Python decoder, values with
-no plain cast. Usually
-there are none. Otherwise those (unsettled) rows are cast in full, with their error messages, and
-appended in a second commit of the run (``txnAppId = pgmedallion-silver-<source>-late``) with
+One pass per table. A table's rows are decoded and cast by the Arrow kernels (in Spark's
+Python workers) in the job that appends them, which also counts (an observed metric) the rows
+that do not settle (the *unsettled* rows): decode errors, values that do not cast or that a
+declared rule adjusts. Usually there are none. Otherwise those (unsettled) rows are cast again,
+with their error messages and adjustments, and appended in a second commit of the run (``txnAppId = pgmedallion-silver-<source>-late``) with
 their rewinds: the two commits hold different (row, LSN) pairs (see :func:`table_run`).
 
 The steps live in their own modules: :mod:`silver.plan` (windows), :mod:`silver.catalog`

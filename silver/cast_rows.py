@@ -1,32 +1,37 @@
 """Casting: one table's diff rows of a run -> typed rows, errors and adjustments.
 
-The plain cast (:func:`silver.casts.plain_cast`: code-generated Spark SQL expressions) settles
-almost every row. The rows it leaves out are the table's *unsettled* rows (decode errors, COPY
-records marked for the Python decoder, values with no plain cast); they are cast in full with
-their error messages (:func:`silver.casts.cast_values`). :func:`cast_in_one_pass` casts in the
-job that writes the settled rows and the unsettled ones afterwards; :func:`cast_diffs` casts
-all of them before anything is written.
+The plain cast (:func:`silver.cast_columns.plain_cast`: the kernels of :mod:`silver.kernel` in
+Spark's Python workers) settles almost every row. The rows it leaves out are the table's
+*unsettled* rows (decode errors, values that do not
+cast or that a declared rule adjusts); they are cast again with their error messages
+(:func:`silver.cast_columns.cast_values`), and their adjustments counted.
+:func:`cast_in_one_pass` casts in the job that writes the settled rows and the unsettled ones
+afterwards; :func:`cast_diffs` casts all of them before anything is written.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import uuid
 from dataclasses import dataclass
 
+import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
-from pgmedallion.silver.cast_columns import UNSETTLED_COLUMN, cast_values, plain_cast
-from pgmedallion.silver.casts import CAST_ERRORS_COLUMN, adjustments
+from pgmedallion.silver.cast_columns import (
+    CAST_ERRORS_COLUMN,
+    UNSETTLED_COLUMN,
+    cast_values,
+    plain_cast,
+)
 from pgmedallion.silver.contract import TableInfo
-from pgmedallion.silver.copy_sql import PYTHON_CODE
 from pgmedallion.silver.decode import TableDiffs
 from pgmedallion.silver.errors import CastError, ErrorRecord
 from pgmedallion.silver.identity import COLUMNS, KIND, ORDINAL
+from pgmedallion.silver.kernel import adjustment, cast_rows, merged_adjustments
 from pgmedallion.silver.pgtypes import PgType, pg_type_of
 
 
@@ -145,23 +150,11 @@ def _cast_unsettled(
     flagged = unsettled.where(F.col(_CODE).isNotNull()).select(ROW_LSN, _CODE, _RAW, _MESSAGE)
     flagged = flagged.collect()
     errors = [
-        ErrorRecord(info.oid, r[ROW_LSN], r[_CODE], r[_MESSAGE], raw=r[_RAW])
-        for r in flagged
-        if r[_CODE] != PYTHON_CODE
+        ErrorRecord(info.oid, r[ROW_LSN], r[_CODE], r[_MESSAGE], raw=r[_RAW]) for r in flagged
     ]
     cached: list[DataFrame] = []
     kept = ("values", ROW_LSN, ROW_DIFF, *(_CHANGE_COLUMNS if changes else ()))
     texts = unsettled.where(F.col(_CODE).isNull()).select(*kept)
-    if any(r[_CODE] == PYTHON_CODE for r in flagged):
-        python = diffs.python().persist(StorageLevel.MEMORY_AND_DISK)
-        cached.append(python)
-        errors += [
-            ErrorRecord(info.oid, r["lsn"], r["code"], r["message"], raw=r["raw"])
-            for r in python.where(F.col("code").isNotNull()).collect()
-        ]
-        texts = texts.unionByName(
-            cast_base(python.where(F.col("code").isNull()), changes).select(*kept)
-        )
     full = cast_values(texts, "values", columns).persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(full)
     errors += _cast_errors(info, full)
@@ -170,30 +163,44 @@ def _cast_unsettled(
 
 
 def _adjusted(info: TableInfo, texts: DataFrame) -> list[tuple]:
-    """How many of ``texts``' values a declared policy changed (``silver.casts.adjustments``),
-    per column and kind: ``(column, code, count, first_lsn, sample)``, counts above zero. Only
-    unsettled rows can hold such values (the plain cast settles none of them)."""
-    checks = adjustments(typed_columns(info))
-    if not checks:
+    """How many of ``texts``' values a declared rule adjusted (``silver.kernel.adjustment``),
+    per column and kind: ``(column, code, count, first_lsn, sample)``, counts above zero, among
+    the rows that cast. Only unsettled rows can hold such values (the plain cast settles none
+    of them). Each Arrow batch's counts are made by the kernel in a Python worker; the driver
+    merges them (a few rows)."""
+    columns = typed_columns(info)
+    if not any(adjustment(t) for _, t in columns):
         return []
-    names = [c["name"] for c in info.columns]
-    aggregates = []
-    for i, (name, _, test) in enumerate(checks):
-        text = F.get(F.col("values"), names.index(name))
-        hit = text.isNotNull() & test(text)
-        aggregates += [
-            F.count_if(hit).alias(f"n{i}"),
-            F.min(F.when(hit, F.col(ROW_LSN))).alias(f"l{i}"),
-            F.array_distinct(F.array(F.min(F.when(hit, text)), F.max(F.when(hit, text)))).alias(
-                f"s{i}"
-            ),
-        ]
-    row = texts.agg(*aggregates).first()
-    return [
-        (name, code, row[f"n{i}"], row[f"l{i}"], json.dumps(row[f"s{i}"]))
-        for i, (name, code, _) in enumerate(checks)
-        if row[f"n{i}"]
+    schema = "name string, code string, count long, first_lsn long, sample string"
+    parts = texts.select("values", ROW_LSN).mapInArrow(_Adjusted(tuple(columns)), schema)
+    return merged_adjustments([[tuple(r)] for r in parts.collect()])
+
+
+class _Adjusted:
+    """``mapInArrow``'s function: each batch's adjustments (``silver.kernel.Rows.adjustments``)."""
+
+    def __init__(self, columns: tuple):
+        self.columns = columns
+
+    def __call__(self, batches):
+        for batch in batches:
+            rows = cast_rows(batch.column("values"), list(self.columns))
+            found = rows.adjustments(batch.column(ROW_LSN))
+            yield pa.RecordBatch.from_pylist(
+                [dict(zip(_ADJUSTED, a, strict=True)) for a in found], schema=_ADJUSTED_ARROW
+            )
+
+
+_ADJUSTED = ("name", "code", "count", "first_lsn", "sample")
+_ADJUSTED_ARROW = pa.schema(
+    [
+        ("name", pa.string()),
+        ("code", pa.string()),
+        ("count", pa.int64()),
+        ("first_lsn", pa.int64()),
+        ("sample", pa.string()),
     ]
+)
 
 
 @dataclass

@@ -1,18 +1,19 @@
 """Decoding: bronze's records of a run -> diff rows (``DIFF_SCHEMA``), before the cast.
 
 Changes (pgoutput Insert/Update/Delete) are decoded by Python workers over Arrow batches
-(:func:`decode_changes`, with :mod:`silver.changes`); COPY records by Spark SQL expressions
-(:mod:`silver.copy_sql`), the rare rows those leave to Python marked and decoded on demand
-(:func:`decode_copy`, with :mod:`capture.copy_text`). :func:`wal_window` picks the window's
-complete transactions.
+(:func:`decode_changes`, with :mod:`silver.changes`); COPY records too (:func:`decode_copy`,
+with :mod:`silver.copy_arrow` and, for rare lines, :mod:`capture.copy_text`).
+:func:`wal_window` picks the window's complete transactions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -29,7 +30,7 @@ from pgmedallion.capture.pgoutput import (
 )
 from pgmedallion.silver.changes import LayoutIndex, change_diffs
 from pgmedallion.silver.contract import CHANGE_ARROW, CHANGE_SCHEMA, DIFF_ARROW, DIFF_SCHEMA
-from pgmedallion.silver.copy_sql import copy_diffs, python_diffs
+from pgmedallion.silver.copy_arrow import copy_values
 from pgmedallion.silver.errors import InvalidCopyInput, SilverError
 
 
@@ -99,59 +100,86 @@ def decode_changes(
 def decode_copy(
     batches: Iterator[pa.RecordBatch], widths: dict[int, tuple[int, int]]
 ) -> Iterator[pa.RecordBatch]:
-    """Worker body: COPY TEXT payloads -> ``(values, +1)`` at LSN 0 (or error rows).
+    """Worker body: COPY TEXT records (``table_oid, lsn, payload``) -> ``(values, +1)`` at LSN
+    0, or error rows. A payload is a chunk of rows or one row, each ended by a newline.
 
-    A payload is a chunk of rows or one row, each ended by a newline (see ``copy_diffs``).
-    """
+    Each table's payloads of a batch are decoded over Arrow (:func:`silver.copy_arrow.
+    copy_values`); where that leaves them (a payload not UTF-8, a line not valid COPY TEXT or
+    of another number of fields), line by line by the reference decoder, which names each
+    line's error."""
     for batch in batches:
-        cols = batch.to_pydict()
-        out = {name: [] for name in DIFF_ARROW.names}
-        values_out, diff_out, code_out = out["values"], out["diff"], out["code"]
-        message_out, raw_out, lsn_out = out["message"], out["raw"], out["lsn"]
-        oid_out = out["table_oid"]
-        for oid, lsn, payload in zip(cols["table_oid"], cols["lsn"], cols["payload"], strict=False):
-            copy_width, width = widths.get(oid, (None, None))
-            if width is None:
+        oids = batch.column("table_oid")
+        parts = []
+        for oid in pc.unique(oids).to_pylist():
+            if oid not in widths:
                 continue
-            padding = [None] * (width - copy_width)
-            for line in copy_lines(payload):
-                oid_out.append(oid)
-                try:
-                    values = decode_copy_row(line, copy_width)
-                except CopyDecodeError as e:
-                    invalid = isinstance(e, CopyInputError)
-                    values_out.append(None)
-                    diff_out.append(0)
-                    code_out.append(InvalidCopyInput.__name__ if invalid else type(e).__name__)
-                    message_out.append(str(e))
-                    raw_out.append(line.decode("utf-8", "replace"))
-                    lsn_out.append(lsn)
-                    continue
-                if padding:
-                    values += padding
-                values_out.append(values)
-                diff_out.append(1)
-                code_out.append(None)
-                message_out.append(None)
-                raw_out.append(None)
-                lsn_out.append(0)
-        out["ordinal"] = [None] * len(diff_out)
-        yield pa.RecordBatch.from_pydict(out, schema=DIFF_ARROW)
+            own = batch.filter(pc.equal(oids, oid))
+            copy_width, width = widths[oid]
+            values = copy_values(own.column("payload"), copy_width) if copy_width else None
+            if values is None:
+                parts.append(_decode_lines(own, oid, copy_width, width))
+                continue
+            if width > copy_width:
+                values = _padded(values, width - copy_width)
+            n = len(values)
+            nulls = pa.nulls(n, pa.string())
+            parts.append(
+                pa.RecordBatch.from_arrays(
+                    [
+                        pa.array(np.full(n, oid, np.int64)),
+                        pa.array(np.zeros(n, np.int64)),
+                        pa.nulls(n, pa.int64()),
+                        pa.array(np.ones(n, np.int64)),
+                        values,
+                        nulls,
+                        nulls,
+                        nulls,
+                    ],
+                    schema=DIFF_ARROW,
+                )
+            )
+        yield from parts
+
+
+def _padded(values: pa.Array, extra: int) -> pa.Array:
+    """Each row's values followed by ``extra`` NULLs (columns the COPY rows do not hold)."""
+    return pa.array([v + [None] * extra for v in values.to_pylist()], values.type)
+
+
+def _decode_lines(records: pa.RecordBatch, oid: int, copy_width: int, width: int) -> pa.RecordBatch:
+    """One table's records decoded line by line by ``capture.copy_text.decode_copy_row``."""
+    out = {name: [] for name in DIFF_ARROW.names}
+    padding = [None] * (width - copy_width)
+    lsns, payloads = records.column("lsn").to_pylist(), records.column("payload").to_pylist()
+    for lsn, payload in zip(lsns, payloads, strict=True):
+        for line in copy_lines(payload):
+            try:
+                values = decode_copy_row(line, copy_width)
+            except CopyDecodeError as e:
+                invalid = isinstance(e, CopyInputError)
+                row = (lsn, 0, None, InvalidCopyInput.__name__ if invalid else type(e).__name__)
+                row += (str(e), line.decode("utf-8", "replace"))
+            else:
+                row = (0, 1, values + padding, None, None, None)
+            for name, value in zip(_LINE_COLUMNS, row, strict=True):
+                out[name].append(value)
+            out["table_oid"].append(oid)
+            out["ordinal"].append(None)
+    return pa.RecordBatch.from_pydict(out, schema=DIFF_ARROW)
+
+
+_LINE_COLUMNS = ("lsn", "diff", "values", "code", "message", "raw")
 
 
 def snapshot_diffs(copy_rows: DataFrame, copy_widths: dict[int, tuple[int, int]]) -> DataFrame:
-    """``table_oid, lsn, payload`` copy records -> diff rows (``DIFF_SCHEMA``), at LSN 0.
-
-    ``copy_widths``: OID -> (columns of its COPY rows, columns of its silver rows). Decoding is
-    Spark SQL; the records holding rows for the Python decoder give one marker row each
-    (``code`` :data:`PYTHON_CODE`) instead (``silver/copy_sql.py``, :func:`python_copy`).
-    """
-    return copy_diffs(copy_rows, copy_widths, python_copy(copy_widths))
-
-
-def python_copy(widths: dict[int, tuple[int, int]]):
-    """The Python decoder of COPY records, as ``copy_diffs`` and ``python_diffs`` take it."""
-    return lambda rows: rows.mapInArrow(lambda it: decode_copy(it, widths), DIFF_SCHEMA)
+    """``table_oid, lsn, payload`` copy records -> diff rows (``DIFF_SCHEMA``), at LSN 0, of
+    the tables of ``copy_widths`` (OID -> columns of its COPY rows, columns of its silver
+    rows), decoded in Spark's Python workers (:func:`decode_copy`)."""
+    followed = copy_rows.where(F.col("table_oid").isin(list(copy_widths)))
+    widths = dict(copy_widths)
+    return followed.select("table_oid", "lsn", "payload").mapInArrow(
+        lambda it: decode_copy(it, widths), DIFF_SCHEMA
+    )
 
 
 @dataclass
@@ -161,10 +189,7 @@ class TableDiffs:
     wal: DataFrame
     """``DIFF_SCHEMA`` rows of the table's decoded changes (good ones only)."""
     copy: DataFrame
-    """``DIFF_SCHEMA`` rows of its COPY records: good ones, decode errors (``code`` set) and
-    :data:`PYTHON_CODE` markers, one per record that holds rows for the Python decoder."""
-    python: Callable[[], DataFrame]
-    """The Python decoder's diff rows of the marked records (run only when there are some)."""
+    """``DIFF_SCHEMA`` rows of its COPY records: good ones and decode errors (``code`` set)."""
 
     @property
     def rows(self) -> DataFrame:
@@ -175,14 +200,10 @@ def table_diffs(
     oid: int, wal_good: DataFrame, copy_rows: DataFrame, copy_width: tuple[int, int]
 ) -> TableDiffs:
     """Table ``oid``'s diff rows of a run: its decoded changes (from ``wal_good``, good rows
-    only) and its COPY records (from ``copy_rows``: ``table_oid, lsn, payload``) decoded in
-    Spark SQL, the rows left to Python marked."""
+    only) and its COPY records (from ``copy_rows``: ``table_oid, lsn, payload``) decoded."""
     own = copy_rows.where(F.col("table_oid") == oid)
-    widths = {oid: copy_width}
     return TableDiffs(
-        wal_good.where(F.col("table_oid") == oid),
-        snapshot_diffs(own, widths),
-        lambda: python_diffs(own, widths, python_copy(widths)),
+        wal_good.where(F.col("table_oid") == oid), snapshot_diffs(own, {oid: copy_width})
     )
 
 

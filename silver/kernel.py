@@ -752,17 +752,28 @@ class Rows:
         return out
 
 
+def _padded(values: pa.Array, short: np.ndarray, width: int) -> pa.Array:
+    """``values`` with each ``short`` row's list padded with NULLs to ``width`` (a NULL list:
+    ``width`` NULLs)."""
+    rows = values.to_pylist()
+    for i in np.flatnonzero(short).tolist():
+        have = rows[i] or []
+        rows[i] = have + [None] * (width - len(have))
+    return pa.array(rows, pa.list_(pa.string()))
+
+
 def cast_rows(values: pa.Array, columns: list[tuple[str, PgType]]) -> Rows:
     """``values`` (``list<string>``, one per row, in the table's column order) cast by each
     column's :func:`kernel`. A row whose values are NULL or fewer than the columns fails with
-    ``no value at position p`` for each missing one (its other values are not read)."""
+    ``no value at position p`` for each missing one (its other values are cast, and fail or
+    not as any other)."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
     n = len(values)
     sizes = pc.fill_null(pc.list_value_length(values), -1).to_numpy(zero_copy_only=False)
     short = sizes < len(columns)
-    if n and short.any():  # read none of a short row's values
-        values = pc.if_else(pa.array(~short), values, pa.scalar(None, values.type))
+    if n and short.any():  # a short row's values padded with NULLs (its missing ones fail)
+        values = _padded(values, short, len(columns))
     failed = short.copy()
     found: list[tuple[int, int, str | None, str]] = []
     for position in np.flatnonzero(short).tolist():

@@ -1,7 +1,7 @@
 r"""PostgreSQL types as silver knows them, and the Spark type each one becomes.
 
 :class:`PgType` is what silver knows about a column's type (from ``pg_type`` at the snapshot, or
-a Relation message's type oid), :func:`spark_type` its Spark type; :mod:`silver.casts` turns the
+a Relation message's type oid), :func:`spark_type` its Spark type; :mod:`silver.kernel` turns the
 type's text values into that type.
 
 The mapping (``oid`` from ``pg_type``; domains cast as their base type)::

@@ -19,8 +19,7 @@ from pgmedallion.core import delta_rs
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.naming import COLUMN_MAPPING, quote
 from pgmedallion.core.spark import create_table
-from pgmedallion.silver.cast_columns import cast_values
-from pgmedallion.silver.casts import CAST_ERRORS_COLUMN
+from pgmedallion.silver.cast_columns import CAST_ERRORS_COLUMN, cast_values
 from pgmedallion.silver.contract import Names, TableInfo
 from pgmedallion.silver.errors import ErrorRecord
 from pgmedallion.silver.pgtypes import pg_type_of

@@ -5,24 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from pgmedallion.capture.copy_text import DELIMITER, NULL_MARKER
 from pgmedallion.silver import decode
-from pgmedallion.silver.copy_sql import PYTHON_CODE, python_diffs
 
 
-def snapshot_diffs(
-    copy_rows: DataFrame, copy_widths: dict[int, tuple[int, int]], *, mark: bool = False
-) -> DataFrame:
-    """:func:`silver.decode.snapshot_diffs`; without ``mark``, the records it marks for the
-    Python decoder decoded there instead of their marker rows (the whole snapshot's diffs)."""
-    marked = decode.snapshot_diffs(copy_rows, copy_widths)
-    if mark:
-        return marked
-    fast = marked.where(F.col("code").isNull() | (F.col("code") != PYTHON_CODE))
-    slow = python_diffs(copy_rows, copy_widths, decode.python_copy(copy_widths))
-    return fast.unionByName(slow)
+def snapshot_diffs(copy_rows: DataFrame, copy_widths: dict[int, tuple[int, int]]) -> DataFrame:
+    """:func:`silver.decode.snapshot_diffs`: the whole snapshot's diffs."""
+    return decode.snapshot_diffs(copy_rows, copy_widths)
 
 
 _ENCODE_FIELD = str.maketrans(

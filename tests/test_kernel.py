@@ -1,16 +1,19 @@
-"""The Arrow kernel (``silver.kernel``) casts every text exactly as Spark's full cast does.
+"""The Arrow kernel (``silver.kernel``) casts every text exactly as Spark's SQL cast does.
 
-For every type of the zoo, a real PostgreSQL is the oracle for the texts: values (fixed edge
-values and hypothesis-generated ones, derandomized) are inserted into a table and read back as
-COPY TEXT with the capture session's settings, as bronze gets them; a literal the server
-refuses becomes a text it never writes. To those go texts PostgreSQL never writes: fixed near
-misses (padded, signed, rounded, out of range, other offsets, malformed array literals), seeded
-character-level mutations of the written texts, and hypothesis-generated raw texts. Each type's
-texts are cast once by :func:`silver.kernel.cast_texts` and once by Spark's full cast
-(``silver.cast_columns.cast_values``, all types in one Spark job), and for every text the two
-agree on the value (NaN equal to NaN, ``-0.0`` apart from ``0.0``, timestamps as instants)
-and on the error message, and the kernel's ``adjusted`` mask is what ``silver.casts.
-adjustments`` says in Spark for the same texts.
+For every type of the zoo, a real PostgreSQL (18, and 15 where installed) is the oracle for
+the texts: values (fixed edge values, values only arithmetic reaches, and hypothesis-generated
+ones, derandomized) are inserted into one table and read back as COPY TEXT with the capture
+session's settings, as bronze gets them; a literal the server refuses becomes a text it never
+writes. To those go texts PostgreSQL never writes: fixed near misses (padded, signed, rounded,
+out of range, other offsets, malformed array literals), seeded character-level mutations of
+the written texts, and hypothesis-generated raw texts. Each type's texts are cast once by
+:func:`silver.kernel.cast_texts` and once by the Spark SQL expressions of ``silver.casts``
+(every type in one Spark job): for every text the kernel's value (NaN equal to NaN, ``-0.0``
+apart from ``0.0``, timestamps as instants) and error message are the full cast's
+(``caster``); a text the plain half (``plain_value``) settles has that value in the kernel;
+and the kernel's ``adjusted`` mask is ``adjustments``' test of the same texts. Spark's SQL
+cast is the reference only for as long as both casts exist (``silver.cast_columns`` now runs
+the kernel itself). Disagreements awaiting a decision are listed in :data:`OPEN` and xfail.
 """
 
 from __future__ import annotations
@@ -29,13 +32,13 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
+from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from pgmedallion.capture.connection import connect
 from pgmedallion.capture.copy_text import decode_copy_row
 from pgmedallion.capture.snapshot import table_schema_at_snapshot
-from pgmedallion.silver.cast_columns import cast_values
-from pgmedallion.silver.casts import CAST_ERRORS_COLUMN, adjustments, caster
+from pgmedallion.silver.casts import adjustments, caster, plain_value
 from pgmedallion.silver.kernel import adjustment, arrow_type, cast_texts
 from pgmedallion.silver.pgtypes import PgType, pg_type_of
 from tests.conftest import _fresh_db
@@ -46,7 +49,7 @@ DRAWING = settings(
     deadline=None,
     derandomize=True,
     database=None,
-    phases=[Phase.explicit, Phase.generate],
+    phases=[Phase.generate],
     suppress_health_check=list(HealthCheck),
 )
 MUTATED = 40
@@ -54,8 +57,11 @@ MUTATED = 40
 
 
 @functools.cache
-def draw(strategy: st.SearchStrategy[str]) -> tuple[str, ...]:
-    """``EXAMPLES`` texts from ``strategy`` (the same ones every run), without repeats."""
+def draw(strategy: st.SearchStrategy[str] | None) -> tuple[str, ...]:
+    """``EXAMPLES`` texts from ``strategy`` (the same ones every run), without repeats (one
+    strategy at a time: drawn in pairs, the values of one repeat while the other varies)."""
+    if strategy is None:
+        return ()
     out: list[str] = []
 
     @DRAWING
@@ -174,9 +180,11 @@ def _range(low: int | None, high: int | None, bounds: str) -> str:
 
 
 RANGES = st.builds(
-    _range, st.none() | st.integers(-100, 100), st.none() | st.integers(-100, 100),
+    _range,
+    st.none() | st.integers(-100, 100),
+    st.none() | st.integers(-100, 100),
     st.sampled_from(["[]", "[)", "(]", "()"]),
-)  # fmt: skip
+)
 WORDS = st.lists(st.text("abcxyz' :1\\", min_size=1, max_size=5), max_size=4).map(" ".join)
 BOXES = st.lists(st.tuples(*[st.integers(-9, 9)] * 4), min_size=1, max_size=3).map(
     lambda boxes: "{" + ";".join(f"({a},{b}),({c},{d})" for a, b, c, d in boxes) + "}"
@@ -287,6 +295,9 @@ class Case:
     noise: st.SearchStrategy[str] | None = None
     change: dict[str, str] = field(default_factory=dict)
     since: int = 0
+    computed: tuple[str, ...] = ()
+    """SQL expressions whose values PostgreSQL holds and writes but whose text it does not
+    read back (its input refuses them)."""
     """The server version (``server_version_num``) the type needs."""
 
 
@@ -330,6 +341,7 @@ TIMESTAMP_VALUES = (
 )
 TIMESTAMP_OTHERS = ("2024-01-01 12:00:00.500", "2024-01-01T12:00:00", "2024-01-01 12:00:00+00")
 TIMESTAMP_OTHERS += ("2024-01-01 12:00", "2024-01-01", "2024-01-01 25:00:00", "2024-02-30 00:00:00")
+TIMESTAMP_OTHERS += ("0000-01-01 00:00:00", "0000-01-01 00:00:00 BC", "9999-12-31 24:00:00")
 TIMESTAMP_OTHERS += ("2024-01-01 12:00:00.1234567", "2024-01-01 12:00:60", " 2024-01-01 00:00:00")
 TIMESTAMPTZ_VALUES = (
     "2024-01-02 03:04:05.123456+00",
@@ -346,6 +358,8 @@ TIMESTAMPTZ_OTHERS = ("2024-01-01 12:00:00+01", "2024-01-01 12:00:00.0+00", "202
 TIMESTAMPTZ_OTHERS += ("2024-01-01 12:00:00+05:30", "2024-01-01 12:00:00-12:00:30")
 TIMESTAMPTZ_OTHERS += ("2024-01-01 12:00:00+18", "2024-01-01 12:00:00+19", "2024-01-01 00:00:00")
 TIMESTAMPTZ_OTHERS += ("2024-01-01 12:00:00+05:60", "2024-01-01 12:00:00+0530", "Infinity")
+TIMESTAMPTZ_OTHERS += ("0000-01-01 00:00:00+00", "0000-06-01 00:00:00-05", "2024-01-01+00")
+TIMESTAMPTZ_OTHERS += ("2024-13-01 00:00:00+00", "2024-02-30 00:00:00+00")
 TIMESTAMPTZ_OTHERS += ("9999-12-31 23:00:00-01", "0001-01-01 00:00:00+01", "2024-01-01 12:00:00 Z")
 INTERVAL_VALUES = (
     "1 year 2 mons 3 days 04:05:06.789",
@@ -422,7 +436,7 @@ CASES: dict[str, Case] = {
         ),
         FLOAT4,
         FLOAT_NOISE,
-    ),  # fmt: skip
+    ),
     "float8": Case(
         "float8",
         FLOAT_VALUES + ("1.7976931348623157e308", "5e-324", "3.141592653589793"),
@@ -501,7 +515,17 @@ CASES: dict[str, Case] = {
     "timestamp error": Case(
         "timestamp", TIMESTAMP_VALUES, TIMESTAMP_OTHERS, LOCAL_TIMES, None, {"infinity": "error"}
     ),
-    "interval": Case("interval", INTERVAL_VALUES, INTERVAL_OTHERS, INTERVALS, INTERVAL_NOISE),
+    "interval": Case(
+        "interval",
+        INTERVAL_VALUES,
+        INTERVAL_OTHERS,
+        INTERVALS,
+        INTERVAL_NOISE,
+        computed=(
+            "'-2562047788:00:54.775807'::interval - '1 microsecond'::interval",
+            "'-178956970 years -8 mons'::interval - '1 day'::interval",
+        ),
+    ),
     "time": Case(
         "time", ("24:00:00", "13:14:15.5", "00:00:00"), (), st.times().map(dt.time.isoformat)
     ),
@@ -569,14 +593,17 @@ CASES: dict[str, Case] = {
     "date[]": Case(
         "date[]",
         ("{2024-01-02,NULL}", "{}", "{0001-01-01}", "{infinity,-infinity}", '{"0044-03-15 BC"}'),
-        MALFORMED_ARRAYS + ("{2024-02-30}",),
+        MALFORMED_ARRAYS
+        + ("{2024-02-30}", "{0000-01-01}", "{10000-01-01}", "{2024-01-01,0000-01-01}"),
         array_of(DATES),
         ARRAY_NOISE,
     ),
     "timestamptz[]": Case(
         "timestamptz[]",
         ('{"2024-01-02 03:04:05+00"}', "{infinity,NULL}", '{"9999-12-31 23:30:00-01"}'),
-        MALFORMED_ARRAYS + ('{"2024-01-02 03:04:05+01"}', "{2024-01-02}"),
+        MALFORMED_ARRAYS
+        + ('{"2024-01-02 03:04:05+01"}', "{2024-01-02}", '{"0000-01-01 00:00:00+00"}')
+        + ('{"9999-12-31 23:00:00-01"}',),
         array_of(INSTANTS),
         ARRAY_NOISE,
     ),
@@ -668,10 +695,11 @@ class Outcome:
     kernel_code: str | None
     spark_values: list
     spark_errors: list
+    plain_values: list | None
+    """Spark's plain half (``plain_value(t)``, None: the type has none): NULL where it leaves
+    the text to the full cast."""
     spark_adjusted: list | None
     spark_code: str | None
-    full: list[tuple[Any, str | None]]
-    """Spark's full cast alone (``caster(t)``, without ``cast_values``' plain half)."""
 
 
 @pytest.fixture(scope="module")
@@ -695,9 +723,7 @@ def _written(conninfo) -> tuple[dict[str, list[str | None]], dict[str, list[str]
     conn.execute(sql.SQL("CREATE TABLE zoo (id int, {})").format(columns))
     refused: dict[str, list[str]] = {}
     for k, (name, case) in enumerate(cases.items()):
-        literals = list(
-            dict.fromkeys([*case.values, *(draw(case.drawn) if case.drawn is not None else ())])
-        )
+        literals = list(dict.fromkeys([*case.values, *draw(case.drawn)]))
         ok = conn.execute(
             "SELECT reads(v, %s) FROM unnest(%s::text[]) AS s(v)", (case.type_sql, literals)
         ).fetchall()
@@ -710,6 +736,13 @@ def _written(conninfo) -> tuple[dict[str, list[str | None]], dict[str, list[str]
             ).format(sql.Identifier(f"c{k}"), sql.SQL(case.type_sql)),
             (k * ROWS_PER_CASE, accepted),
         )
+        for j, expression in enumerate(case.computed, start=len(accepted) + 1):
+            conn.execute(
+                sql.SQL("INSERT INTO zoo (id, {}) VALUES (%s, ({})::{})").format(
+                    sql.Identifier(f"c{k}"), sql.SQL(expression), sql.SQL(case.type_sql)
+                ),
+                (k * ROWS_PER_CASE + j,),
+            )
     written: dict[str, list[str | None]] = {name: [] for name in cases}
     names = list(cases)
     with (
@@ -728,58 +761,65 @@ def _written(conninfo) -> tuple[dict[str, list[str | None]], dict[str, list[str]
     return written, refused, types
 
 
+@functools.cache
+def spark_cast(k: int, t: PgType) -> tuple[list[Column], bool, str | None]:
+    """Spark's casts of ``payload[k]`` as type ``t``: its full cast (``f<k>``, ``struct<value,
+    error>``), its plain half (``p<k>``, if the type has one) and the test of its declared
+    adjustment (``a<k>``, if any); whether there is a plain half, and the adjustment's code.
+    Cached: building them costs thousands of calls into the JVM, and both servers' zoos have
+    the same types (but for the enum's oid)."""
+    text = F.get(F.col("payload"), k)
+    select = [caster(t)(text).alias(f"f{k}")]
+    plain = plain_value(t)
+    if plain is not None:
+        select.append(plain(text).alias(f"p{k}"))
+    rules = adjustments([(f"c{k}", t)])
+    for _, _, test in rules:
+        select.append(test(text).alias(f"a{k}"))
+    return select, plain is not None, rules[0][1] if rules else None
+
+
 @pytest.fixture(scope="module")
 def outcomes(zoo_db, spark) -> dict[str, Outcome]:
+    """Every case's texts cast by the kernel and by Spark's SQL cast (one Spark job)."""
     written, refused, types = _written(zoo_db)
     names = list(written)
     texts = {}
     for k, name in enumerate(names):
         case = CASES[name]
         mutated = mutations([x for x in written[name] if x is not None][:MUTATED], seed=k)
-        noise = draw(case.noise) if case.noise is not None else ()
+        noise = draw(case.noise)
         everything = [*written[name], *case.others, *refused[name], *mutated, *noise, None]
         texts[name] = list(dict.fromkeys(everything))
 
-    columns = [(f"c{k}", t) for k, t in enumerate(types)]
+    # one row per text position, one array element per case (NULL past a case's texts)
     height = max(len(x) for x in texts.values())
     rows = [(r, [x[r] if r < len(x) else None for x in texts.values()]) for r in range(height)]
     frame = spark.createDataFrame(rows, "r int, payload array<string>")
-    codes = {}
-    tests = []
-    for column, code, test in adjustments(columns):
-        k = int(column[1:])
-        codes[k] = code
-        tests.append(test(F.get(F.col("payload"), k)).alias(f"a{k}"))
-    # caster(t) alone, Spark's full cast without its plain half, for the reports
-    full = [caster(t)(F.get(F.col("payload"), k)).alias(f"f{k}") for k, t in enumerate(types)]
-    cast = cast_values(frame.select("r", "payload", *tests, *full), "payload", columns)
-    spark_out = cast.toArrow().sort_by("r")  # the one Spark job
-    errors_by_row = [
-        {e["column_name"]: e["message"] for e in row}
-        for row in spark_out.column(CAST_ERRORS_COLUMN).to_pylist()
-    ]
+    casts = [spark_cast(k, t) for k, t in enumerate(types)]
+    select = [column for columns, _, _ in casts for column in columns]
+    got = frame.select("r", *select).toArrow().sort_by("r")  # the one Spark job
+
+    def column(name: str, n: int) -> list:
+        return python_values(got.column(name).combine_chunks())[:n]
 
     out = {}
     for k, (name, t) in enumerate(zip(names, types, strict=True)):
         n = len(texts[name])
         rule = adjustment(t)
-        spark_adjusted = None
-        if k in codes:
-            spark_adjusted = [bool(a) for a in spark_out.column(f"a{k}").to_pylist()[:n]]
+        _, plain, code = casts[k]
+        pairs = [_pair(pair) for pair in column(f"f{k}", n)]
         out[name] = Outcome(
             t=t,
             written=written[name],
             texts=texts[name],
             **_kernel_cast(t, texts[name]),
             kernel_code=None if rule is None else rule[0],
-            spark_values=python_values(spark_out.column(f"c{k}").combine_chunks())[:n],
-            spark_errors=[errors.get(f"c{k}") for errors in errors_by_row[:n]],
-            spark_adjusted=spark_adjusted,
-            spark_code=codes.get(k),
-            full=[
-                _pair(pair)
-                for pair in python_values(spark_out.column(f"f{k}").combine_chunks())[:n]
-            ],
+            spark_values=[value for value, _ in pairs],
+            spark_errors=[error for _, error in pairs],
+            plain_values=column(f"p{k}", n) if plain else None,
+            spark_adjusted=[bool(a) for a in column(f"a{k}", n)] if code else None,
+            spark_code=code,
         )
     return out
 
@@ -825,7 +865,7 @@ def _kernel_cast(t: PgType, texts: list[str | None]) -> dict[str, Any]:
     """The kernel's cast of ``texts``; where casting them at once raises, each text alone."""
     try:
         cast = cast_texts(t, pa.array(texts, pa.string()))
-    except Exception as exc:  # noqa: BLE001 (reported as the kernel's outcome)
+    except Exception as exc:  # reported as the kernel's outcome
         raised = f"{type(exc).__name__}: {exc}"
     else:
         return {
@@ -839,7 +879,7 @@ def _kernel_cast(t: PgType, texts: list[str | None]) -> dict[str, Any]:
     for text in texts:
         try:
             one = cast_texts(t, pa.array([text], pa.string()))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             values.append(None)
             errors.append(f"raised {type(exc).__name__}: {exc}")
             adjusted.append(None)
@@ -886,47 +926,146 @@ def _report(rows: list[tuple], limit: int = 25) -> str:
 NAMES = list(CASES)
 
 
+def _outcome(outcomes: dict[str, Outcome], name: str) -> Outcome:
+    if name not in outcomes:
+        pytest.skip(f"{CASES[name].type_sql} needs a newer server")
+    return outcomes[name]
+
+
+def _cast_ok(o: Outcome, i: int) -> bool:
+    return o.kernel_errors[i] is None and o.spark_errors[i] is None
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_kernel_casts_every_text_as_spark(outcomes, name):
     """The kernel's value and error message for each text are Spark's full cast's."""
-    if name not in outcomes:
-        pytest.skip(f"{CASES[name].type_sql} needs a newer server")
-    o = outcomes[name]
+    o = _outcome(outcomes, name)
     assert [x for x in o.written if x is not None], "PostgreSQL wrote no text"
     differ = [
-        (text, ("kernel", kv, ke), ("cast_values", sv, se), ("caster alone", *full))
-        for text, kv, ke, sv, se, full in zip(
-            o.texts,
-            o.kernel_values,
-            o.kernel_errors,
-            o.spark_values,
-            o.spark_errors,
-            o.full,
-            strict=True,
+        (text, ("kernel", kv, ke), ("spark", sv, se))
+        for text, kv, ke, sv, se in zip(
+            o.texts, o.kernel_values, o.kernel_errors, o.spark_values, o.spark_errors, strict=True
         )
-        if _same(kv) != _same(sv) or ke != se
+        if (_same(kv) != _same(sv) or ke != se) and (name, text) not in OPEN_TEXTS
     ]
-    raised = f"the kernel raised {o.kernel_raised} (each text then cast alone)\n"
+    raised = f"the kernel raised {o.kernel_raised} (then each text was cast alone)\n"
     assert not differ, (raised if o.kernel_raised else "") + _report(differ)
     assert o.kernel_raised is None, o.kernel_raised
     assert o.kernel_type == arrow_type(o.t)
 
 
+@pytest.mark.parametrize("name", [n for n in NAMES if CASES[n].drawn is not None])
+def test_kernel_settles_what_the_plain_half_settles(outcomes, name):
+    """A text Spark's plain half settles (its value without the full cast) has that value and
+    no error in the kernel."""
+    o = _outcome(outcomes, name)
+    if o.plain_values is None:
+        pytest.skip("no plain half in Spark for this type")
+    differ = [
+        (text, ("kernel", kv, ke), ("spark plain", pv))
+        for text, kv, ke, pv in zip(
+            o.texts, o.kernel_values, o.kernel_errors, o.plain_values, strict=True
+        )
+        if pv is not None
+        and (_same(kv) != _same(pv) or ke is not None)
+        and (name, text) not in OPEN_TEXTS
+    ]
+    assert not differ, _report(differ)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_kernel_adjusts_what_spark_counts(outcomes, name):
     """The kernel's ``adjusted`` mask is ``silver.casts.adjustments``' test of the same texts
-    (the same code; no mask where Spark counts nothing)."""
-    if name not in outcomes:
-        pytest.skip(f"{CASES[name].type_sql} needs a newer server")
-    o = outcomes[name]
+    on every text that casts (silver counts the adjustments of rows that do not fail), under
+    the same code; no mask where Spark counts nothing."""
+    o = _outcome(outcomes, name)
     assert o.kernel_code == o.spark_code
     assert (o.kernel_adjusted is None) == (o.spark_adjusted is None)
     if o.spark_adjusted is None:
         return
     differ = [
         (text, ("kernel", mine), ("spark", theirs))
-        for text, mine, theirs in zip(o.texts, o.kernel_adjusted, o.spark_adjusted, strict=True)
+        for i, (text, mine, theirs) in enumerate(
+            zip(o.texts, o.kernel_adjusted, o.spark_adjusted, strict=True)
+        )
+        if _cast_ok(o, i) and mine != theirs
+    ]
+    assert not differ, _report(differ)
+    assert any(a for i, a in enumerate(o.spark_adjusted) if _cast_ok(o, i)), "nothing adjusted"
+
+
+TZ_POLICIES = ("timestamptz clamp", "timestamptz null", "timestamptz error")
+PAST_9999 = (
+    "Spark's cast reads an offset that moves the instant past year 9999 or before year 1 as that"
+    " instant (no error; Python cannot hold it); the kernel says 'invalid timestamptz'"
+)
+YEAR_0 = (
+    "Spark's cast (and the kernel's fast path, for a scalar) reads year 0 as a value; the"
+    " kernel's per-value path, which casts array elements, says 'invalid date'/'invalid"
+    " timestamptz'"
+)
+OPEN: list[tuple[tuple[str, ...], str, str]] = [
+    (TZ_POLICIES, "9999-12-31 23:00:00-01", PAST_9999),
+    (TZ_POLICIES, "0001-01-01 00:00:00+01", PAST_9999),
+    (TZ_POLICIES, "0000-06-01 00:00:00-05", PAST_9999),
+    (("timestamptz[]",), '{"9999-12-31 23:00:00-01"}', PAST_9999),
+    (("timestamptz[]",), '{"0000-01-01 00:00:00+00"}', YEAR_0),
+    (("date[]",), "{0000-01-01}", YEAR_0),
+    (("date[]",), "{2024-01-01,0000-01-01}", YEAR_0),
+    (
+        ("interval",),
+        "-2562047788:00:54.775808",
+        "PostgreSQL writes this (a time part of -2**63 microseconds, e.g. of"
+        " '-2562047788:00:54.775807'::interval - '1 microsecond'; its input refuses the text);"
+        " the kernel reads it, Spark's cast computes the magnitude 2**63 as bigint and says"
+        " 'interval out of range'",
+    ),
+]
+"""``(cases, text, why)``: a disagreement for the maintainer to decide (each one xfails); the
+other tests leave these texts out."""
+OPEN_TEXTS = {(name, text) for names, text, _ in OPEN for name in names}
+OPEN_MASKS = {
+    name: "on texts that do not cast, the kernel counts any text with more than the scale's"
+    " decimals after its first point as Rounded ('1.2345e3', '0.25000000000000000000 ');"
+    " Spark's test counts only a text ending in digits after a point"
+    for name in ("numeric", "numeric(40,40)", "numeric(20,6) as decimal(10,3)")
+}
+
+
+def _xfail(why: str) -> pytest.MarkDecorator:
+    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=why)
+
+
+@pytest.mark.parametrize(
+    "name, text",
+    [pytest.param(name, text, marks=_xfail(why)) for names, text, why in OPEN for name in names],
+)
+def test_open_questions(outcomes, name, text):
+    o = _outcome(outcomes, name)
+    i = o.texts.index(text)
+    kernel = (_same(o.kernel_values[i]), o.kernel_errors[i])
+    assert kernel == (_same(o.spark_values[i]), o.spark_errors[i])
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=_xfail(OPEN_MASKS[n])) if n in OPEN_MASKS else n for n in NAMES],
+)
+def test_kernel_adjusts_as_spark_on_texts_that_do_not_cast(outcomes, name):
+    """The same masks on every text, those that do not cast too (silver does not count them)."""
+    o = _outcome(outcomes, name)
+    if o.spark_adjusted is None or o.kernel_adjusted is None:
+        return
+    differ = [
+        (text, ("kernel", mine, o.kernel_errors[i]), ("spark", theirs, o.spark_errors[i]))
+        for i, (text, mine, theirs) in enumerate(
+            zip(o.texts, o.kernel_adjusted, o.spark_adjusted, strict=True)
+        )
         if mine != theirs
     ]
     assert not differ, _report(differ)
-    assert any(o.spark_adjusted), "no text was adjusted"
+
+
+def test_postgres_writes_the_least_interval_time(outcomes):
+    """The open question on intervals is about a text PostgreSQL writes."""
+    assert "-2562047788:00:54.775808" in _outcome(outcomes, "interval").written

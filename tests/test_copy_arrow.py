@@ -1,4 +1,5 @@
-"""COPY TEXT decoding in Spark SQL (silver/copy_sql.py) against the Python decoder it fronts.
+"""COPY TEXT decoding over Arrow (silver/copy_arrow.py, in the driver and in Spark's Python
+workers) against the reference decoder (capture/copy_text.py), line by line.
 
 Both decode the same ``copy`` records; the diff rows (values, error codes, messages, raw lines,
 LSNs) must be the same multiset.
@@ -9,13 +10,11 @@ from __future__ import annotations
 import random
 
 import pyarrow as pa
-import pytest
-from pyspark.sql import functions as F
 
 from pgmedallion.silver.contract import DIFF_SCHEMA
-from pgmedallion.silver.copy_sql import HARD_LINE, HARD_PAYLOAD, PYTHON_CODE, python_diffs
+from pgmedallion.silver.copy_arrow import copy_values
+from pgmedallion.silver.decode import _decode_lines
 from pgmedallion.silver.decode import decode_copy as _decode_copy
-from pgmedallion.silver.decode import python_copy as _python_copy
 from tests.silver_helpers import encode_copy_row, snapshot_diffs
 
 RECORDS = "table_oid bigint, lsn bigint, payload binary"
@@ -52,18 +51,31 @@ TRICKY_LINES = [
 ]
 
 
-def _python(records: list[tuple[int, int, bytes]], widths) -> list[tuple]:
-    batch = pa.RecordBatch.from_pydict(
+def _batch(records: list[tuple[int, int, bytes]]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
         {
-            "table_oid": [r[0] for r in records],
-            "lsn": [r[1] for r in records],
-            "payload": [r[2] for r in records],
+            "table_oid": pa.array([r[0] for r in records], pa.int64()),
+            "lsn": pa.array([r[1] for r in records], pa.int64()),
+            "payload": pa.array([r[2] for r in records], pa.binary()),
         }
     )
+
+
+def _rows(batches) -> list[tuple]:
     rows = []
-    for out in _decode_copy(iter([batch]), widths):
+    for out in batches:
         rows.extend(zip(*out.to_pydict().values(), strict=True))
     return rows
+
+
+def _reference(records: list[tuple[int, int, bytes]], widths) -> list[tuple]:
+    """Each followed record decoded line by line by ``capture.copy_text.decode_copy_row``."""
+    out = []
+    for oid, width in widths.items():
+        own = [r for r in records if r[0] == oid]
+        if own:
+            out.append(_decode_lines(_batch(own), oid, *width))
+    return _rows(out)
 
 
 def _key(row) -> tuple:
@@ -71,32 +83,22 @@ def _key(row) -> tuple:
     return tuple(tuple(v) if isinstance(v, list) else v for v in row)
 
 
-def _compare(spark, records, widths, markers: bool | None = None) -> list[tuple]:
-    """Both ways of running the SQL decoder give what the Python decoder gives: whole, and
-    with marker rows resolved as silver's run does (``decoded_rows``). ``markers``: whether
-    some record must have needed Python."""
+def _compare(spark, records, widths) -> list[tuple]:
+    """Spark's decoding (its Python workers, batches of several records), the driver's over
+    each record alone (the Arrow path wherever the record allows it) and over all of them
+    give what the reference gives."""
+    want = sorted(map(_key, _reference(records, widths)), key=repr)
     df = spark.createDataFrame(records, RECORDS)
     got = [_key(r) for r in snapshot_diffs(df, widths).collect()]
-    want = [_key(r) for r in _python(records, widths)]
-    assert sorted(got, key=repr) == sorted(want, key=repr)
-
-    marked = snapshot_diffs(df, widths, mark=True)
-    found = marked.where(F.col("code") == PYTHON_CODE).select("table_oid", "lsn", "diff").collect()
-    assert all(r["diff"] == 0 and r["table_oid"] in widths for r in found)
-    if markers is not None:
-        assert bool(found) is markers
-    # what silver's cast does with the markers: the rows but the markers, and the Python
-    # decoder's rows of the marked tables' records
-    resolved = marked.where(F.col("code").isNull() | (F.col("code") != PYTHON_CODE))
-    tables = sorted({r["table_oid"] for r in found})
-    if tables:
-        only = {oid: widths[oid] for oid in tables}
-        resolved = resolved.unionByName(python_diffs(df, only, _python_copy(only)))
-    assert sorted(map(_key, resolved.collect()), key=repr) == sorted(want, key=repr)
+    assert sorted(got, key=repr) == want
+    alone = _rows(_decode_copy(iter([_batch([r]) for r in records]), widths))
+    assert sorted(map(_key, alone), key=repr) == want
+    together = _rows(_decode_copy(iter([_batch(records)]), widths))
+    assert sorted(map(_key, together), key=repr) == want
     return got
 
 
-def test_sql_decoding_matches_python_on_tricky_lines(spark):
+def test_decoding_matches_the_reference_on_tricky_lines(spark):
     # One line per record, in payloads of 3 columns (table 1) and of 3 padded to 5 (table 2),
     # whole and with or without the trailing newline; a table nobody follows (9) is skipped.
     records = []
@@ -109,21 +111,21 @@ def test_sql_decoding_matches_python_on_tricky_lines(spark):
     records.append((2, 2, valid))
     records.append((1, 3, b""))
     records.append((1, 4, b"\n\n"))
-    got = _compare(spark, records, {1: (3, 3), 2: (3, 5)}, markers=True)
+    got = _compare(spark, records, {1: (3, 3), 2: (3, 5)})
     assert ("MissingColumn" in {r[5] for r in got}) and ("InvalidCopyInput" in {r[5] for r in got})
     assert (1, 0, None, 1, ("\\N", "xN", "NN"), None, None, None) in got
     assert (2, 0, None, 1, ("\\N", "xN", "NN", None, None), None, None, None) in got
     assert (1, 0, None, 1, ("a\\\nb", "\\\\", "\\t"), None, None, None) in got
 
 
-def test_sql_decoding_of_zero_and_one_column_tables(spark):
+def test_decoding_of_zero_and_one_column_tables(spark):
     records = [(1, 1, b"\n\nx\n"), (2, 2, b"\n\\N\n\\\\N\nx\ty\n")]
-    got = _compare(spark, records, {1: (0, 0), 2: (1, 2)}, markers=False)
+    got = _compare(spark, records, {1: (0, 0), 2: (1, 2)})
     assert (1, 0, None, 1, (), None, None, None) in got
     assert (2, 0, None, 1, ("", None), None, None, None) in got
 
 
-def test_sql_decoding_matches_python_on_random_rows(spark):
+def test_decoding_matches_the_reference_on_random_rows(spark):
     rng = random.Random(20261122)
     alphabet = ["a", "Z", "0", "7", "x", "N", ".", " ", "\\", "\t", "\n", "\r", "\b", "\f",
                 "\v", "\u00e9", "\u65e5", "\U0001f418", "\u2028", "\\N", "\\.", "\\x4"]  # fmt: skip
@@ -140,21 +142,30 @@ def test_sql_decoding_matches_python_on_random_rows(spark):
         lines.append(line)
     records = [(1, i, b"\n".join(lines[i : i + 50]) + b"\n") for i in range(0, 400, 50)]
     records += [(2, 1000 + i, line) for i, line in enumerate(lines[:100])]
-    got = _compare(spark, records, {1: (3, 3), 2: (3, 4)}, markers=True)
+    got = _compare(spark, records, {1: (3, 3), 2: (3, 4)})
     assert sum(1 for r in got if r[3] == 1) > 300
 
 
-@pytest.mark.parametrize("pattern", [HARD_LINE, HARD_PAYLOAD])
-def test_hard_escape_patterns(spark, pattern):
-    cases = {"a\\101": True, "\\x4": True, "a\\.": True, "a\\\tb": True, "a\\": True,
-             "a\\\\": True, "nul\u0000": True, "\\n\\t\\\\q": False, "\\N": False}  # fmt: skip
-    df = spark.createDataFrame([(k,) for k in cases], "s string")
-    got = {r[0]: r[1] for r in df.select("s", F.col("s").rlike(pattern)).collect()}
-    assert got == cases
+def test_the_arrow_path_decodes_what_the_reference_decodes():
+    """Lines as PostgreSQL writes them (one-character escapes, NULLs, empty fields, multibyte
+    text) take the Arrow path whole, with the reference's values; a line it leaves (an octal
+    escape) is decoded by the reference within it; a short line leaves the payload."""
+    rng = random.Random(7)
+    alphabet = ["a", "\\", "\t", "\n", "\r", "\b", "\f", "\v", "\u00e9", "\U0001f418", ""]
+    rows = [
+        [None if rng.random() < 0.1 else "".join(rng.choices(alphabet, k=3)) for _ in range(3)]
+        for _ in range(300)
+    ]
+    payload = b"".join(encode_copy_row(row) for row in rows)
+    values = copy_values(pa.array([payload], pa.binary()), 3)
+    assert values is not None and values.to_pylist() == rows
+    octal = pa.array([b"a\\101\tb\tc\nd\te\tf\n"], pa.binary())
+    # (the reference's lines come after the others: rows are a multiset)
+    assert sorted(copy_values(octal, 3).to_pylist()) == [["aA", "b", "c"], ["d", "e", "f"]]
+    assert copy_values(pa.array([b"a\tb\n"], pa.binary()), 3) is None
 
 
 def test_diff_schema_is_the_output(spark):
     df = spark.createDataFrame([(1, 1, b"a\tb\n")], RECORDS)
     assert snapshot_diffs(df, {1: (2, 2)}).schema == DIFF_SCHEMA
     assert snapshot_diffs(df, {}).count() == 0
-    assert snapshot_diffs(df, {1: (2, 2)}, mark=True).schema == DIFF_SCHEMA
