@@ -488,8 +488,8 @@ def _arrow_cast(texts: pa.Array, target: pa.DataType) -> pa.Array:
     for text in texts:
         try:
             out.append(pc.cast(text, target).as_py())
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            out.append(None)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OverflowError, ValueError):
+            out.append(None)  # (OverflowError: a date Python cannot hold, such as year 0)
     return pa.array(out, target)
 
 
@@ -581,9 +581,14 @@ def _fast_bytea(texts: pa.Array) -> pa.Array:
     return pa.array(out, pa.binary())
 
 
-_WRITTEN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}( [0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{0,5}[1-9])?)?$"
-"""A date or timestamp as PostgreSQL writes it: its fields at their places, no trailing zero
-in a fraction of a second."""
+_WRITTEN_DATE = r"^(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})-[0-9]{2}-[0-9]{2}"
+_WRITTEN = {
+    False: _WRITTEN_DATE + "$",
+    True: _WRITTEN_DATE + r" [0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{0,5}[1-9])?$",
+}
+"""A date or a timestamp as PostgreSQL writes it: its fields at their places, a year from 1 to
+9999 (year 0 is no year: PostgreSQL writes 1 BC), no trailing zero in a fraction of a
+second."""
 
 
 def _written_back(values: pa.Array, texts: pa.Array) -> pa.Array:
@@ -593,7 +598,7 @@ def _written_back(values: pa.Array, texts: pa.Array) -> pa.Array:
     def field(start: int, stop: int) -> pa.Array:
         return pc.cast(pc.utf8_slice_codeunits(texts, start, stop), pa.int64())
 
-    same = pc.match_substring_regex(texts, _WRITTEN)
+    same = pc.match_substring_regex(texts, _WRITTEN[pa.types.is_timestamp(values.type)])
     parts = [(pc.year, 0, 4), (pc.month, 5, 7), (pc.day, 8, 10)]
     if pa.types.is_timestamp(values.type):
         parts += [(pc.hour, 11, 13), (pc.minute, 14, 16), (pc.second, 17, 19)]
@@ -692,10 +697,16 @@ def kernel(t: PgType) -> Kernel:
         positions = np.flatnonzero(left)
         if len(positions) == 0:
             return Cast(values, pa.nulls(n, pa.string()), adjusted)
+        if adjusted is not None:  # a text that does not cast is not adjusted: it fails
+            adjusted = adjusted.to_numpy(zero_copy_only=False).copy()
         decided = [slow(text) for text in texts.take(pa.array(positions)).to_pylist()]
         errors: list[str | None] = [None] * n
         for position, (_, error) in zip(positions.tolist(), decided, strict=True):
             errors[position] = error
+            if error is not None and adjusted is not None:
+                adjusted[position] = False
+        if adjusted is not None:
+            adjusted = pa.array(adjusted, pa.bool_())
         if fast is None:
             full: list[Any] = [None] * n
             for position, (value, _) in zip(positions.tolist(), decided, strict=True):
