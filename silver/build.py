@@ -23,12 +23,13 @@ immutable bronze rows. Every append carries ``txnAppId = pgmedallion-silver-<sou
 ``txnVersion = R``, so Delta skips the tables the crashed attempt had already committed. The
 ``_progress`` row is the run's last write.
 
-One pass per table. A table's rows are decoded and cast by the Arrow kernels (in Spark's
-Python workers) in the job that appends them, which also counts (an observed metric) the rows
-that do not settle (the *unsettled* rows): decode errors, values that do not cast or that a
-declared rule adjusts. Usually there are none. Otherwise those (unsettled) rows are cast again,
-with their error messages and adjustments, and appended in a second commit of the run (``txnAppId = pgmedallion-silver-<source>-late``) with
-their rewinds: the two commits hold different (row, LSN) pairs (see :func:`table_run`).
+One pass per table. A table's rows are decoded and cast by the Arrow kernels (in Spark's Python
+workers) in the job that appends them, which also counts (an observed metric) the rows that do not
+settle (the *unsettled* rows): decode errors, values that do not cast or that a declared rule
+adjusts. Usually there are none. Otherwise those (unsettled) rows are cast again, with their error
+messages and adjustments, and appended in a second commit of the run (``txnAppId =
+pgmedallion-silver-<source>-late``) with their rewinds: the two commits hold different (row, LSN)
+pairs (see :func:`table_run`).
 
 The steps live in their own modules: :mod:`silver.plan` (windows), :mod:`silver.catalog`
 (tables, Relations, layouts), :mod:`pgmedallion.silver.decode`, :mod:`pgmedallion.silver.cast_rows`,

@@ -19,10 +19,10 @@ Each kernel has two parts that always agree:
   (rounded, clamped or nulled where a column's policy says so) or its error. It is the
   reference: a text the fast part settles gets the same value from it.
 
-Errors carry the messages of ``silver.casts`` (the Spark SQL casts, for as long as they exist),
-e.g. ``numeric NaN does not fit DecimalType(12,2)``. Nothing is rounded, clamped or nulled
-silently: such values are counted by silver (``_adjustments``), and a value Spark's type cannot
-hold exactly is an error.
+Errors carry the messages the Spark SQL casts they replace gave (``tests/spark_sql_casts.py``, the
+differential tests' reference), e.g. ``numeric NaN does not fit DecimalType(12,2)``. Nothing is
+rounded, clamped or nulled silently: such values are counted by silver (``_adjustments``), and a
+value Spark's type cannot hold exactly is an error.
 
 The mapping of PostgreSQL types to Spark types is :mod:`silver.pgtypes`'s.
 """

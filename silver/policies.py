@@ -21,7 +21,8 @@ def column_policy_problems(
     table: str, policy: TablePolicy, columns: Mapping[str, Any]
 ) -> list[str]:
     """What is wrong with ``table``'s column policies, given its columns (name -> anything
-    :func:`pgmedallion.silver.casts.pg_type_of` reads); each problem names its configuration key."""
+    :func:`pgmedallion.silver.pgtypes.pg_type_of` reads); each problem names its
+    configuration key."""
     problems = []
     for name, column_policy in policy.columns.items():
         key = f'[tables."{table}".columns] {name}'

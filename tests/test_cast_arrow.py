@@ -18,8 +18,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
 
-from pgmedallion.silver.cast_columns import cast_values
-from pgmedallion.silver.casts import CAST_ERRORS_COLUMN
+from pgmedallion.silver.cast_columns import CAST_ERRORS_COLUMN, cast_values
 from pgmedallion.silver.kernel import cast_rows
 from pgmedallion.silver.pgtypes import PgType
 

@@ -9,13 +9,13 @@ from datetime import date, datetime
 from decimal import Decimal
 
 import psycopg
+import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 from pyspark.sql import Row
-from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -37,9 +37,9 @@ from pyspark.sql.types import (
 from pgmedallion.capture.connection import connect
 from pgmedallion.capture.copy_text import decode_copy_row
 from pgmedallion.capture.snapshot import Column, table_schema_at_snapshot
+from pgmedallion.silver.cast_columns import CAST_ERRORS_COLUMN, cast_values, plain_cast
 from pgmedallion.silver.cast_columns import UNSETTLED_COLUMN as SUSPECT_COLUMN
-from pgmedallion.silver.cast_columns import cast_values, plain_cast
-from pgmedallion.silver.casts import CAST_ERRORS_COLUMN, adjustments
+from pgmedallion.silver.kernel import cast_rows
 from pgmedallion.silver.pgtypes import (
     ARRAY_ELEMENT,
     INTERVAL_TYPE,
@@ -800,7 +800,7 @@ def test_postgres_text_array_literals_parse_back(spark, db, arrays):
 def test_declared_adjustments_and_overrides(spark):
     """Rounding of numerics wider than their Spark decimal, each infinity policy, and type
     overrides: the values are the declared ones (Spark's own CAST rounding, half up), no
-    error, and ``adjustments`` tells silver which texts to count."""
+    error, and the kernel tells silver which values to count."""
     ts, tz, d = PgType(1114), PgType(1184), PgType(1082)
     columns = [
         ("nu", PgType(1700)),
@@ -866,12 +866,9 @@ def test_declared_adjustments_and_overrides(spark):
     # the plain half leaves every adjusted value to the full cast, and settles the rest
     staged = plain_cast(text_frame(spark, rows), "payload", columns)
     assert {r["id"]: r[SUSPECT_COLUMN] for r in staged.collect()} == {1: True, 2: True, 3: True}
-    texts = text_frame(spark, rows)
-    counted = {
-        (name, code): texts.where(test(F.get(F.col("payload"), names.index(name)))).count()
-        for name, code, test in adjustments(columns)
-        for names in [[n for n, _ in columns]]
-    }
+    values = pa.array([texts for _, texts in rows], pa.list_(pa.string()))
+    found = cast_rows(values, columns).adjustments([0] * len(rows))
+    counted = {(name, code): count for name, code, count, _, _ in found}
     assert counted == {
         ("nu", "Rounded"): 2,
         ("wide", "Rounded"): 1,

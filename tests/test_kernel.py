@@ -1,20 +1,20 @@
 """The Arrow kernel (``silver.kernel``) casts every text exactly as Spark's SQL cast does.
 
-For every type of the zoo, a real PostgreSQL (18, and 15 where installed) is the oracle for
-the texts: values (fixed edge values, values only arithmetic reaches, and hypothesis-generated
+For every type of the zoo, a real PostgreSQL (18, and 15 where installed) is the oracle for the
+texts: values (fixed edge values, values only arithmetic reaches, and hypothesis-generated
 ones, derandomized) are inserted into one table and read back as COPY TEXT with the capture
 session's settings, as bronze gets them; a literal the server refuses becomes a text it never
 writes. To those go texts PostgreSQL never writes: fixed near misses (padded, signed, rounded,
-out of range, other offsets, malformed array literals), seeded character-level mutations of
-the written texts, and hypothesis-generated raw texts. Each type's texts are cast once by
-:func:`silver.kernel.cast_texts` and once by the Spark SQL expressions of ``silver.casts``
-(every type in one Spark job): for every text the kernel's value (NaN equal to NaN, ``-0.0``
-apart from ``0.0``, timestamps as instants) and error message are the full cast's
-(``caster``); a text the plain half (``plain_value``) settles has that value in the kernel;
-and the kernel's ``adjusted`` mask is ``adjustments``' test of the same texts. Spark's SQL
-cast is the reference only for as long as both casts exist (``silver.cast_columns`` now runs
-the kernel itself). Where the kernel decides otherwise, on purpose, :data:`DECIDED` holds its
-answer.
+out of range, other offsets, malformed array literals), seeded character-level mutations of the
+written texts, and hypothesis-generated raw texts. Each type's texts are cast once by
+:func:`silver.kernel.cast_texts` and once by the Spark SQL expressions of
+``tests.spark_sql_casts`` (the retired Spark SQL cast) (every type in one Spark job): for every
+text the kernel's value (NaN equal to NaN, ``-0.0`` apart from ``0.0``, timestamps as instants)
+and error message are the full cast's (``caster``); a text the plain half (``plain_value``)
+settles has that value in the kernel; and the kernel's ``adjusted`` mask is ``adjustments``'
+test of the same texts. Spark's SQL cast is the reference only for as long as both casts exist
+(``silver.cast_columns`` now runs the kernel itself). Where the kernel decides otherwise, on
+purpose, :data:`DECIDED` holds its answer.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ from pyspark.sql import functions as F
 from pgmedallion.capture.connection import connect
 from pgmedallion.capture.copy_text import decode_copy_row
 from pgmedallion.capture.snapshot import table_schema_at_snapshot
-from pgmedallion.silver.casts import adjustments, caster, plain_value
 from pgmedallion.silver.kernel import adjustment, arrow_type, cast_texts
 from pgmedallion.silver.pgtypes import PgType, pg_type_of
 from tests.conftest import _fresh_db
+from tests.spark_sql_casts import adjustments, caster, plain_value
 
 EXAMPLES = 200
 DRAWING = settings(
@@ -977,7 +977,7 @@ def test_kernel_settles_what_the_plain_half_settles(outcomes, name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_kernel_adjusts_what_spark_counts(outcomes, name):
-    """The kernel's ``adjusted`` mask is ``silver.casts.adjustments``' test of the same texts
+    """The kernel's ``adjusted`` mask is ``spark_sql_casts.adjustments``' test of the same texts
     on every text that casts (silver counts the adjustments of rows that do not fail), under
     the same code; no mask where Spark counts nothing."""
     o = _outcome(outcomes, name)

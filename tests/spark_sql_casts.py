@@ -1,4 +1,11 @@
-r"""Cast PostgreSQL text values to Spark types, as Spark SQL expressions, with an error per value.
+r"""The retired Spark SQL cast, kept as the reference of the differential tests (test_kernel).
+
+Silver casts with :mod:`silver.kernel` (Arrow kernels in the driver and in Spark's Python
+workers). Until 2026-11-28 it cast with the expressions below; the kernel was held equal to
+them on every text of the type zoo before they retired from the product, and the tests keep
+holding it so (a new type or rule needs no entry here: PostgreSQL is the oracle).
+
+Cast PostgreSQL text values to Spark types, as Spark SQL expressions, with an error per value.
 
 Silver decodes bronze's COPY TEXT rows and pgoutput tuples into one ``array<string>`` per row:
 each column's value as PostgreSQL's type output function wrote it (``NULL`` element = SQL NULL),
