@@ -91,6 +91,11 @@ logger.native.level = off
 # a metastore failure that matters reaches the caller as Spark's own exception.
 logger.hms.name = org.apache.hadoop.hive.metastore.RetryingHMSHandler
 logger.hms.level = off
+# A PySpark driver counts as a shell: where the level of the class that starts it (PySpark's
+# gateway) differs from the root's, Spark prints "Setting default log level to ..." and how to
+# change it, at every start.
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = error
 """
 """Spark's log4j2 configuration (written to the state directory): the default one prints
 warnings and a few ERROR lines for things that are not errors."""

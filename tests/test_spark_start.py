@@ -115,7 +115,13 @@ def test_a_first_start_downloads_the_jars_with_one_line_and_no_resolution_report
     first = start()
     said = [line for line in first.stderr.splitlines() if "from Maven Central" in line]
     assert len(said) == 1 and "io.delta:delta-spark_" in said[0], first.stderr
-    for report in [":: resolving dependencies", "found io.delta", "not found", ":: loading"]:
+    for report in [
+        ":: resolving dependencies",
+        "found io.delta",
+        "not found",
+        ":: loading",
+        "Setting default log level",
+    ]:
         assert report not in first.stderr
     assert "ROWS 3" in first.stdout and int(first.stdout.split("JARS ")[1].split()[0]) > 1
     recorded = json.loads((tmp_path / "cache" / "pgmedallion" / "spark-jars.json").read_text())

@@ -1,11 +1,11 @@
-"""The cast kernel (``silver.kernel``) decides every text as Spark's full cast does, and casts
-what PostgreSQL writes.
+"""The cast kernels (``silver.kernel``) decide every text alike in the driver (``cast_rows``)
+and in Spark's Python workers (``silver.cast_columns.cast_values``, through ``mapInArrow``), and
+cast what PostgreSQL writes.
 
 PostgreSQL is the oracle for the texts: each type's values are written by the server (with the
 settings capture pins), together with texts PostgreSQL would never write (padded, signed,
-rounded, out of range, other offsets) and seeded random near-misses. For every text the kernel
-and Spark's full cast (``silver.cast_columns.cast_values``) give the same value and the same
-error; every text PostgreSQL wrote casts.
+rounded, out of range, other offsets) and seeded random near-misses. For every text both runs
+give the same value and the same error; every text PostgreSQL wrote casts.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def _same(a, b) -> bool:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_the_kernel_decides_every_text_as_spark_does(db, spark, name):
+def test_the_driver_and_spark_decide_every_text_alike(db, spark, name):
     t, literals, others = CASES[name]
     with psycopg.connect(**db, autocommit=True) as conn:
         for setting in ("DateStyle = ISO", "IntervalStyle = postgres", "TimeZone = 'UTC'"):
