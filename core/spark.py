@@ -31,7 +31,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import on_databricks  # noqa: F401 (where callers import it from)
 from pgmedallion.core.delta_rs import application
-from pgmedallion.core.errors import JavaMissing
+from pgmedallion.core.errors import JavaMissing, TransientError
 from pgmedallion.core.naming import quote
 
 log = logging.getLogger(__name__)
@@ -307,8 +307,6 @@ def _ivy_resolve(packages: str) -> list[str]:
     from xml.sax.saxutils import quoteattr
 
     import pyspark
-
-    from pgmedallion.core.errors import TransientError
 
     coordinates = [c.strip().split(":") for c in packages.split(",") if c.strip()]
     dependencies = "\n".join(

@@ -751,6 +751,7 @@ class Rows:
         adjusted text, as JSON (as ``_adjustments`` holds them)."""
         if isinstance(lsns, (pa.Array, pa.ChunkedArray)):
             lsns = lsns.to_numpy(zero_copy_only=False)
+        lsns = np.asarray(lsns)
         out = []
         for name, code, mask, texts in self.adjusted:
             hit = mask & ~self.failed
