@@ -11,7 +11,6 @@ give the same value and the same error; every text PostgreSQL wrote casts.
 from __future__ import annotations
 
 import math
-import random
 
 import psycopg
 import pyarrow as pa
@@ -21,6 +20,7 @@ from pyspark.sql import types as T
 from pgmedallion.silver.cast_columns import CAST_ERRORS_COLUMN, cast_values
 from pgmedallion.silver.kernel import cast_rows
 from pgmedallion.silver.pgtypes import PgType
+from tests.test_kernel import mutations
 
 
 def numeric(p: int, s: int) -> int:
@@ -89,25 +89,6 @@ CASES = {
 ERRORS_BY_DESIGN: set[str] = set()  # texts PostgreSQL writes that no Spark type holds
 
 
-def _near_misses(texts: list[str], seed: int) -> list[str]:
-    """Seeded variations of ``texts``: a character dropped, doubled or replaced."""
-    rng = random.Random(seed)
-    out = []
-    for text in texts:
-        for _ in range(6):
-            if not text:
-                continue
-            i = rng.randrange(len(text))
-            op = rng.choice(["drop", "double", "replace"])
-            if op == "drop":
-                out.append(text[:i] + text[i + 1 :])
-            elif op == "double":
-                out.append(text[:i] + text[i] + text[i:])
-            else:
-                out.append(text[:i] + rng.choice("0159.-+: eE") + text[i + 1 :])
-    return out
-
-
 def _same(a, b) -> bool:
     if isinstance(a, float) and isinstance(b, float):
         return (math.isnan(a) and math.isnan(b)) or (
@@ -128,7 +109,7 @@ def test_the_driver_and_spark_decide_every_text_alike(db, spark, name):
         text = "CASE WHEN v::bool THEN 't' ELSE 'f' END" if name == "bool" else f"v::{name}::text"
         query = f"SELECT {text} FROM unnest(%s::text[]) AS s(v)"
         written = [r[0] for r in conn.execute(query, (literals,))]
-    texts = [*written, *others, *_near_misses(written, seed=len(name)), None]
+    texts = [*written, *others, *mutations(written, seed=len(name)), None]
     values = pa.array([[x] for x in texts], pa.list_(pa.string()))
     rows = cast_rows(values, [("v", t)])
     mine = rows.columns[0].to_pylist()
