@@ -761,12 +761,12 @@ def table_run(
     settled = consolidated(_rewound(info, one.rows, one.wal_rows), data, run)
     if not exists:
         create_diff_table(spark, target, settled.schema)
-    counts = [append_diffs(settled, target, cfg.source.name, run, path=path)]
+    counts = [append_diffs(settled, target, cfg.source.name, run)]
     unsettled = one.finish(observed=counts[0] is not None)
     if unsettled is None:
         return written(spark, target, run, counts), [], []
     rows = consolidated(_rewound(info, unsettled.rows, unsettled.rows), data, run)
-    counts.append(append_diffs(rows, target, cfg.source.name, run, unsettled=True, path=path))
+    counts.append(append_diffs(rows, target, cfg.source.name, run, unsettled=True))
     unsettled.unpersist()
     return written(spark, target, run, counts), unsettled.errors, unsettled.adjusted
 
@@ -815,7 +815,7 @@ def _table_run_whole(
     if not exists:
         create_diff_table(spark, target, out.schema)
     count = written(
-        spark, target, run, [append_diffs(out, target, cfg.source.name, run, path=path)]
+        spark, target, run, [append_diffs(out, target, cfg.source.name, run)]
     )
     cast.unpersist()
     return count, errors, cast.adjusted

@@ -71,28 +71,16 @@ def append_diffs(
     source: str,
     run: int,
     unsettled: bool = False,
-    path: str | None = None,
 ) -> int | None:
     """Append a table's diffs of run ``run`` (``unsettled``: the rows its first append left
     out), as an idempotent Delta commit; how many rows it wrote (None: not known, the write was
     skipped as done before).
 
-    A table in a local directory (``path``) whose columns the rows match is appended to by
-    delta-rs: one Spark job collects the rows as Arrow (filling the metrics a
-    ``DataFrame.observe`` in ``df``'s plan collects) and delta-rs commits them. Otherwise,
-    and for a new column (schema evolution), through Spark's ``writeTo``: its write fills
-    those metrics too (``saveAsTable``'s does not)."""
+    ``df`` is computed by Spark, so Spark's executors write it (``writeTo``, whose write fills
+    the metrics a ``DataFrame.observe`` in ``df``'s plan collects; ``saveAsTable``'s does not):
+    its rows never pass through the driver, however many there are. A new column (schema
+    evolution) is added by the same write."""
     app = diffs_app(source, unsettled)
-    if delta_rs.usable(path):
-        dt = delta_rs.open_table(path)
-        if delta_rs.done(dt, app, run):
-            return None
-        if delta_rs.conforms(dt, df.columns):
-            rows = delta_rs.in_table_order(dt, df.toArrow())
-            failpoint("silver.before_append")
-            delta_rs.append(path, rows, app, run)
-            failpoint("silver.after_append")
-            return rows.num_rows
     observation = Observation(f"pgm_rows_{uuid.uuid4().hex}")
     writer = (
         df.observe(observation, F.count(F.lit(1)).alias("rows"))

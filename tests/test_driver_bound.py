@@ -1,0 +1,48 @@
+"""A table past ``[lakehouse] driver_rows`` is computed and written by Spark's executors: its
+rows never pass through the driver.
+
+The driver may receive at most 16 MB of task results here (``spark.driver.maxResultSize``),
+and the table holds about 22 MB of text. Before, silver collected such a table into the driver
+(``df.toArrow()``) for delta-rs to commit, and the run failed with "Total size of serialized
+results ... is bigger than spark.driver.maxResultSize" (at 8M rows under the default 1 GB,
+every run). The runs are whole ``pgmedallion run`` processes; PostgreSQL is the oracle
+(``verify``).
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+from tests.test_run_without_spark import _lakehouse, _run
+
+SCHEMA = """
+CREATE TABLE wide (id bigint PRIMARY KEY, pad text NOT NULL, n int);
+INSERT INTO wide
+SELECT g, repeat(md5(g::text), 28), g % 1000 FROM generate_series(1, 25000) g;
+"""
+
+
+def test_a_table_past_driver_rows_never_passes_through_the_driver(db, tmp_path):
+    config, env, _ = _lakehouse(db, tmp_path, "bound", SCHEMA, "wide")
+    with config.open("a") as f:  # [lakehouse] is the file's last section
+        f.write("driver_rows = 1000\nsmall_table_rows = 1000\n")
+    env = dict(env, PGMEDALLION_SPARK_CONF="spark.driver.maxResultSize=16m")
+
+    first = _run(config, env, "run")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "gold: public.wide: 25000 rows" in first.stdout, first.stdout
+    assert "read in the driver" not in first.stderr, first.stderr
+
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("UPDATE wide SET n = n + 1, pad = upper(pad) WHERE id % 50 = 0")
+        conn.execute("DELETE FROM wide WHERE id % 97 = 0")
+        conn.execute("INSERT INTO wide VALUES (200000, 'new', 1)")
+    second = _run(config, env, "run")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "gold: public.wide: 24744 rows" in second.stdout, second.stdout
+
+    verify = _run(config, env, "verify")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "verify: OK" in verify.stdout, verify.stdout
+    for out in (first, second, verify):
+        assert "maxResultSize" not in out.stderr and "Traceback" not in out.stderr, out.stderr
