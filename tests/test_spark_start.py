@@ -15,6 +15,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 CHILD = textwrap.dedent(
@@ -55,6 +57,7 @@ def _start(cache: Path, state: Path) -> tuple[str, int]:
     return options, rows
 
 
+@pytest.mark.slow  # four JVM starts with an archive written at exit: 2-3 minutes
 def test_the_first_start_writes_the_archive_and_the_next_starts_from_it(tmp_path):
     cache = tmp_path / "cache"
     archives = cache / "pgmedallion" / "jvm-classes"
@@ -68,6 +71,7 @@ def test_the_first_start_writes_the_archive_and_the_next_starts_from_it(tmp_path
     assert f"-XX:SharedArchiveFile={written[0]}" in options and rows == 2
 
 
+@pytest.mark.slow  # four JVM starts with an archive written at exit: 2-3 minutes
 def test_a_claimed_archive_is_left_to_its_writer_and_an_old_claim_is_taken(tmp_path):
     cache = tmp_path / "cache"
     archives = cache / "pgmedallion" / "jvm-classes"
