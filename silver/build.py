@@ -814,9 +814,7 @@ def _table_run_whole(
     out = consolidated(truncated(_rewound(info, ok, ok), data, truncates, earlier), data, run)
     if not exists:
         create_diff_table(spark, target, out.schema)
-    count = written(
-        spark, target, run, [append_diffs(out, target, cfg.source.name, run)]
-    )
+    count = written(spark, target, run, [append_diffs(out, target, cfg.source.name, run)])
     cast.unpersist()
     return count, errors, cast.adjusted
 
