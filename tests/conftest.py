@@ -125,6 +125,7 @@ def spark():
 # measured) and the short ones fill in behind them.
 LONGEST_FIRST = (
     "test_pipeline_crash.py",  # slow: the crash trials, about 7 minutes
+    "test_driver_bound.py",  # 25,000 wide rows through Spark's writers
     "test_standalone_cluster.py",  # slow: a master, two workers and their executors
     "test_replica_identity.py",
     "test_partitions.py",
