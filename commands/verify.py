@@ -256,13 +256,6 @@ def _samples(a: DataFrame, b: DataFrame, a_name: str, b_name: str) -> list[str]:
     return out
 
 
-def compare(a: DataFrame, b: DataFrame, a_name: str, b_name: str) -> tuple[int, int, bool, list]:
-    """Rows of ``a`` and ``b``, whether they hold the same multiset, and samples where not."""
-    (na, ha, _), (nb, hb, _) = _checksums([a, b])
-    exact = na == nb and ha == hb
-    return na, nb, exact, ([] if exact else _samples(a, b, a_name, b_name))
-
-
 def verify(
     spark: SparkSession, cfg: Config, *, catch_up: bool = True, check_gold: bool = True
 ) -> VerifyResult:
