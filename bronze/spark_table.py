@@ -125,11 +125,19 @@ def sealed_dataframe(spark: SparkSession, batch: SealedBatch) -> DataFrame:
 class SparkWriter:
     name = "spark"
 
-    def __init__(self, spark: SparkSession, table: str, source: str) -> None:
+    def __init__(self, spark: SparkSession, table: str, source: str, committed=None) -> None:
         self.spark, self.table, self.source = spark, table, source
+        self.committed = committed
+        """Called after each commit (the bronze whose records it changed forgets them)."""
 
     def write(self, batch: SealedBatch) -> None:
-        write_batch(sealed_dataframe(self.spark, batch), self.table, self.source, batch.batch_id)
+        try:
+            write_batch(
+                sealed_dataframe(self.spark, batch), self.table, self.source, batch.batch_id
+            )
+        finally:
+            if self.committed is not None:
+                self.committed()
 
 
 class SparkBronze(Bronze):
@@ -140,8 +148,19 @@ class SparkBronze(Bronze):
     def __init__(self, spark: SparkSession, table: str, source: str) -> None:
         super().__init__(table, source)
         self.spark = spark
+        self._read: list[dict[str, Any]] | None = None
+
+    # Each read is a Spark job (0.5-1 s, however few the records), and a capture asks a dozen
+    # questions between two of its commits: the records are read once and kept until this
+    # object commits, or ``refresh`` says another process may have.
+
+    def refresh(self) -> SparkBronze:
+        self._read = None
+        return self
 
     def _records(self) -> list[dict[str, Any]]:
+        if self._read is not None:
+            return self._read
         # The payloads the questions read (progress, error and schema records) come along; the
         # copy records' (their rows) do not. Bronze's statistics on ``kind`` skip the files
         # that hold only wal messages.
@@ -152,7 +171,8 @@ class SparkBronze(Bronze):
             .select(*INDEX_COLUMNS, F.when(needed, F.col("payload")).alias("payload"))
             .collect()
         )
-        return [r.asDict() for r in rows]
+        self._read = [r.asDict() for r in rows]
+        return self._read
 
     def _payload(self, record: dict[str, Any]) -> bytes | None:
         payload = record["payload"]
@@ -160,11 +180,14 @@ class SparkBronze(Bronze):
 
     def append(self, records: pa.Table, batch_id: int, app: str | None = None) -> bool:
         # Delta skips a txnVersion it has seen; whether it did is not reported.
-        write_batch(self.spark.createDataFrame(records), self.table, self.source, batch_id, app)
+        try:
+            write_batch(self.spark.createDataFrame(records), self.table, self.source, batch_id, app)
+        finally:
+            self.refresh()
         return True
 
     def writer(self) -> SparkWriter:
-        return SparkWriter(self.spark, self.table, self.source)
+        return SparkWriter(self.spark, self.table, self.source, self.refresh)
 
     def write_snapshot(
         self, tasks: int, copy_task: CopyTask, meta: pa.Table, batch_id: int, workers: int
@@ -179,6 +202,8 @@ class SparkBronze(Bronze):
             if error is None:
                 raise
             raise error from exc
+        finally:
+            self.refresh()
 
 
 _ERROR_IN_TRACE = re.compile(r"pgmedallion\.(?:core|capture|silver)\.errors\.(\w+): ([^\n]*)")

@@ -119,6 +119,12 @@ class Bronze(ABC):
     def _payload(self, record: dict[str, Any]) -> bytes | None:
         """The payload of one of :meth:`_records`' records."""
 
+    def refresh(self) -> Bronze:
+        """Read the records anew at the next question: another process (a ``pgmedallion
+        resync``, silver) may have committed since. An engine that keeps what it read forgets
+        it; one that reads the table's log at each question has nothing to do."""
+        return self
+
     @abstractmethod
     def append(self, records: pa.Table, batch_id: int, app: str | None = None) -> bool:
         """Commit ``records`` (in ARROW_SCHEMA) as batch ``batch_id`` of transaction ``app``

@@ -557,7 +557,7 @@ def capture_once(
 def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> bool:
     """One attempt: slot, dropped tables, snapshot, stream. True: new tables, go again."""
     options, totals, stop = run.options, run.totals, run.stop
-    state: BronzeState | None = bronze.state()
+    state: BronzeState | None = bronze.refresh().state()
     captured = {oid: (schema, name) for oid, (_, schema, name) in state.snapshots.items()}
     _provide_slot(target, state.frontier, bool(captured))
     survey = _survey(target, captured, run.expected)
@@ -645,7 +645,7 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
         for since this attempt began: by silver, or by ``pgmedallion resync``)."""
         if any(t.oid not in watched and is_wanted(t) for t in current):
             return True
-        asked = bronze.state().resync
+        asked = bronze.refresh().state().resync
         if any(t.oid in asked and is_wanted(t) for t in current):
             return True
         return _reshaped_meanwhile(bronze, target, _captured(bronze))

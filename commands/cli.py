@@ -9,7 +9,8 @@ import sys
 import threading
 from pathlib import Path
 
-from pgmedallion.core.config import Config, ConfigError, load_config
+from pgmedallion.core import engine
+from pgmedallion.core.config import Config, ConfigError, load_config, on_databricks
 from pgmedallion.core.errors import PipelineError
 
 log = logging.getLogger("pgmedallion")
@@ -144,7 +145,11 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
         for table in c.deferred:
             print(f"capture: snapshot {table}: left to the next run (transactions open)")
     if result.current:
-        print("silver, gold: nothing new since the last run; current (Spark not started)")
+        local = not (engine.spark_only() or on_databricks())
+        print(
+            "silver, gold: nothing new since the last run; current"
+            + (" (Spark not started)" if local else "")
+        )
     if result.silver is not None:
         s = result.silver
         if s.run is None:

@@ -13,8 +13,12 @@ directory, so the bookkeeping that tells it can be read with delta-rs:
   run exits 1 every time until the table is fixed, with nothing new or not).
 
 Anything unreadable or missing answers "not current", and the run goes on as before: this only
-ever saves work that would have changed nothing. On Databricks, or with ``[lakehouse] engine =
-"spark"``, the answer is always "not current" (Spark reads the tables there).
+ever saves work that would have changed nothing.
+
+Where Spark reads the tables (``[lakehouse] engine = "spark"``, Databricks) capture has started
+Spark already, and the same questions are asked through it, after a capture that landed
+nothing: five small reads instead of silver's and gold's passes (measured on a 100,000-row
+table, a cold run with nothing new: silver 5.8 s and gold 13.7 s, of which upkeep 5.1 s).
 """
 
 from __future__ import annotations
@@ -28,7 +32,12 @@ from pgmedallion.core.config import Config, on_databricks
 log = logging.getLogger(__name__)
 
 
-def _rows(cfg: Config, layer: str, table: str, columns: str) -> list[dict] | None:
+def _rows(cfg: Config, layer: str, table: str, columns: str, spark=None) -> list[dict] | None:
+    if spark is not None:
+        names = [c.strip() for c in columns.split(",")]
+        return delta_rs.bookkeeping_rows(
+            spark, cfg.schema(layer), table, names, {"source": cfg.source.name}
+        )
     path = cfg.local_table_path(layer, table)
     if not delta_rs.usable(path):
         return None
@@ -37,26 +46,31 @@ def _rows(cfg: Config, layer: str, table: str, columns: str) -> list[dict] | Non
     return answer.to_pylist()
 
 
-def bronze_batch(cfg: Config) -> int | None:
-    """The source's newest bronze batch id (None: no bronze yet, or not readable here)."""
+def bronze_batch(cfg: Config, spark=None) -> int | None:
+    """The source's newest bronze batch id (None: no bronze yet, or not readable here).
+    ``spark``: read through it (else by delta-rs, where bronze is a local directory)."""
     target = capture_target(cfg)
-    if not delta_rs.usable(target.bronze_path):
+    if spark is None and not delta_rs.usable(target.bronze_path):
         return None
-    return bronze_of(None, target).state().next_batch_id - 1
+    return bronze_of(spark, target).state().next_batch_id - 1
 
 
-def lakehouse_current(cfg: Config, batch: int | None = None) -> bool:
+def lakehouse_current(cfg: Config, batch: int | None = None, spark=None) -> bool:
     """Whether silver and gold hold everything up to bronze's newest batch (``batch``: that id,
-    when the caller read it already). False whenever unsure."""
-    if on_databricks() or cfg.lakehouse.engine == "spark" or cfg.lakehouse.marts:
+    when the caller read it already). ``spark``: the tables are read through it (else by
+    delta-rs, and where delta-rs cannot read them the answer is False). False whenever
+    unsure."""
+    if cfg.lakehouse.marts:
+        return False
+    if spark is None and (on_databricks() or cfg.lakehouse.engine == "spark"):
         return False
     try:
-        batch = bronze_batch(cfg) if batch is None else batch
-        progress = _rows(cfg, "silver", "_progress", "run, bronze_batch")
-        plans = _rows(cfg, "silver", "_plans", "run")
-        tables = _rows(cfg, "silver", "_tables", "table_oid, snapshot_lsn")
-        frontier = _rows(cfg, "gold", "_frontier", "table_oid, silver_run")
-        quality = _rows(cfg, "gold", "_quality", "run, policy, failed")
+        batch = bronze_batch(cfg, spark) if batch is None else batch
+        progress = _rows(cfg, "silver", "_progress", "run, bronze_batch", spark)
+        plans = _rows(cfg, "silver", "_plans", "run", spark)
+        tables = _rows(cfg, "silver", "_tables", "table_oid, snapshot_lsn", spark)
+        frontier = _rows(cfg, "gold", "_frontier", "table_oid, silver_run", spark)
+        quality = _rows(cfg, "gold", "_quality", "run, policy, failed", spark)
     except Exception as exc:  # a table being created, a version vacuumed: let Spark decide
         log.debug("bookkeeping not readable without Spark: %s", exc)
         return False

@@ -40,7 +40,7 @@ class RunResult:
     """The tables a ``resync`` asked to snapshot again (``run``)."""
     current: bool = False
     """Capture landed nothing and silver and gold held everything before: they did not run
-    (no Spark was started; ``pgmedallion.current``)."""
+    (``pgmedallion.current``; where the tables are local, no Spark was started)."""
 
 
 def ensure_schemas(spark: SparkSession, cfg: Config) -> None:
@@ -193,11 +193,19 @@ def run(
             later = SparkStarter(cfg.state_dir, background=_needs_spark(cfg, resync))
     elif stages != ("marts",):
         spark = open_lakehouse(cfg)
+        # Spark reads and writes every table: the same question, through Spark, once capture
+        # shows it landed nothing (asked before, it would cost every run its reads).
+        quiet = not resync and "capture" in stages and stages != ("capture",)
     resynced = request_resync(spark, cfg, list(resync)) if resync else []
     session = spark or later or (lambda: open_lakehouse(cfg))
     if quiet:
         result = run_stages(session, cfg, ("capture",), show=show, **capture_kwargs)
-        if bronze_batch(cfg) == before:
+        if spark is None:
+            current = bronze_batch(cfg) == before
+        else:
+            landed = result.capture.batches or result.capture.snapshotted
+            current = not landed and lakehouse_current(cfg, spark=spark)
+        if current:
             log.info("nothing new since the last run: silver and gold are current")
             result.current = True
             return result

@@ -254,3 +254,46 @@ def test_a_run_with_nothing_new_starts_no_jvm(db, tmp_path):
     changed = run(*with_spark)
     assert "gold: public.quiet: 31 rows" in changed.stdout, changed.stdout
     assert "Spark not started" not in changed.stdout
+
+
+def test_a_run_with_nothing_new_on_the_spark_engine_runs_no_silver_or_gold(db, tmp_path):
+    """With ``engine = "spark"`` (what a Databricks job runs) capture starts Spark anyway; a
+    capture that lands nothing is followed by the same bookkeeping questions, read through
+    Spark, and silver and gold do not run. A change then goes through all of them."""
+    import os
+    import sys
+    from pathlib import Path
+
+    import psycopg
+
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE quiet_spark (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO quiet_spark SELECT g, 'v' || g FROM generate_series(1, 30) g")
+        conn.execute("CREATE PUBLICATION quiet_spark_pub FOR TABLE quiet_spark")
+    config = tmp_path / "pgmedallion.toml"
+    config.write_text(source_config(db, "quiet_spark", tmp_path / "state") + "engine = 'spark'\n")
+    repo = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "PGMEDALLION_LAKEHOUSE_ENGINE"}
+    env.update(QUIET_SPARK_PW=db["password"], PYTHONPATH=str(repo))
+
+    def run() -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "pgmedallion.cli", "-c", str(config), "run"],
+            capture_output=True,
+            text=True,
+            cwd=repo,
+            env=env,
+            timeout=900,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    assert "gold: public.quiet_spark: 30 rows" in run()
+    quiet = run()
+    assert "silver, gold: nothing new since the last run; current\n" in quiet, quiet
+    assert not any(line.startswith(("silver:", "gold:")) for line in quiet.splitlines()), quiet
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("INSERT INTO quiet_spark VALUES (31, 'new')")
+    changed = run()
+    assert "gold: public.quiet_spark: 31 rows" in changed, changed
+    assert "nothing new since the last run" not in changed, changed
