@@ -112,6 +112,12 @@ class Column:
     domains; else 0."""
     category: str = ""
     """``pg_type.typcategory`` of the base type: ``A`` array, ``E`` enum, ``N`` numeric, ..."""
+    dims: int = 0
+    """``pg_attribute.attndims``: the dimensions the column was declared with (``int[][]``:
+    2; 0 for a non-array, and for a domain over an array). PostgreSQL does not enforce it."""
+    domain_typmod: int = -1
+    """For a domain: the type modifier it declares (a domain over ``numeric(10,2)``), which
+    the column's own (``typmod``) and pgoutput's Relation messages leave at -1; else -1."""
 
 
 @dataclass(frozen=True)
@@ -309,6 +315,17 @@ _BASE_TYPE = (
 )
 """A subquery for the type ``{start}`` after following its chain of domains to the end."""
 
+_DOMAIN_TYPMOD = (
+    "WITH RECURSIVE chain(oid, typmod, depth) AS (SELECT {start}, d0.typtypmod, 0"
+    " FROM pg_type d0 WHERE d0.oid = {start} UNION ALL"
+    " SELECT d.typbasetype, b.typtypmod, chain.depth + 1 FROM chain"
+    " JOIN pg_type d ON d.oid = chain.oid JOIN pg_type b ON b.oid = d.typbasetype"
+    " WHERE d.typtype = 'd' AND chain.typmod < 0)"
+    " SELECT typmod FROM chain ORDER BY depth DESC LIMIT 1"
+)
+"""A subquery for the type modifier a domain ``{start}`` declares (``numeric(10,2)``): the
+first along its chain of domains; -1 where none does."""
+
 
 def publishes_stored_generated(conn: psycopg.Connection, publication: str) -> bool:
     """Whether ``publication`` sends stored generated columns (PostgreSQL 18+)."""
@@ -348,7 +365,9 @@ def table_schema_at_snapshot(
                 " format_type(a.atttypid, a.atttypmod), " + left_out + ","
                 " CASE WHEN t.typtype = 'd' THEN b.oid::int8 ELSE 0 END,"
                 " CASE WHEN b.typcategory = 'A' THEN e.oid::int8 ELSE 0 END,"
-                " b.typcategory::text"
+                " b.typcategory::text, a.attndims::int,"
+                " CASE WHEN t.typtype = 'd' THEN (" + _DOMAIN_TYPMOD.format(start="t.oid") + ")"
+                " ELSE -1 END"
                 " FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
                 " CROSS JOIN LATERAL (" + _BASE_TYPE.format(start="t.oid") + ") base"
                 " JOIN pg_type b ON b.oid = base.oid"

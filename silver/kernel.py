@@ -72,6 +72,7 @@ from pgmedallion.silver.pgtypes import (
     base_oid,
     element_type,
     spark_type,
+    type_modifier,
 )
 
 Value = tuple[Any, str | None]
@@ -224,9 +225,10 @@ def _rounds(t: PgType) -> bool:
     counted; a constrained numeric's values always fit exactly."""
     if t.target:
         return True
-    if t.typmod < 4:
+    typmod = type_modifier(t)
+    if typmod < 4:
         return True
-    return (((t.typmod - 4) & 0x7FF) ^ 0x400) - 0x400 > MAX_DECIMAL_PRECISION
+    return (((typmod - 4) & 0x7FF) ^ 0x400) - 0x400 > MAX_DECIMAL_PRECISION
 
 
 def _bytea_value(text: str) -> Value:
@@ -389,6 +391,75 @@ def _array_value(element: ValueCast) -> ValueCast:
     return cast
 
 
+def _sub_arrays(text: str) -> list[str] | None:
+    """The top-level parts of array literal ``text`` (``{{1,2},{3}}``: ``{1,2}`` and ``{3}``),
+    quotes and backslash escapes respected; None when its braces or quotes do not close."""
+    if not (text.startswith("{") and text.endswith("}")):
+        return None
+    parts, depth, start, quoted, i, end = [], 0, 1, False, 1, len(text) - 1
+    while i < end:
+        c = text[i]
+        if quoted:
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                quoted = False
+        elif c == '"':
+            quoted = True
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth < 0:
+                return None
+        elif c == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    if quoted or depth != 0 or i != end:
+        return None
+    parts.append(text[start:end])
+    return parts
+
+
+def _nested_array_value(one: ValueCast, dims: int) -> ValueCast:
+    """An array literal of a column declared with ``dims`` > 1 dimensions, as nested lists;
+    ``one``: the cast of a one-dimensional literal (the innermost arrays). ``{}`` is the
+    empty array at any dimensions; a value of other dimensions is an error (PostgreSQL does
+    not hold a column to its declared dimensions, a Spark type is)."""
+
+    def cast(text: str, level: int = 1) -> Value:
+        if text.startswith("["):
+            return None, "arrays with a lower bound other than 1 are not supported"
+        if level == 1 and text == "{}":
+            return [], None
+        found = len(text) - len(text.lstrip("{"))
+        if found != dims - level + 1 or not text.startswith("{"):
+            if _sub_arrays(text) is None:
+                return None, "invalid array literal"
+            found = max(found, 1) + level - 1
+            return None, f"a {found}-dimensional array in a column of {dims} dimensions"
+        if level == dims:
+            return one(text)
+        parts = _sub_arrays(text)
+        if parts is None:
+            return None, "invalid array literal"
+        values, width = [], None
+        for index, part in enumerate(parts, 1):
+            value, error = cast(part, level + 1)
+            if error is not None:
+                if error.startswith("element "):
+                    return None, f"element {index},{error[len('element ') :]}"
+                return None, error
+            if width is not None and len(value) != width:
+                return None, "invalid array literal"  # not rectangular
+            width = len(value)
+            values.append(value)
+        return values, None
+
+    return cast
+
+
 def value_cast(t: PgType) -> ValueCast:
     """``t``'s cast of one non-NULL text (the reference the fast part agrees with)."""
     target = spark_type(t)
@@ -398,7 +469,8 @@ def value_cast(t: PgType) -> ValueCast:
     if element is not None:
         if base_oid(element) in NON_COMMA_DELIMITED:
             return _text_value
-        return _array_value(value_cast(element))
+        one = _array_value(value_cast(element))
+        return one if t.dims <= 1 else _nested_array_value(one, t.dims)
     oid = base_oid(t)
     if oid == BOOL:
         return _bool_value

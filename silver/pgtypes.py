@@ -37,10 +37,14 @@ The mapping (``oid`` from ``pg_type``; domains cast as their base type)::
     uuid (2950)                       StringType             lower-case canonical form
     json (114), jsonb (3802)          StringType             see below
     enums (typcategory E)             StringType             the label
-    1-D arrays of the above           ArrayType(element)     NULL elements kept; element errors
+    arrays of the above               ArrayType(element)     NULL elements kept; element errors
                                                              name the element's position
-    multi-dimensional arrays,         (error)                ``{{1,2},{3,4}}``, ``[0:1]={1,2}``
-    explicit lower bounds
+    arrays declared with N > 1        N nested ArrayTypes    ``int4[][]``: ``{{1,2},{3,4}}`` is
+    dimensions (``attndims``)                                ``[[1,2],[3,4]]``; a value of other
+                                                             dimensions than declared: error
+    a value of more dimensions than   (error)                ``{{1,2},{3,4}}`` in an ``int4[]``
+    its column's, explicit lower                             column, ``[0:1]={1,2}``
+    bounds
     box[] (element delimiter ``;``)   StringType             the literal as PostgreSQL wrote it
     inet, cidr, macaddr, macaddr8,    StringType             the text PostgreSQL wrote
     money, bit, varbit, xml,
@@ -61,8 +65,10 @@ exactly PostgreSQL's representation, so no value is lost and ``'1 mon'`` stays d
 
 What is decided here and may need revisiting: ``infinity`` dates and timestamps are errors, not
 sentinels (a sentinel like 9999-12-31 would collide with a real value); unconstrained numeric
-is ``DecimalType(38,18)`` rather than a string; a domain over ``numeric(p,s)`` arrives with
-typmod -1 and is therefore treated as unconstrained numeric.
+is ``DecimalType(38,18)`` rather than a string. A domain over ``numeric(p,s)`` is
+``DecimalType(p,s)``: its column's typmod is -1 (in the catalog and in pgoutput), so the
+snapshot reads the domain's own (``pg_type.typtypmod``, along its chain); a domain column the
+stream adds later, whose catalog the snapshot never read, is unconstrained.
 """
 
 from __future__ import annotations
@@ -198,6 +204,14 @@ class PgType:
     infinity: str = ""
     """Dates and timestamps: what ``infinity`` and ``-infinity`` become (see
     :data:`INFINITY_POLICIES`); "" is :data:`DEFAULT_INFINITY`."""
+    dims: int = 0
+    """Arrays: the dimensions the column was declared with (``pg_attribute.attndims``); 0 or 1
+    is a one-dimensional array (0: not known, a domain over an array, a column the stream
+    added)."""
+    domain_typmod: int = -1
+    """A domain's own type modifier (a domain over ``numeric(10,2)``): the column's ``typmod``
+    is -1 for a domain, in the catalog and in pgoutput alike. -1: none, or not known (a column
+    the stream added)."""
 
 
 INFINITY_POLICIES = ("clamp", "null", "error")
@@ -275,6 +289,8 @@ def pg_type_of(column: Any) -> PgType:
         category=str(get("category", "")),
         target=str(get("target", "")),
         infinity=str(get("infinity", "")),
+        dims=int(get("dims", 0)),
+        domain_typmod=int(get("domain_typmod", -1)),
     )
 
 
@@ -283,6 +299,11 @@ def pg_type_of(column: Any) -> PgType:
 
 def base_oid(t: PgType) -> int:
     return t.base_type_oid or t.type_oid
+
+
+def type_modifier(t: PgType) -> int:
+    """The modifier that applies to ``t``'s values: the column's, else its domain's."""
+    return t.typmod if t.typmod >= 0 else t.domain_typmod
 
 
 def element_type(t: PgType) -> PgType | None:
@@ -298,7 +319,7 @@ def element_type(t: PgType) -> PgType | None:
     if not element_oid and t.category in ("A", ""):
         element_oid = t.element_type_oid
     if element_oid:
-        return PgType(element_oid, t.typmod)
+        return PgType(element_oid, type_modifier(t))
     if t.category == "A":
         return PgType(0, -1)  # an array of a type we know nothing about: its text
     return None
@@ -335,8 +356,11 @@ def spark_type(t: PgType) -> DataType:
     if element is not None:
         if base_oid(element) in NON_COMMA_DELIMITED:
             return StringType()
-        return ArrayType(spark_type(element), containsNull=True)
+        nested = spark_type(element)
+        for _ in range(max(1, t.dims)):
+            nested = ArrayType(nested, containsNull=True)
+        return nested
     oid = base_oid(t)
     if oid == NUMERIC:
-        return decimal_type(t.typmod)
+        return decimal_type(type_modifier(t))
     return _SCALAR_TYPES.get(oid, StringType())

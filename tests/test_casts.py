@@ -258,7 +258,7 @@ TYPES = [
     (
         "dprice",
         "price",
-        UNCONSTRAINED_NUMERIC,
+        DecimalType(12, 2),  # the domain's modifier: its column's typmod is -1
         ["12.34", "0.1", "-5", "9999999999.99"],
         [Decimal("12.34"), Decimal("0.1"), Decimal(-5), Decimal("9999999999.99")],
     ),
@@ -450,8 +450,10 @@ def test_pg_type_of_snapshot_columns_and_dicts(db):
     conn = connect(db)
     create_types(conn)
     conn.execute("CREATE DOMAIN positive_ints AS int_list")
+    conn.execute("CREATE DOMAIN cheap AS price CHECK (VALUE < 100)")  # a domain over a domain
     columns = [("a", "price"), ("b", "int_list"), ("c", "positive_int[]"), ("d", "mood[]")]
     columns += [("e", "mood"), ("f", "name"), ("g", "numeric(10,3)[]"), ("h", "positive_ints")]
+    columns += [("i", "cheap"), ("j", "int4[][]"), ("k", "text[][][]")]
     oid = create_table(conn, "kinds", columns)
     schema = table_schema_at_snapshot(conn, oid)
     (mood,) = conn.execute("SELECT 'mood'::regtype::oid::int8").fetchone()
@@ -466,11 +468,25 @@ def test_pg_type_of_snapshot_columns_and_dicts(db):
         "f": (0, 0, "S"),
         "g": (0, 1700, "A"),
         "h": (1007, 23, "A"),
+        "i": (1700, 0, "N"),
+        "j": (0, 23, "A"),
+        "k": (0, 25, "A"),
+    }
+    dims = {
+        c.name: (c.typmod, c.domain_typmod, c.dims) for c in schema.columns if c.name in "ghijk"
+    }
+    numeric_12_2 = ((12 << 16) | 2) + 4
+    assert dims == {
+        "g": (((10 << 16) | 3) + 4, -1, 1),
+        "h": (-1, -1, 0),
+        "i": (-1, numeric_12_2, 0),
+        "j": (-1, -1, 2),
+        "k": (-1, -1, 3),
     }
     types = {c.name: spark_type(pg_type_of(c)) for c in schema.columns}
     assert types == {
         "id": IntegerType(),
-        "a": UNCONSTRAINED_NUMERIC,
+        "a": DecimalType(12, 2),
         "b": ArrayType(IntegerType()),
         "c": ArrayType(IntegerType()),
         "d": ArrayType(StringType()),
@@ -478,6 +494,9 @@ def test_pg_type_of_snapshot_columns_and_dicts(db):
         "f": StringType(),
         "g": ArrayType(DecimalType(10, 3)),
         "h": ArrayType(IntegerType()),
+        "i": DecimalType(12, 2),
+        "j": ArrayType(ArrayType(IntegerType())),
+        "k": ArrayType(ArrayType(ArrayType(StringType()))),
     }
     as_dict = {"type_oid": 1700, "typmod": (10 << 16 | 3) + 4, "type_name": "numeric(10,3)"}
     assert pg_type_of(as_dict) == PgType(1700, (10 << 16 | 3) + 4, "numeric(10,3)")

@@ -1081,3 +1081,93 @@ def test_kernel_adjusts_no_text_that_does_not_cast(outcomes, name):
 def test_postgres_writes_the_least_interval_time(outcomes):
     """The open question on intervals is about a text PostgreSQL writes."""
     assert "-2562047788:00:54.775808" in _outcome(outcomes, "interval").written
+
+
+# --- arrays declared with more than one dimension -------------------------------------------------
+
+MATRIX_COLUMNS = {"m": "int4[][]", "t": "text[][]", "c": "int4[][][]", "d": "numeric(6,2)[][]"}
+MATRIX_ROWS = [
+    {"m": "{{1,2},{3,4}}", "t": '{{"a,b",NULL},{"{c}","\\"d"}}', "c": "{{{1},{2}},{{3},{4}}}"},
+    {"m": "{}", "t": "{}", "c": "{}", "d": "{}"},
+    {"m": "{{NULL}}", "t": '{{""," x "}}', "c": "{{{NULL,-2147483648}}}", "d": "{{1.5,NULL}}"},
+    {"m": "{{1},{2},{3}}", "t": "{{NULL,NULL}}", "d": "{{-0.01},{9999.99}}"},
+    # dimensions other than the declared ones (PostgreSQL does not hold a column to them)
+    {"m": "{1,2}", "t": "{{{a}}}", "c": "{{1}}", "d": "{1.00}"},
+    {"m": "[0:1][1:1]={{1},{2}}", "c": "{{{{1}}}}"},
+]
+
+
+def test_arrays_declared_with_more_dimensions_land_as_nested_arrays(db):
+    """A column declared ``int4[][]`` (``attndims`` 2) is an array of arrays in Spark; each
+    value is what PostgreSQL's own ``array_to_json`` makes of it (the oracle). A value of other
+    dimensions than declared, or with lower bounds, is an error naming them."""
+    conn = connect(db)
+    try:
+        columns = sql.SQL(", ").join(
+            sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(type_sql))
+            for name, type_sql in MATRIX_COLUMNS.items()
+        )
+        conn.execute(sql.SQL("CREATE TABLE matrices (id int, {})").format(columns))
+        for i, row in enumerate(MATRIX_ROWS):
+            names = list(row)
+            conn.execute(
+                sql.SQL("INSERT INTO matrices (id, {}) VALUES (%s, {})").format(
+                    sql.SQL(", ").join(sql.Identifier(n) for n in names),
+                    sql.SQL(", ").join(
+                        sql.SQL("%s::{}").format(sql.SQL(MATRIX_COLUMNS[n])) for n in names
+                    ),
+                ),
+                (i, *row.values()),
+            )
+        names = list(MATRIX_COLUMNS)
+        oracle = conn.execute(
+            sql.SQL("SELECT {} FROM matrices ORDER BY id").format(
+                sql.SQL(", ").join(
+                    sql.SQL("array_to_json({})::text").format(sql.Identifier(n)) for n in names
+                )
+            )
+        ).fetchall()
+        with (
+            conn.cursor() as cursor,
+            cursor.copy("COPY (SELECT * FROM matrices ORDER BY id) TO STDOUT") as copy,
+        ):
+            written = [decode_copy_row(bytes(raw))[1:] for raw in copy]
+        (oid,) = conn.execute("SELECT 'matrices'::regclass::oid::int8").fetchone()
+        schema = table_schema_at_snapshot(conn, oid)
+    finally:
+        conn.close()
+    types = {c.name: pg_type_of(c) for c in schema.columns[1:]}
+    assert {name: t.dims for name, t in types.items()} == {"m": 2, "t": 2, "c": 3, "d": 2}
+    assert arrow_type(types["c"]) == pa.list_(pa.list_(pa.list_(pa.int32())))
+    assert arrow_type(types["d"]) == pa.list_(pa.list_(pa.decimal128(6, 2)))
+    for k, name in enumerate(names):
+        got = cast_texts(types[name], pa.array([row[k] for row in written], pa.string()))
+        values, errors = got.values.to_pylist(), got.errors.to_pylist()
+        for i, row in enumerate(written):
+            text, expected = row[k], oracle[i][k]
+            if text is None:
+                assert values[i] is None and errors[i] is None
+                continue
+            declared = types[name].dims
+            found = len(text) - len(text.lstrip("{"))
+            if text.startswith("["):
+                assert errors[i] == "arrays with a lower bound other than 1 are not supported"
+            elif text != "{}" and found != declared:
+                assert errors[i] == (
+                    f"a {found}-dimensional array in a column of {declared} dimensions"
+                ), (name, text)
+                assert values[i] is None
+            else:
+                assert errors[i] is None, (name, text, errors[i])
+                assert values[i] == json.loads(expected, parse_float=Decimal), (name, text)
+
+
+def test_an_element_error_in_a_nested_array_names_its_position():
+    t = PgType(1007, dims=2, category="A")  # int4[][]
+    got = cast_texts(t, pa.array(["{{1,2},{3,x}}", "{{1,2},{3}}", "{{1,2}"], pa.string()))
+    assert got.errors.to_pylist() == [
+        "element 2,2: invalid integer text",
+        "invalid array literal",
+        "invalid array literal",
+    ]
+    assert got.values.to_pylist() == [None, None, None]

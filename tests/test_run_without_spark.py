@@ -227,7 +227,8 @@ CREATE TABLE zoo (
     days date[],
     at timestamptz,
     feel mood,
-    nums numeric(6,2)[]
+    nums numeric(6,2)[],
+    grid int4[][]
 );
 INSERT INTO zoo
 SELECT g, g, ARRAY[g, g + 1]::oid[], ARRAY['a' || g, NULL, 'q"uote', 'back\\slash', '', 'NULL'],
@@ -238,7 +239,8 @@ SELECT g, g, ARRAY[g, g + 1]::oid[], ARRAY['a' || g, NULL, 'q"uote', 'back\\slas
        ARRAY[box(point(g, g), point(0, 0))], g * 0.5, g * 0.25,
        ARRAY['2026-01-01'::date + g, 'infinity'],
        '2026-01-01 00:00:00+00'::timestamptz + g * interval '1 s',
-       (ARRAY['sad', 'ok', 'happy']::mood[])[g % 3 + 1], ARRAY[g * 0.01, NULL]::numeric(6,2)[]
+       (ARRAY['sad', 'ok', 'happy']::mood[])[g % 3 + 1], ARRAY[g * 0.01, NULL]::numeric(6,2)[],
+       CASE WHEN g % 7 = 0 THEN '{}' ELSE ARRAY[[g, NULL], [-g, 3]] END
 FROM generate_series(1, 200) g;
 """
 
@@ -277,6 +279,18 @@ def test_a_table_of_every_kind_of_type_runs_without_spark(db, tmp_path):
     assert "starting Spark" not in again.stderr, again.stderr
     assert "gold: public.zoo: 199 rows" in again.stdout, again.stdout
 
+    # a domain over numeric(10,2) keeps its scale; int4[][] is an array of arrays
+    typed = _run(
+        config,
+        env,
+        "sql",
+        "SELECT typeof(d) AS d_type, typeof(grid) AS grid_type, d, grid FROM pgm_gold.public_zoo"
+        " WHERE id = 4",
+    )
+    assert typed.returncode == 0, typed.stdout + typed.stderr
+    assert "decimal(10,2) | array<array<int>> | 1.00 | [[4, None], [-4, 3]]" in typed.stdout, (
+        typed.stdout
+    )
     adjusted = _run(
         config, env, "sql", "SELECT code, sum(count) FROM pgm_silver._adjustments GROUP BY code"
     )
