@@ -92,6 +92,7 @@ SOURCE = "bench_load"
 SCHEMAS = {"bronze": "bench_load_bronze", "silver": "bench_load_silver", "gold": "bench_load_gold"}
 PASSWORD_ENV = "BENCH_LOAD_PGPASSWORD"
 JDBC_ENV = "BENCH_LOAD_JDBC"
+WARM_ENV = "BENCH_LOAD_WARM"
 JDBC_FETCH_SIZE = 10_000
 JDBC_PARTITIONS = 2
 CHUNK_ROWS = 500_000
@@ -115,6 +116,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "spark", "delta-rs"),
         default="auto",
         help="pgmedallion's [lakehouse] engine (%(default)s; spark: what a Databricks job runs)",
+    )
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="both sides in one long-lived Spark session instead of cold processes (what a "
+        "job cluster that stays up gives): JDBC load, first run, update wave, run, JDBC reload, "
+        "and a second wave and run",
     )
     parser.add_argument(
         "--migrations",
@@ -174,6 +182,12 @@ def run(args: argparse.Namespace) -> Result:
         "state_dir": str(root / "jdbc-spark"),
     }
     procs = Processes(env, root, config, job)
+    if args.warm:
+        try:
+            return warm_session(args, env, procs, name, table, gold_schema_dir)
+        finally:
+            with env.connect() as conn:
+                drop_slot(conn, SLOT)
     try:
         warm = warm_up(env, procs, name)
         ours, peer = {}, {}
@@ -592,6 +606,117 @@ def report(
     )
 
 
+def warm_session(
+    args, env: BenchEnv, procs: Processes, name: str, table, gold_schema_dir
+) -> Result:
+    """``--warm``: one child process holds one Spark session for both sides (the JDBC load
+    into its Delta path, ``pgmedallion.pipeline.run`` on the lakehouse) and times each step it
+    is told to take; the update waves are made here between steps, as in the cold runs."""
+    environ = {**procs.peer_env, WARM_ENV: json.dumps({**procs.job, "config": str(procs.config)})}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.load"],
+        env=environ,
+        cwd=procs.root,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    timings: dict[str, float] = {}
+
+    def step(command: str, label: str) -> float:
+        child.stdin.write(f"{command}\n")
+        child.stdin.flush()
+        line = child.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the warm session ended during {label} (exit {child.wait()})")
+        seconds = json.loads(line)["seconds"]
+        timings[label] = seconds
+        say(f"{label} (warm): {seconds:.1f} s")
+        return seconds
+
+    try:
+        say(f"warm session: Spark started in {step('start', 'start'):.1f} s (untimed)")
+        step("jdbc", "jdbc_first")
+        step("run", "first")
+        gold_path = gold_table_dir(gold_schema_dir)
+        check_gold_count(gold_path, table["rows"])
+        waves = []
+        for n, (run_label, jdbc_label) in enumerate(
+            (("update", "jdbc_reload"), ("update_again", "jdbc_reload_again"))
+        ):
+            waves.append(update_wave(env, name, table, SEED + n + int(time.time())))
+            step("run", run_label)
+            check_gold_count(gold_path, table["rows"])
+            check_sample(env, name, gold_path, waves[-1], "gold")
+            step("jdbc", jdbc_label)
+        child.stdin.write("quit\n")
+        child.stdin.flush()
+        if child.wait(timeout=600) != 0:
+            raise RuntimeError(f"the warm session exited {child.returncode}")
+    finally:
+        if child.poll() is None:
+            child.kill()
+    first = timings["jdbc_first"] / timings["first"]
+    updates = [
+        timings["jdbc_reload"] / timings["update"],
+        timings["jdbc_reload_again"] / timings["update_again"],
+    ]
+    say(
+        f"warm, one Spark session: first load {timings['first']:.1f} s vs JDBC "
+        f"{timings['jdbc_first']:.1f} s: ratio {first:.2f}; update runs {timings['update']:.1f} s "
+        f"and {timings['update_again']:.1f} s vs JDBC reloads {timings['jdbc_reload']:.1f} s and "
+        f"{timings['jdbc_reload_again']:.1f} s: ratios {updates[0]:.2f} and {updates[1]:.2f} "
+        f"(goal >= {GOAL_UPDATE:g})"
+    )
+    return Result(
+        name=NAME,
+        work={"MB/s": table["bytes"] / MB, "krows/s": table["rows"] / 1000},
+        ours=Timing("pgmedallion", timings["first"]),
+        peer=Timing("spark.read.jdbc", timings["jdbc_first"]),
+        goal=GOAL_FIRST,
+        params={"rows": args.rows, "warm": True, "engine": args.engine},
+        details={
+            "table": table_name(args.rows),
+            "warm_s": {k: round(v, 2) for k, v in timings.items()},
+            "first_ratio": round(first, 3),
+            "update_ratios": [round(u, 3) for u in updates],
+            "updated_rows": [w["rows"] for w in waves],
+        },
+    )
+
+
+def _warm_child() -> int:
+    """``--warm``'s process: one Spark session (pgmedallion's, with the JDBC driver); each line
+    of stdin is a step (``start``, ``jdbc``, ``run``, ``quit``), answered by one JSON line
+    with its seconds."""
+    from pgmedallion.core.config import load_config
+    from pgmedallion.core.spark import POSTGRES_JDBC, get_spark
+    from pgmedallion.pipeline import run as run_pipeline
+
+    job = json.loads(os.environ[WARM_ENV])
+    cfg = load_config(job["config"])
+    # the answers on a stdout of their own: whatever else writes to fd 1 (the JVM, logging)
+    # goes to stderr
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    spark = None
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "quit":
+            return 0
+        t = time.perf_counter()
+        if command == "start":
+            spark = get_spark(cfg.state_dir, packages=(POSTGRES_JDBC,))
+        elif command == "jdbc":
+            _jdbc_load(spark, job)
+        elif command == "run":
+            run_pipeline(cfg)
+        else:
+            raise ValueError(f"unknown step {command!r}")
+        print(json.dumps({"seconds": time.perf_counter() - t}), file=answers, flush=True)
+    return 0
+
+
 def _peer_inside(run: ProcessRun) -> dict[str, float] | None:
     """What the JDBC process reported of its own time (Spark's start, the read and write)."""
     lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
@@ -616,6 +741,17 @@ def _jdbc_child() -> int:
         print(json.dumps({"spark_start_s": round(spark_s, 2)}))
         return 0
     t = time.perf_counter()
+    _jdbc_load(spark, job)
+    print(
+        json.dumps(
+            {"spark_start_s": round(spark_s, 2), "read_write_s": round(time.perf_counter() - t, 2)}
+        )
+    )
+    return 0
+
+
+def _jdbc_load(spark, job: dict) -> None:
+    """The peer's work: ``spark.read.jdbc`` of the table, written as Delta (overwrite)."""
     info = job["conninfo"]
     frame = spark.read.jdbc(
         jdbc_url(info),
@@ -632,13 +768,7 @@ def _jdbc_child() -> int:
         },
     )
     frame.write.format("delta").mode("overwrite").save(job["path"])
-    print(
-        json.dumps(
-            {"spark_start_s": round(spark_s, 2), "read_write_s": round(time.perf_counter() - t, 2)}
-        )
-    )
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_jdbc_child())
+    sys.exit(_warm_child() if WARM_ENV in os.environ else _jdbc_child())
