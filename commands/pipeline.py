@@ -301,7 +301,7 @@ def run_stages(
                 result.gold = run_gold(layers(), cfg)
                 from pgmedallion.maintain import maintain, touched
 
-                maintain(layers(), cfg, tables=touched(result.gold))
+                maintain(layers(), cfg, tables=touched(result.gold), gold=result.gold)
             else:
                 from pgmedallion.marts.runner import run_marts, stop_local_spark
 

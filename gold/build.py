@@ -94,6 +94,14 @@ class GoldResult:
     frontier: int | None
     tables: list[TableOutcome] = field(default_factory=list)
 
+    def reported(self) -> dict[tuple[int, str], Reported]:
+        """``_frontier`` as this run left it (one row per outcome, as ``write_reports`` writes
+        it), by ``(table_oid, gold_table)``: what ``read_reported`` would read now."""
+        return {
+            (o.table.oid, o.gold_table): Reported(o.silver_run, o.frontier, o.rows)
+            for o in self.tables
+        }
+
     def table(self, name: str) -> TableOutcome:
         """The outcome for a silver table name or a ``schema.table`` source name."""
         for t in self.tables:
