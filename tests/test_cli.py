@@ -20,6 +20,13 @@ def source_config(db: dict, name: str, state) -> str:
     )
 
 
+def _run_ok(command: list[str], cwd, env: dict) -> subprocess.CompletedProcess:
+    """``command`` run to its end, which must be exit 0 (its output in the message if not)."""
+    done = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
 def test_help_lists_the_commands():
     out = subprocess.run(["pgmedallion", "--help"], capture_output=True, text=True, check=True)
     for command in (
@@ -233,16 +240,7 @@ def test_a_run_with_nothing_new_starts_no_jvm(db, tmp_path):
     env = dict(os.environ, QUIET_PW=db["password"], PYTHONPATH=str(repo))
 
     def run(*command: str) -> subprocess.CompletedProcess:
-        done = subprocess.run(
-            [sys.executable, *command, "-c", str(config), "run"],
-            capture_output=True,
-            text=True,
-            cwd=repo,
-            env=env,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done
+        return _run_ok([sys.executable, *command, "-c", str(config), "run"], repo, env)
 
     with_spark, without = ("-m", "pgmedallion.cli"), (str(repo / "tests" / "nospark_child.py"),)
     first = run(*with_spark)
@@ -277,16 +275,8 @@ def test_a_run_with_nothing_new_on_the_spark_engine_runs_no_silver_or_gold(db, t
     env.update(QUIET_SPARK_PW=db["password"], PYTHONPATH=str(repo))
 
     def run() -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "pgmedallion.cli", "-c", str(config), "run"],
-            capture_output=True,
-            text=True,
-            cwd=repo,
-            env=env,
-            timeout=900,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout
+        command = [sys.executable, "-m", "pgmedallion.cli", "-c", str(config), "run"]
+        return _run_ok(command, repo, env).stdout
 
     assert "gold: public.quiet_spark: 30 rows" in run()
     quiet = run()
