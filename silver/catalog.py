@@ -102,10 +102,8 @@ def column_entry(c: dict) -> dict:
         "dims",
         "domain_typmod",
     )
-    text = ("type_name", "category", "target", "infinity")
-    entry = {k: c.get(k, "" if k in text else 0) for k in keys}
-    if "domain_typmod" not in c:
-        entry["domain_typmod"] = -1
+    defaults = {"type_name": "", "category": "", "target": "", "infinity": "", "domain_typmod": -1}
+    entry = {k: c.get(k, defaults.get(k, 0)) for k in keys}
     if c.get("missing") is not None:
         # a column added with a value for the rows already there (ADD COLUMN ... DEFAULT 1):
         # that value as text, which rows from before the column hold (silver.changes.with_fill)
@@ -707,10 +705,8 @@ def _follow(info: TableInfo, f: Followed) -> None:
             "type_oid": now.type_oid,
             "typmod": now.typmod,
             "type_name": type_text(now),
-            # the new type is not the domain the snapshot read a modifier of
-            "domain_typmod": -1
-            if now.type_oid != entry["type_oid"]
-            else entry.get("domain_typmod", -1),
+            # a new type is not the domain whose modifier the snapshot read
+            **({"domain_typmod": -1} if now.type_oid != entry["type_oid"] else {}),
             # older Relation messages carry the old type: their text casts to the new one
             "widened_from": [*entry.get("widened_from", []), [entry["type_oid"], entry["typmod"]]],
         }

@@ -433,12 +433,12 @@ def _nested_array_value(one: ValueCast, dims: int) -> ValueCast:
             return None, "arrays with a lower bound other than 1 are not supported"
         if level == 1 and text == "{}":
             return [], None
-        found = len(text) - len(text.lstrip("{"))
-        if found != dims - level + 1 or not text.startswith("{"):
+        found = len(text) - len(text.lstrip("{"))  # this part's dimensions
+        if found != dims - level + 1:
             if _sub_arrays(text) is None:
                 return None, "invalid array literal"
-            found = max(found, 1) + level - 1
-            return None, f"a {found}-dimensional array in a column of {dims} dimensions"
+            total = found + level - 1
+            return None, f"a {total}-dimensional array in a column of {dims} dimensions"
         if level == dims:
             return one(text)
         parts = _sub_arrays(text)
