@@ -638,9 +638,10 @@ def _run_first_snapshots(
     for oid in work:
         info = r.tables[oid]
         copy_width, width = copy_widths.get(oid, (0, -1))
+        # A snapshot's copy records share its rewind's batch: a new snapshot without any in
+        # the window is of an empty table, and takes this path too.
         if not (
-            oid in r.copied
-            and oid in r.new_snapshots
+            oid in r.new_snapshots
             and oid not in r.changed
             and oid not in r.truncate_at
             and copy_width == width
