@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from pgmedallion.capture.pgoutput import MSG_RELATION, MSG_TRUNCATE, Relation, Truncate, decode
 from pgmedallion.capture.schema_changes import (
@@ -35,7 +35,7 @@ from pgmedallion.silver.changes import LayoutIndex, TableColumn, plan_columns, w
 from pgmedallion.silver.contract import Names, TableInfo
 from pgmedallion.silver.decode import message_type
 from pgmedallion.silver.errors import ErrorRecord, SchemaIncompatible
-from pgmedallion.silver.pgtypes import pg_type_of, spark_type
+from pgmedallion.silver.pgtypes import INTEGER_TYPES, arrow_type, pg_type_of, type_string
 from pgmedallion.silver.policies import with_policies
 
 Relations = dict[int, list[tuple[int, int, Relation]]]
@@ -161,7 +161,7 @@ def write_tables(
 def _table_rows(source: str, tables: dict[int, TableInfo]) -> list[tuple]:
     rows = []
     for info in tables.values():
-        cols = [dict(c, spark_type=spark_type(pg_type_of(c)).simpleString()) for c in info.columns]
+        cols = [dict(c, spark_type=type_string(pg_type_of(c))) for c in info.columns]
         rows.append(
             (
                 source,
@@ -645,8 +645,8 @@ def _widened(f: Followed, entry: dict, now: CatalogColumn, policy) -> None:
         if old.type_oid == now.type_oid == 1700 and _scale(old.typmod) != _scale(now.typmod):
             f.problem = f"column {now.name} has a column policy and a new scale"
         return
-    before = spark_type(pg_type_of(entry))
-    after = spark_type(pg_type_of({**entry, "type_oid": now.type_oid, "typmod": now.typmod}))
+    before = arrow_type(pg_type_of(entry))
+    after = arrow_type(pg_type_of({**entry, "type_oid": now.type_oid, "typmod": now.typmod}))
     if not holds_every_value(before, after):
         f.problem = f"column {now.name} widened to {type_text(now)}, wider than silver holds"
         return
@@ -657,14 +657,13 @@ def _scale(typmod: int) -> int | None:
     return None if typmod < 4 else ((((typmod - 4) & 0x7FF) ^ 0x400) - 0x400)
 
 
-def holds_every_value(before: T.DataType, after: T.DataType) -> bool:
-    """Whether Spark type ``after`` holds every value of ``before`` exactly."""
+def holds_every_value(before: pa.DataType, after: pa.DataType) -> bool:
+    """Whether type ``after`` holds every value of ``before`` exactly."""
     if before == after:
         return True
-    integers = [T.ShortType(), T.IntegerType(), T.LongType()]
-    if before in integers and after in integers:
-        return integers.index(after) >= integers.index(before)
-    if isinstance(before, T.DecimalType) and isinstance(after, T.DecimalType):
+    if before in INTEGER_TYPES and after in INTEGER_TYPES:
+        return INTEGER_TYPES.index(after) >= INTEGER_TYPES.index(before)
+    if pa.types.is_decimal(before) and pa.types.is_decimal(after):
         return after.scale >= before.scale and (
             after.precision - after.scale >= before.precision - before.scale
         )
@@ -730,9 +729,9 @@ def _table_layouts(
     rels = sorted(relations, key=lambda e: (e[0], e[1]))
     entries = {c["name"]: c for c in info.columns}
 
-    def target_type(col: TableColumn) -> T.DataType:
+    def target_type(col: TableColumn) -> pa.DataType:
         entry = entries.get(col.name, {"type_oid": col.type_oid})
-        return spark_type(pg_type_of(column_entry({**entry, "typmod": col.typmod})))
+        return arrow_type(pg_type_of(column_entry({**entry, "typmod": col.typmod})))
 
     final, rel_layouts = plan_columns(
         base,

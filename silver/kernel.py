@@ -40,16 +40,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.pandas.types import to_arrow_type
-from pyspark.sql.types import (
-    DataType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    ShortType,
-)
 
 from pgmedallion.silver.pgtypes import (
     BOOL,
@@ -58,20 +48,24 @@ from pgmedallion.silver.pgtypes import (
     DEFAULT_INFINITY,
     FLOAT4,
     FLOAT8,
+    FLOAT_TYPES,
     INT2,
     INT4,
     INT8,
+    INTEGER_TYPES,
     INTERVAL,
     MAX_DECIMAL_PRECISION,
     NON_COMMA_DELIMITED,
     NUMERIC,
     OID,
     TIMESTAMP,
+    TIMESTAMP_TYPE,
     TIMESTAMPTZ,
+    TIMESTAMPTZ_TYPE,
     PgType,
+    arrow_type,
     base_oid,
     element_type,
-    spark_type,
     type_modifier,
 )
 
@@ -95,16 +89,23 @@ class Cast:
         return pc.is_valid(self.errors).to_numpy(zero_copy_only=False)
 
 
-def arrow_type(t: PgType) -> pa.DataType:
-    """The Arrow type of ``t``'s Spark type (what silver's Delta table holds)."""
-    return to_arrow_type(spark_type(t), timezone="UTC")
+_LABELS = {
+    pa.int16(): "ShortType",
+    pa.int32(): "IntegerType",
+    pa.int64(): "LongType",
+    pa.float32(): "FloatType",
+    pa.float64(): "DoubleType",
+    pa.date32(): "DateType",
+    TIMESTAMP_TYPE: "TimestampNTZType",
+    TIMESTAMPTZ_TYPE: "TimestampType",
+}
 
 
-def type_label(target: DataType) -> str:
-    """``DecimalType(12,2)``, ``DateType``: the type as error messages name it."""
-    if isinstance(target, DecimalType):
+def type_label(target: pa.DataType) -> str:
+    """``DecimalType(12,2)``, ``DateType``: the type as error messages name it (Spark's name)."""
+    if pa.types.is_decimal(target):
         return f"DecimalType({target.precision},{target.scale})"
-    return type(target).__name__
+    return _LABELS[target]
 
 
 # --- one value at a time (the reference) -------------------------------------------------------
@@ -126,9 +127,9 @@ _INTERVAL = re.compile(
 )
 _INFINITE = ("infinity", "-infinity")
 _RANGES = {
-    ShortType: (-(2**15), 2**15 - 1),
-    IntegerType: (-(2**31), 2**31 - 1),
-    LongType: (-(2**63), 2**63 - 1),
+    pa.int16(): (-(2**15), 2**15 - 1),
+    pa.int32(): (-(2**31), 2**31 - 1),
+    pa.int64(): (-(2**63), 2**63 - 1),
 }
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
@@ -142,8 +143,8 @@ def _bool_value(text: str) -> Value:
     return None, "invalid boolean text"
 
 
-def _integer_value(target: DataType) -> ValueCast:
-    low, high = _RANGES[type(target)]
+def _integer_value(target: pa.DataType) -> ValueCast:
+    low, high = _RANGES[target]
     out_of_range = f"integer out of range for {type_label(target)}"
 
     def cast(text: str) -> Value:
@@ -157,8 +158,8 @@ def _integer_value(target: DataType) -> ValueCast:
     return cast
 
 
-def _float_value(target: DataType) -> ValueCast:
-    arrow = pa.float32() if isinstance(target, FloatType) else pa.float64()
+def _float_value(target: pa.DataType) -> ValueCast:
+    arrow = target
     out_of_range = f"floating-point value out of range for {type_label(target)}"
 
     def cast(text: str) -> Value:
@@ -192,7 +193,7 @@ _DECIMALS = Context(prec=2 * MAX_DECIMAL_PRECISION + 2, rounding=ROUND_HALF_UP)
 38 decimals), rounded half up as Spark's cast rounds."""
 
 
-def _numeric_value(target: DecimalType, rounding: bool) -> ValueCast:
+def _numeric_value(target: pa.Decimal128Type, rounding: bool) -> ValueCast:
     label = type_label(target)
     whole_digits = target.precision - target.scale
     quantum = Decimal(1).scaleb(-target.scale)
@@ -281,7 +282,7 @@ def _infinity(t: PgType) -> str:
     return t.infinity or DEFAULT_INFINITY
 
 
-def _datetime_value(oid: int, target: DataType, policy: str) -> ValueCast:
+def _datetime_value(oid: int, target: pa.DataType, policy: str) -> ValueCast:
     """Dates and timestamps: the ISO form with a four-digit year, or a definite error;
     ``policy`` says what ``±infinity`` become (``pgtypes.INFINITY_POLICIES``)."""
     label, pattern = _DATETIME[oid]
@@ -462,7 +463,7 @@ def _nested_array_value(one: ValueCast, dims: int) -> ValueCast:
 
 def value_cast(t: PgType) -> ValueCast:
     """``t``'s cast of one non-NULL text (the reference the fast part agrees with)."""
-    target = spark_type(t)
+    target = arrow_type(t)
     if t.target:
         return _override_value(target)
     element = element_type(t)
@@ -489,13 +490,13 @@ def value_cast(t: PgType) -> ValueCast:
     return _text_value
 
 
-def _override_value(target: DataType) -> ValueCast:
+def _override_value(target: pa.DataType) -> ValueCast:
     """A column whose configuration overrides its type: cast by the target type."""
-    if isinstance(target, DecimalType):
+    if pa.types.is_decimal(target):
         return _numeric_value(target, rounding=True)
-    if isinstance(target, (DoubleType, FloatType)):
+    if target in FLOAT_TYPES:
         return _float_value(target)
-    if isinstance(target, (LongType, IntegerType, ShortType)):
+    if target in INTEGER_TYPES:
         return _integer_value(target)
     return _text_value
 
@@ -510,9 +511,9 @@ def adjustment(t: PgType) -> tuple[str, Callable[[pa.Array], pa.Array]] | None:
     whether each text's value is adjusted. None for any other column."""
     if element_type(t) is not None and not t.target:
         return None
-    target = spark_type(t)
+    target = arrow_type(t)
     oid = base_oid(t)
-    if isinstance(target, DecimalType) and oid == NUMERIC and _rounds(t):
+    if pa.types.is_decimal(target) and oid == NUMERIC and _rounds(t):
         scale = target.scale
 
         def rounded(texts: pa.Array) -> pa.Array:
@@ -707,13 +708,12 @@ def _fast_date(texts: pa.Array) -> pa.Array:
 
 def _fast(t: PgType, target: pa.DataType) -> Fast | None:
     """``t``'s fast part, or None where every value goes through the per-value part."""
-    spark = spark_type(t)
     if t.target:
-        if isinstance(spark, DecimalType):
+        if pa.types.is_decimal(target):
             return _fast_decimal(target, rounding=True)
-        if isinstance(spark, (DoubleType, FloatType)):
+        if target in FLOAT_TYPES:
             return _fast_float(target)
-        if isinstance(spark, (LongType, IntegerType, ShortType)):
+        if target in INTEGER_TYPES:
             return _fast_integer(target)
         return _fast_text
     element = element_type(t)

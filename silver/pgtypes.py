@@ -1,8 +1,11 @@
 r"""PostgreSQL types as silver knows them, and the Spark type each one becomes.
 
 :class:`PgType` is what silver knows about a column's type (from ``pg_type`` at the snapshot, or
-a Relation message's type oid), :func:`spark_type` its Spark type; :mod:`silver.kernel` turns the
-type's text values into that type.
+a Relation message's type oid). The mapping below is written once, in Arrow types
+(:func:`arrow_type`: what :mod:`silver.kernel` casts text values to, in the driver and on
+Spark's executors alike); :func:`spark_type` is the same type as Spark names it, and
+:func:`type_string` its Spark SQL name. Only :func:`spark_type` imports PySpark: a run that
+starts no Spark imports none of it.
 
 The mapping (``oid`` from ``pg_type``; domains cast as their base type)::
 
@@ -77,24 +80,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    BooleanType,
-    DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    ShortType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampNTZType,
-    TimestampType,
-)
+import pyarrow as pa
 
 from pgmedallion.core.config import parse_type_override
 
@@ -153,30 +139,30 @@ ARRAY_ELEMENT: Mapping[int, int] = {
 NON_COMMA_DELIMITED = frozenset({BOX})
 """Element types whose array literals separate elements with ``;`` (``pg_type.typdelim``)."""
 
-UNCONSTRAINED_NUMERIC = DecimalType(38, 18)
+UNCONSTRAINED_NUMERIC = pa.decimal128(38, 18)
 """Where ``numeric`` without a usable precision goes (values that do not fit are errors)."""
 
-INTERVAL_TYPE = StructType(
-    [
-        StructField("months", IntegerType()),
-        StructField("days", IntegerType()),
-        StructField("microseconds", LongType()),
-    ]
+INTERVAL_TYPE = pa.struct(
+    [("months", pa.int32()), ("days", pa.int32()), ("microseconds", pa.int64())]
 )
 
+TIMESTAMP_TYPE = pa.timestamp("us")
+"""Spark's ``TimestampNTZType``: a wall-clock time."""
+TIMESTAMPTZ_TYPE = pa.timestamp("us", tz="UTC")
+"""Spark's ``TimestampType``: an instant."""
 
-_SCALAR_TYPES: Mapping[int, DataType] = {
-    BOOL: BooleanType(),
-    INT2: ShortType(),
-    INT4: IntegerType(),
-    INT8: LongType(),
-    OID: LongType(),
-    FLOAT4: FloatType(),
-    FLOAT8: DoubleType(),
-    BYTEA: BinaryType(),
-    DATE: DateType(),
-    TIMESTAMP: TimestampNTZType(),
-    TIMESTAMPTZ: TimestampType(),
+_SCALAR_TYPES: Mapping[int, pa.DataType] = {
+    BOOL: pa.bool_(),
+    INT2: pa.int16(),
+    INT4: pa.int32(),
+    INT8: pa.int64(),
+    OID: pa.int64(),
+    FLOAT4: pa.float32(),
+    FLOAT8: pa.float64(),
+    BYTEA: pa.binary(),
+    DATE: pa.date32(),
+    TIMESTAMP: TIMESTAMP_TYPE,
+    TIMESTAMPTZ: TIMESTAMPTZ_TYPE,
     INTERVAL: INTERVAL_TYPE,
 }
 """Types with a Spark type of their own (numeric aside); every other scalar is a string."""
@@ -221,25 +207,28 @@ INFINITY_POLICIES = ("clamp", "null", "error")
 DEFAULT_INFINITY = "clamp"
 
 _OVERRIDES = {
-    "string": StringType(),
-    "double": DoubleType(),
-    "float": FloatType(),
-    "bigint": LongType(),
-    "long": LongType(),
-    "int": IntegerType(),
-    "integer": IntegerType(),
-    "smallint": ShortType(),
+    "string": pa.string(),
+    "double": pa.float64(),
+    "float": pa.float32(),
+    "bigint": pa.int64(),
+    "long": pa.int64(),
+    "int": pa.int32(),
+    "integer": pa.int32(),
+    "smallint": pa.int16(),
 }
+INTEGER_TYPES = (pa.int16(), pa.int32(), pa.int64())
+"""Spark's ``ShortType``, ``IntegerType`` and ``LongType``, narrowest first."""
+FLOAT_TYPES = (pa.float32(), pa.float64())
 
 
-def override_type(text: str) -> DataType | None:
-    """The Spark type a configured override names (see
+def override_type(text: str) -> pa.DataType | None:
+    """The type a configured override names (see
     :func:`pgmedallion.core.config.parse_type_override`), or None."""
     parsed = parse_type_override(text)
     if parsed is None:
         return None
     name, precision, scale = parsed
-    return DecimalType(precision, scale) if name == "decimal" else _OVERRIDES[name]
+    return pa.decimal128(precision, scale) if name == "decimal" else _OVERRIDES[name]
 
 
 def override_problem(t: PgType, text: str) -> str | None:
@@ -252,20 +241,18 @@ def override_problem(t: PgType, text: str) -> str | None:
             f"unknown type {text!r} (string, double, float, bigint, int, smallint or "
             "decimal(p,s) with p <= 38)"
         )
-    if isinstance(target, StringType):
+    if target == pa.string():
         return None
     oid = base_oid(t)
     source = t.type_name or str(oid)
     if element_type(t) is not None:
         return f"an array ({source}) can only be read as string"
     integer = oid in (INT2, INT4, INT8, OID)
-    if isinstance(target, (DoubleType, FloatType)) and (
-        integer or oid in (NUMERIC, FLOAT4, FLOAT8)
-    ):
+    if target in FLOAT_TYPES and (integer or oid in (NUMERIC, FLOAT4, FLOAT8)):
         return None
-    if isinstance(target, DecimalType) and (integer or oid == NUMERIC):
+    if pa.types.is_decimal(target) and (integer or oid == NUMERIC):
         return None
-    if isinstance(target, (LongType, IntegerType, ShortType)) and integer:
+    if target in INTEGER_TYPES and integer:
         return None
     return f"{source} cannot be read as {text}"
 
@@ -325,8 +312,8 @@ def element_type(t: PgType) -> PgType | None:
     return None
 
 
-def decimal_type(typmod: int) -> DecimalType:
-    """The Spark decimal for ``numeric`` with this typmod (see the mapping in the docstring).
+def decimal_type(typmod: int) -> pa.Decimal128Type:
+    """The decimal for ``numeric`` with this typmod (see the mapping in the docstring).
 
     The typmod is ``((precision << 16) | (scale & 0x7ff)) + 4``; PostgreSQL 15+ allows a scale
     from -1000 to 1000 (11-bit two's complement), older servers 0..precision.
@@ -341,12 +328,13 @@ def decimal_type(typmod: int) -> DecimalType:
     elif scale > precision:
         precision = scale
     if precision > MAX_DECIMAL_PRECISION:
-        return DecimalType(MAX_DECIMAL_PRECISION, min(scale, MAX_DECIMAL_PRECISION))
-    return DecimalType(precision, scale)
+        return pa.decimal128(MAX_DECIMAL_PRECISION, min(scale, MAX_DECIMAL_PRECISION))
+    return pa.decimal128(precision, scale)
 
 
-def spark_type(t: PgType) -> DataType:
-    """The Spark type a column of PostgreSQL type ``t`` becomes."""
+def arrow_type(t: PgType) -> pa.DataType:
+    """The type a column of PostgreSQL type ``t`` becomes (the mapping above), as Arrow names
+    it: what silver's Delta table holds."""
     if t.target:
         target = override_type(t.target)
         if target is None:
@@ -355,12 +343,48 @@ def spark_type(t: PgType) -> DataType:
     element = element_type(t)
     if element is not None:
         if base_oid(element) in NON_COMMA_DELIMITED:
-            return StringType()
-        nested = spark_type(element)
+            return pa.string()
+        nested = arrow_type(element)
         for _ in range(max(1, t.dims)):
-            nested = ArrayType(nested, containsNull=True)
+            nested = pa.list_(pa.field("element", nested))
         return nested
     oid = base_oid(t)
     if oid == NUMERIC:
         return decimal_type(type_modifier(t))
-    return _SCALAR_TYPES.get(oid, StringType())
+    return _SCALAR_TYPES.get(oid, pa.string())
+
+
+def spark_type(t: PgType):
+    """:func:`arrow_type` as Spark names it (a ``pyspark.sql.types.DataType``)."""
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    return from_arrow_type(arrow_type(t), prefer_timestamp_ntz=True)
+
+
+_SIMPLE = {
+    pa.bool_(): "boolean",
+    pa.int16(): "smallint",
+    pa.int32(): "int",
+    pa.int64(): "bigint",
+    pa.float32(): "float",
+    pa.float64(): "double",
+    pa.binary(): "binary",
+    pa.string(): "string",
+    pa.date32(): "date",
+    TIMESTAMP_TYPE: "timestamp_ntz",
+    TIMESTAMPTZ_TYPE: "timestamp",
+}
+
+
+def type_string(t: PgType | pa.DataType) -> str:
+    """``t``'s Spark type in Spark SQL's words (``DataType.simpleString``: ``decimal(12,2)``,
+    ``array<int>``), without importing PySpark."""
+    at = arrow_type(t) if isinstance(t, PgType) else t
+    if pa.types.is_decimal(at):
+        return f"decimal({at.precision},{at.scale})"
+    if pa.types.is_list(at):
+        return f"array<{type_string(at.value_type)}>"
+    if pa.types.is_struct(at):
+        fields = ",".join(f"{f.name}:{type_string(f.type)}" for f in at)
+        return f"struct<{fields}>"
+    return _SIMPLE[at]

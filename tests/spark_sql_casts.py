@@ -86,7 +86,6 @@ from pgmedallion.silver.pgtypes import (
     INT4,
     INT8,
     INTERVAL,
-    INTERVAL_TYPE,
     MAX_DECIMAL_PRECISION,
     NON_COMMA_DELIMITED,
     NUMERIC,
@@ -412,7 +411,7 @@ def _cast_interval(text: Column) -> Column:
             .when(~text.rlike(_INTERVAL) | (text == ""), _lit("invalid interval text"))
             .when(v.isNull(), _lit("interval out of range"))
         ),
-        INTERVAL_TYPE,
+        spark_type(PgType(INTERVAL)),
     )
 
 

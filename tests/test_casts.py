@@ -42,15 +42,17 @@ from pgmedallion.silver.cast_columns import UNSETTLED_COLUMN as SUSPECT_COLUMN
 from pgmedallion.silver.kernel import cast_rows
 from pgmedallion.silver.pgtypes import (
     ARRAY_ELEMENT,
-    INTERVAL_TYPE,
+    INTERVAL,
     NON_COMMA_DELIMITED,
-    UNCONSTRAINED_NUMERIC,
+    NUMERIC,
     PgType,
     override_problem,
     pg_type_of,
     spark_type,
 )
 
+INTERVAL_TYPE = spark_type(PgType(INTERVAL))
+UNCONSTRAINED_NUMERIC = spark_type(PgType(NUMERIC))
 INF, NAN = float("inf"), float("nan")
 BIG_TEXT = ('größe ☃\tTab\nNewline\\Back "quoted" {a,b} NULL \\N ' * 500)[:20_000]
 ALL_BYTES = bytes(range(256))
