@@ -70,7 +70,7 @@ from pgmedallion.silver.first_load import first_snapshot
 from pgmedallion.silver.identity import resolve_previous_images
 from pgmedallion.silver.pgtypes import pg_type_of, spark_type
 from pgmedallion.silver.plan import Plan, control_errors, last_frontier, plan_run, session_bronze
-from pgmedallion.silver.rewind import consolidated, truncated, with_rewinds
+from pgmedallion.silver.rewind import consolidated, distinct_snapshot, truncated, with_rewinds
 from pgmedallion.silver.window import Decoded, Window, single_reads, with_mtype
 from pgmedallion.silver.write import (
     append_diffs,
@@ -430,6 +430,7 @@ def _run_tables(
             diffs_of(oid),
             r.plan.run,
             new_snapshot=oid in r.new_snapshots,
+            snapshot_only=oid in r.new_snapshots and oid not in r.changed,
             truncates=r.truncate_at.get(oid, []) if deletes else [],
             identity_keys=r.identity_keys.get(oid),
             identities=r.mixed_identities.get(oid),
@@ -712,12 +713,14 @@ def table_run(
     *,
     new_snapshot: bool,
     truncates: list[tuple[int, int]],
+    snapshot_only: bool = False,
     identity_keys: tuple[int, ...] | None = None,
     identities: list[tuple[int, ...]] | None = None,
     exists: bool | None = None,
     path: str | None = None,
 ) -> tuple[int, list[ErrorRecord], list[tuple]]:
-    """Cast, rewind, truncate, consolidate and append one table's diffs of this run.
+    """Cast, rewind, truncate, consolidate and append one table's diffs of this run
+    (``snapshot_only``: its diffs are the rows of a new snapshot and nothing else).
 
     Usually in one pass: the rows the plain cast settles are rewound, consolidated and written,
     and that write counts the unsettled rows it left out. When there are some (values the plain
@@ -743,6 +746,8 @@ def table_run(
         drop_table(spark, n.schema, info.silver_table, target)
         exists = False
     resolving = identity_keys is not None
+    names = [c["name"] for c in info.columns]
+    distinct = snapshot_only and not truncates and distinct_snapshot(info.primary_key, names)
     one = None if truncates or resolving else cast_in_one_pass(info, diffs)
     if one is None:
         return _table_run_whole(
@@ -757,16 +762,19 @@ def table_run(
             exists,
             path,
             identities,
+            distinct,
         )
     data = data_columns(info)
-    settled = consolidated(_rewound(info, one.rows, one.wal_rows), data, run)
+    settled = consolidated(_rewound(info, one.rows, one.wal_rows), data, run, distinct=distinct)
     if not exists:
         create_diff_table(spark, target, settled.schema)
     counts = [append_diffs(settled, target, cfg.source.name, run)]
     unsettled = one.finish(observed=counts[0] is not None)
     if unsettled is None:
         return written(spark, target, run, counts), [], []
-    rows = consolidated(_rewound(info, unsettled.rows, unsettled.rows), data, run)
+    rows = consolidated(
+        _rewound(info, unsettled.rows, unsettled.rows), data, run, distinct=distinct
+    )
     counts.append(append_diffs(rows, target, cfg.source.name, run, unsettled=True))
     unsettled.unpersist()
     return written(spark, target, run, counts), unsettled.errors, unsettled.adjusted
@@ -788,8 +796,10 @@ def _table_run_whole(
     exists: bool,
     path: str | None,
     identities: list[tuple[int, ...]] | None = None,
+    distinct: bool = False,
 ) -> tuple[int, list[ErrorRecord], list[tuple]]:
-    """:func:`table_run` for a table cast whole before anything is written."""
+    """:func:`table_run` for a table cast whole before anything is written (``distinct``: its
+    rows are a snapshot's, no two equal)."""
     resolving = identity_keys is not None
     cast = cast_diffs(info, diffs, changes=resolving)
     ok, errors = cast.rows, cast.errors
@@ -812,7 +822,8 @@ def _table_run_whole(
         ]
     data = data_columns(info)
     earlier = spark.table(target) if exists and truncates else None
-    out = consolidated(truncated(_rewound(info, ok, ok), data, truncates, earlier), data, run)
+    rewound = truncated(_rewound(info, ok, ok), data, truncates, earlier)
+    out = consolidated(rewound, data, run, distinct=distinct)
     if not exists:
         create_diff_table(spark, target, out.schema)
     count = written(spark, target, run, [append_diffs(out, target, cfg.source.name, run)])

@@ -43,7 +43,7 @@ from pgmedallion.silver.copy_arrow import copy_values
 from pgmedallion.silver.errors import CastError, ErrorRecord
 from pgmedallion.silver.kernel import Rows, cast_rows, merged_adjustments
 from pgmedallion.silver.pgtypes import spark_type
-from pgmedallion.silver.rewind import consolidated_rows
+from pgmedallion.silver.rewind import consolidated_rows, distinct_snapshot
 from pgmedallion.silver.write import create_diff_table, diffs_app
 
 log = logging.getLogger(__name__)
@@ -143,8 +143,7 @@ def first_snapshot(
         names=[*names, "_lsn", "_diff"],
     )
     # a primary key (all of its columns published) makes each snapshot row distinct
-    keyed = bool(info.primary_key) and set(info.primary_key) <= set(names)
-    out = consolidated_rows(table, names, run, distinct=keyed)
+    out = consolidated_rows(table, names, run, distinct=distinct_snapshot(info.primary_key, names))
     create_diff_table(spark, target, diff_schema(info), local=(silver, info.silver_table))
     dt = delta_rs.open_table(path)
     app = diffs_app(source)

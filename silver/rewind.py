@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from pgmedallion.core.multiset import group_ids, int_column, sum_by
 
@@ -61,13 +62,35 @@ def truncated(
     return out
 
 
-def consolidated(rows: DataFrame, data: Sequence[Column], run: int) -> DataFrame:
-    """Diffs summed per (row, LSN), zeros dropped, stamped with the run."""
+def distinct_snapshot(primary_key: Sequence[str], names: Sequence[str]) -> bool:
+    """Whether the rows of a table's snapshot (every one at LSN 0, +1) are distinct: the table
+    has a primary key and silver holds all of its columns."""
+    return bool(primary_key) and set(primary_key) <= set(names)
+
+
+def consolidated(
+    rows: DataFrame, data: Sequence[Column], run: int, *, distinct: bool = False
+) -> DataFrame:
+    """Diffs summed per (row, LSN), zeros dropped, stamped with the run. ``distinct``: no two
+    rows are equal (the rows of a snapshot and nothing else, :func:`distinct_snapshot`), so no
+    sum has more than one term and the grouping, a shuffle of every row, is left out; a float
+    column's -0.0 is written 0.0 all the same, as the grouping writes it (and
+    :func:`consolidated_rows`)."""
+    if not distinct:
+        return (
+            rows.groupBy(*data, "_lsn")
+            .agg(F.sum("_diff").alias("_diff"))
+            .where(F.col("_diff") != 0)
+            .withColumn("_run", F.lit(run).cast("bigint"))
+        )
+    out = []
+    for f in rows.schema.fields:
+        column = F.col(f"`{f.name.replace('`', '``')}`")
+        if isinstance(f.dataType, T.FloatType | T.DoubleType):
+            column = F.when(column == 0, F.lit(0).cast(f.dataType)).otherwise(column)
+        out.append(column.alias(f.name))
     return (
-        rows.groupBy(*data, "_lsn")
-        .agg(F.sum("_diff").alias("_diff"))
-        .where(F.col("_diff") != 0)
-        .withColumn("_run", F.lit(run).cast("bigint"))
+        rows.select(*out).where(F.col("_diff") != 0).withColumn("_run", F.lit(run).cast("bigint"))
     )
 
 
