@@ -359,7 +359,7 @@ def _prior_rows(path: str, names: list[str], run: int, key: pa.Table) -> list[li
     of its rows of earlier runs, read by delta-rs), of the rows whose key columns hold one of
     ``key``'s rows (and maybe others): found file by file by the key's values
     (``deletion_vectors.locate``), or read narrowed by its integer columns' values."""
-    most = delta_rs.small_rows()
+    most = engine.current().driver_rows  # bounded by the retracted keys, not the table's size
     try:
         located = deletion_vectors.locate(path, key, [*names, LSN, DIFF, RUN], most)
     except deletion_vectors.Unsupported as reason:

@@ -275,7 +275,8 @@ def _small_window(
     spark: SparkSession, cfg: Config, n: Names, f_from: int, f_to: int, b_to: int
 ) -> tuple[pa.Table, T.StructType] | None:
     """Bronze's wal rows of ``[f_from, f_to)`` in batches up to ``b_to`` read by delta-rs (with
-    ``mtype``) and bronze's schema, if bronze is local and they are few (None: Spark scans
+    ``mtype``) and bronze's schema, if bronze is local and the driver holds them (at most
+    ``[lakehouse] driver_rows`` rows and :data:`_SMALL_WINDOW_BYTES`; None: Spark scans
     bronze)."""
     path = bronze_dir(spark, cfg)
     if not delta_rs.usable(path):
@@ -286,7 +287,7 @@ def _small_window(
         f" AND batch_id <= {int(b_to)}"
     )
     try:
-        if delta_rs.count(path, where) > delta_rs.small_rows():
+        if delta_rs.count(path, where) > engine.current().driver_rows:
             return None
         # bytes as half their hex: DataFusion's octet_length takes strings only (binary: an error)
         sql = f"SELECT sum(octet_length(encode(payload, 'hex'))) / 2 AS b FROM t WHERE {where}"
