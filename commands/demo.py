@@ -254,7 +254,7 @@ def _live(cfg: Config, pg) -> None:
 def _demo(config: Config, pg) -> int:
     from pgmedallion.core.spark import get_spark
     from pgmedallion.marts.runner import MartsError, format_quality, stop_local_spark
-    from pgmedallion.pipeline import run_stages, stage_spinner
+    from pgmedallion.pipeline import open_lakehouse, run_stages, stage_spinner
     from pgmedallion.status import format_rows, status_report
     from pgmedallion.verify import verify
 
@@ -266,21 +266,30 @@ def _demo(config: Config, pg) -> int:
             (n,) = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
             print(f"  {table:<24} {n:>7} rows")
 
-    spark = get_spark(config.state_dir)
-    for layer in ("bronze", "silver", "gold", "marts"):  # the demo starts from scratch
-        schema = getattr(cfg.lakehouse, f"{layer}_schema")
-        spark.sql(f"DROP SCHEMA IF EXISTS `{schema}` CASCADE")
+    # The demo starts from scratch. A catalog of an earlier run knows its schemas: Spark drops
+    # them. In a new directory there is none, and the runs go as `pgmedallion run` goes: Spark
+    # starts only where a stage needs it (a local first run does not).
+    spark = None
+    if (Path(config.state_dir) / "metastore_db").is_dir():
+        spark = get_spark(config.state_dir)
+        for layer in ("bronze", "silver", "gold", "marts"):
+            schema = getattr(cfg.lakehouse, f"{layer}_schema")
+            spark.sql(f"DROP SCHEMA IF EXISTS `{schema}` CASCADE")
+    for layer in ("bronze", "silver", "gold", "marts"):
         # bronze written by a capture without Spark is an external table: its files stay
+        schema = getattr(cfg.lakehouse, f"{layer}_schema")
         stale = Path(cfg.state_dir) / "warehouse" / f"{schema.lower()}.db"
         shutil.rmtree(stale, ignore_errors=True)
     shutil.rmtree(Path(cfg.state_dir) / "pipelines", ignore_errors=True)
+    session = lambda: spark if spark is not None else get_spark(config.state_dir)  # noqa: E731
     layers = ("capture", "silver", "gold")  # the marts run once, at the end
     print("run 1: snapshot, capture, silver, gold")
-    run_stages(spark, cfg, layers, show=stage_spinner())
+    run_stages(session, cfg, layers, show=stage_spinner())
     changes = apply_burst(pg.conninfo())
     print(f"applied {changes} random changes in 200 transactions")
     print("run 2: stream the changes through")
-    run_stages(spark, cfg, layers, show=stage_spinner())
+    run_stages(session, cfg, layers, show=stage_spinner())
+    spark = open_lakehouse(cfg)  # the tables the runs made without Spark put in the catalog
     text, _ = status_report(spark, cfg)
     print(text)
     quality = spark.sql(

@@ -35,6 +35,12 @@ def test_demo_exits_0_with_an_exact_verify():
         assert any(line.strip().startswith(rule) and "passed" in line for line in out.splitlines())
     server = LocalPostgres(state / "postgres")
     assert not server.is_running()  # nothing the demo started outlives it
+    # In a new directory the two runs go as `pgmedallion run` goes: silver and gold make their
+    # tables without Spark (delta-rs), and the catalog learns of them when Spark starts after.
+    assert "registered in the catalog: `pgm_silver`._adjustments" in proc.stderr, proc.stderr[
+        -3000:
+    ]
+    assert "registered in the catalog: `pgm_gold`._frontier" in proc.stderr, proc.stderr[-3000:]
 
     # The next commands in that directory work on the demo's state, with no setup.
     status = subprocess.run(
@@ -51,4 +57,13 @@ def test_demo_exits_0_with_an_exact_verify():
     )
     assert sql.returncode == 0, sql.stderr[-2000:]
     assert "ERROR" not in sql.stderr and "ERROR" not in status.stderr
+    assert not server.is_running()
+
+    # The demo again in the same directory: it drops what the first one made and starts over.
+    again = subprocess.run(
+        ["pgmedallion", "demo"], env=env, capture_output=True, text=True, timeout=1800
+    )
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "verify: OK" in again.stdout and "MISMATCH" not in again.stdout
+    assert "public.customers             500 rows" in again.stdout
     assert not server.is_running()
