@@ -63,6 +63,7 @@ from pgmedallion.core import delta_rs, engine
 from pgmedallion.core.config import Config
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.parallel import concurrently
+from pgmedallion.core.session import real
 from pgmedallion.core.spark import drop_table
 from pgmedallion.gold.batch import build_batched
 from pgmedallion.gold.history import (
@@ -161,6 +162,8 @@ def _sessions(spark: SparkSession, count: int) -> list[SparkSession]:
     """``count`` sessions of ``spark``'s context, each with its own settings; just ``spark``
     where one is enough or new sessions cannot be made (Spark Connect): then the tables are
     built one after another."""
+    if count >= 1:
+        spark = real(spark)  # the per-table path is Spark's: started now if it was not
     if count <= 1:
         return [spark]
     try:

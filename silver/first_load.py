@@ -25,7 +25,10 @@ snapshot.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,49 +113,147 @@ def first_snapshot(
     must take it (nothing was written).
 
     The one commit holds every row of the snapshot, and stands for both of the per-table
-    path's commits of the run (its settled and its unsettled rows, ``write.diffs_app``)."""
+    path's commits of the run (its settled and its unsettled rows, ``write.diffs_app``).
+
+    The snapshot goes through in pieces of at most a quarter of ``driver_rows`` rows (ranges
+    of each COPY part's record ordinals), each decoded, cast and handed to delta-rs' writer
+    before the next is read, so the driver holds one piece whatever the table's size: a
+    snapshot of a table with a primary key has distinct rows, and each piece is consolidated
+    alone. A table without one is consolidated whole, so it takes this path only up to
+    ``driver_rows`` rows."""
     columns = typed_columns(info)
     if not (delta_rs.usable(bronze) and path is not None) or len(columns) != width:
         return None
+    names = [name for name, _ in columns]
+    distinct = distinct_snapshot(info.primary_key, names)
     most = engine.current().driver_rows
     sql = f"SELECT part, max(ordinal) AS n FROM t WHERE {where} GROUP BY part"
-    counted = delta_rs.query(bronze, sql).column("n").to_pylist()
-    if sum(n or 0 for n in counted) > most:
+    counted = delta_rs.query(bronze, sql).to_pylist()
+    total = sum(c["n"] or 0 for c in counted)
+    if total > most and not distinct:
         return None
-    payloads = delta_rs.read_arrow(bronze, ["payload"], where).column("payload").combine_chunks()
-    parts = concurrently(
-        lambda part: _typed(part, width, columns), _halves(payloads), engine.current().workers
-    )
-    if any(part is None for part in parts):
+    pieces = _pieces(counted, max(most // 4, 1) if distinct else max(total, 1))
+    needs_spark = False
+    errors: list[ErrorRecord] = []
+    adjusted: list[list[tuple]] = []
+    appended = 0
+
+    def piece_rows(piece: str) -> pa.Table:
+        nonlocal appended, needs_spark
+        read = delta_rs.read_arrow(bronze, ["payload"], f"({where}) AND {piece}")
+        payloads = read.column("payload").combine_chunks()
+        parts = concurrently(
+            lambda part: _typed(part, width, columns), _halves(payloads), engine.current().workers
+        )
+        if any(part is None for part in parts):
+            needs_spark = True
+            raise _PerTable
+        errors.extend(
+            ErrorRecord(info.oid, 0, CastError.__name__, message, column, raw)
+            for part in parts
+            for _, column, raw, message in part.errors
+        )
+        adjusted.extend(part.adjustments(np.zeros(len(part.failed))) for part in parts)
+        kept = [pa.array(~part.failed) for part in parts]
+        typed = [
+            pa.chunked_array(
+                [part.columns[i].filter(k) for part, k in zip(parts, kept, strict=True)]
+            )
+            for i in range(len(columns))
+        ]
+        rows = sum(int((~part.failed).sum()) for part in parts)
+        table = pa.Table.from_arrays(
+            [*typed, pa.array(np.zeros(rows, np.int64)), pa.array(np.ones(rows, np.int64))],
+            names=[*names, "_lsn", "_diff"],
+        )
+        out = consolidated_rows(table, names, run, distinct=distinct)
+        appended += out.num_rows
+        return out
+
+    try:
+        ready = [piece_rows(pieces[0])]  # the first piece before the table is made
+    except _PerTable:
         return None
-    names = [name for name, _ in columns]
-    errors = [
-        ErrorRecord(info.oid, 0, CastError.__name__, message, column, raw)
-        for part in parts
-        for _, column, raw, message in part.errors
-    ]
-    adjusted = merged_adjustments([part.adjustments(np.zeros(len(part.failed))) for part in parts])
-    kept = [pa.array(~part.failed) for part in parts]
-    typed = [
-        pa.chunked_array([part.columns[i].filter(k) for part, k in zip(parts, kept, strict=True)])
-        for i in range(len(columns))
-    ]
-    rows = sum(int((~part.failed).sum()) for part in parts)
-    table = pa.Table.from_arrays(
-        [*typed, pa.array(np.zeros(rows, np.int64)), pa.array(np.ones(rows, np.int64))],
-        names=[*names, "_lsn", "_diff"],
-    )
-    # a primary key (all of its columns published) makes each snapshot row distinct
-    out = consolidated_rows(table, names, run, distinct=distinct_snapshot(info.primary_key, names))
     create_diff_table(spark, target, diff_schema(info), local=(silver, info.silver_table))
     dt = delta_rs.open_table(path)
     app = diffs_app(source)
     if delta_rs.done(dt, app, run):
         return None  # cannot be: a new table; the per-table path decides
     types = delta_rs.read_arrow(path, [*names, "_lsn", "_diff", "_run"], "FALSE").schema
-    out = pa.table([out.column(f.name).cast(f.type) for f in types], schema=types)
+
+    def conformed(out: pa.Table) -> list[pa.RecordBatch]:
+        return pa.table([out.column(f.name).cast(f.type) for f in types], schema=types).to_batches()
+
+    # Delta-rs' writer pulls the rows from within its runtime, where another delta-rs read
+    # cannot run: a thread reads and casts the pieces, one ahead of the writer.
+    ahead: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for piece in pieces[1:]:
+                rows = conformed(piece_rows(piece))
+                while not stop.is_set():
+                    try:
+                        ahead.put(rows, timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+            ahead.put(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the writer's side
+            ahead.put(exc)
+
+    def batches():
+        yield from conformed(ready.pop())
+        while (item := ahead.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield from item
+
     failpoint("silver.before_append")
-    delta_rs.append(path, out, app, run, also=[diffs_app(source, unsettled=True)])
+    producer = threading.Thread(target=produce, name="first-load-pieces", daemon=True)
+    producer.start()
+    try:
+        delta_rs.append(
+            path,
+            pa.RecordBatchReader.from_batches(types, batches()),
+            app,
+            run,
+            also=[diffs_app(source, unsettled=True)],
+        )
+    except Exception:
+        if needs_spark:  # raised by delta-rs' writer as its own error: nothing was committed
+            return None
+        raise
+    finally:
+        stop.set()
+        while producer.is_alive():  # let it end, whatever it holds
+            with contextlib.suppress(queue.Empty):
+                ahead.get(timeout=0.1)
     failpoint("silver.after_append")
-    log.info("silver: %s: snapshot of %d rows read in the driver", info.qualified_name, rows)
-    return FirstLoad(out.num_rows, errors, adjusted)
+    log.info(
+        "silver: %s: snapshot of %d rows read in the driver%s",
+        info.qualified_name,
+        appended,
+        f" ({len(pieces)} pieces)" if len(pieces) > 1 else "",
+    )
+    return FirstLoad(appended, errors, merged_adjustments(adjusted))
+
+
+class _PerTable(Exception):
+    """A line of the snapshot needs the per-table path (nothing is committed)."""
+
+
+def _pieces(counted: list[dict], most: int) -> list[str]:
+    """Predicates (SQL over bronze's ``part`` and ``ordinal``) that split a snapshot whose COPY
+    parts hold ``counted`` rows (``part``, ``n``: its greatest ordinal) into pieces of about
+    ``most`` rows each; one piece that takes everything when it fits."""
+    if sum(c["n"] or 0 for c in counted) <= most:
+        return ["TRUE"]
+    out = []
+    for c in sorted(counted, key=lambda c: c["part"]):
+        n, part = c["n"] or 0, int(c["part"])
+        for low in range(0, max(n, 1), most):
+            high = "" if low + most >= n else f" AND ordinal <= {low + most}"
+            out.append(f"(part = {part} AND ordinal > {low}{high})")
+    return out
