@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import tempfile
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -252,6 +253,74 @@ def append(
         mode=mode,
         commit_properties=commit_properties(app, version, metadata, also),
     )
+    return True
+
+
+def append_pieces(
+    path: str,
+    schema: pa.Schema,
+    pieces: Iterator[pa.Table],
+    app: str,
+    version: int,
+    metadata: Mapping[str, str] | None = None,
+    mode: str = "append",
+    also: Sequence[str] = (),
+) -> bool:
+    """:func:`append` of the rows of ``pieces`` (tables of ``schema``), made as the writer asks
+    for them: the driver holds one piece while the writer has the one before, whatever the
+    whole's size. One commit, as :func:`append` makes it; none if ``pieces`` raises (that
+    exception is raised here).
+
+    Delta-rs' writer pulls rows from within its own runtime, where another delta-rs call (a
+    read a piece needs) cannot run, so the pieces are made in a thread of their own, one ahead
+    of the writer."""
+    table = open_table(path)
+    if done(table, app, version):
+        return False
+    ahead: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    failed: list[BaseException] = []
+
+    def hand(item) -> None:
+        while not stop.is_set():
+            try:
+                ahead.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def make() -> None:
+        try:
+            for piece in pieces:
+                if stop.is_set():
+                    return
+                hand(pa.table([piece.column(f.name).cast(f.type) for f in schema], schema=schema))
+        except BaseException as exc:  # noqa: BLE001 - raised on the caller's side
+            failed.append(exc)
+        hand(None)
+
+    def batches():
+        while (piece := ahead.get()) is not None:
+            yield from piece.to_batches()
+        if failed:
+            raise RuntimeError("a piece failed")  # ends the write: nothing is committed
+
+    maker = threading.Thread(target=make, name="delta-rs-pieces", daemon=True)
+    maker.start()
+    try:
+        write_deltalake(
+            table,
+            pa.RecordBatchReader.from_batches(schema, batches()),
+            mode=mode,
+            commit_properties=commit_properties(app, version, metadata, also),
+        )
+    except Exception:
+        if failed:
+            raise failed[0] from None
+        raise
+    finally:
+        stop.set()
+        maker.join()
     return True
 
 

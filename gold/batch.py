@@ -96,6 +96,9 @@ class _Item:
     located: deletion_vectors.Located | None = None
     """A large table's gold rows of the touched keys, where they are (its MERGE then deletes
     them by deletion vector)."""
+    pieces: tuple[list[str], int] | None = None
+    """A full build made in pieces (:func:`_build_in_pieces`): each piece's predicate over
+    silver, and silver's rows."""
 
 
 def _has_map(t: T.DataType) -> bool:
@@ -146,13 +149,115 @@ def qualifies(t: Table, exists: bool) -> _Item | None:
         return _Item(t, applied, mode, exists)
     quarantine = str(Path(t.path).parent / (t.info.silver_table + "__quarantine").lower())
     most = engine.current().driver_rows
-    if (
-        mode == "full"
-        and not delta_rs.usable(quarantine)
-        and delta_rs.small(t.silver_path, None, most)
-    ):
-        return _Item(t, applied, mode, exists)
+    if mode == "full" and not delta_rs.usable(quarantine):
+        if delta_rs.small(t.silver_path, None, most):
+            return _Item(t, applied, mode, exists)
+        pieces = _pieces_of(t, max(most // 4, 1))
+        if pieces is not None:
+            return _Item(t, applied, mode, exists, pieces=pieces)
     return None
+
+
+def _pieces_of(t: Table, most: int) -> tuple[list[str], int] | None:
+    """How a full build of a large table goes in pieces of about ``most`` of silver's rows
+    whose state each piece holds whole: ranges of the first key column's values (an integer:
+    every diff of a key falls in one range), when silver's diffs of the build are all
+    insertions (a first snapshot's), so that gold gets exactly silver's rows once the rules
+    pass. The ranges' predicates and silver's rows; None: the table is built whole."""
+    if not (t.keyed and _narrowing_columns(t)[:1] == t.key[:1]):
+        return None
+    where = t.updates_where(None)
+    sql = (
+        f"SELECT count(*) AS n, sum(CASE WHEN {DIFF} = 1 THEN 0 ELSE 1 END) AS other"
+        f" FROM t WHERE {where}"
+    )
+    (counted,) = delta_rs.query(t.silver_path, sql).to_pylist()
+    if counted["other"] or counted["n"] <= most:
+        return None
+    keys = delta_rs.read_arrow(t.silver_path, [t.key[0]], where).column(0)
+    if keys.null_count:
+        return None
+    ordered = np.sort(keys.to_numpy())
+    cuts = sorted({int(v) for v in ordered[most::most]})
+    name = delta_rs.sql_names([t.key[0]])
+    bounds = [None, *cuts, None]
+    predicates = [
+        " AND ".join(
+            [f"{name} >= {low}"] * (low is not None) + [f"{name} < {high}"] * (high is not None)
+        )
+        for low, high in zip(bounds, bounds[1:], strict=False)
+        if (low, high) != (None, None)
+    ]
+    return (predicates or ["TRUE"]), int(counted["n"])
+
+
+class _NotInPieces(Exception):
+    """A piece's rows do not all pass the rules as they are (or not as counted): the build
+    goes the per-table path, which writes their samples and quarantine."""
+
+
+def _build_in_pieces(item: _Item) -> TableOutcome | None:
+    """A full build of a large keyed table (``item.pieces``), one piece of silver's keys at a
+    time: its state, rules and gold rows, handed to delta-rs' writer (one overwrite commit), so
+    the driver holds one piece whatever the table's size. The same rules as a whole build
+    (``gold.state``: the tallies of pieces add up to the whole's). Nothing is written when a
+    row fails a rule (its sample, the quarantine: the per-table path's) or the rows differ from
+    silver's count; None then."""
+    t, (predicates, expected) = item.t, item.pieces
+    errors_record = summary_record(t.info.qualified_name, NO_DEFINITE_ERRORS, t.policy, t.errors)
+    if t.policy == "fail" and errors_record.failed:
+        return None
+    if not item.exists:
+        ensure_gold(t, False)
+    names = t.names
+    arrow = _nullable(delta_rs.read_arrow(t.path, [*names, LSN], "FALSE").schema)
+    diffs = arrow.append(pa.field(DIFF, pa.int64()))
+    where = t.updates_where(None)
+    rule_names = [r.name for r in t.rules]
+    totals: dict[str, int] = {}
+
+    def piece(predicate: str) -> pa.Table:
+        read = delta_rs.read_arrow(t.silver_path, [*names, LSN, DIFF], f"({where}) AND {predicate}")
+        state = rules_of.state_of(_conformed(read, diffs), names, t.info.primary_key)
+        passed = _all_pass(_Item(t, item.applied, "full", True, state=state))
+        if passed is None:
+            raise _NotInPieces(f"rows fail a rule in {predicate}")
+        checked = rules_of.judge(passed[0], t.policy)
+        (counts,) = rules_of.tallies(checked, rule_names).to_pylist()
+        for k, v in counts.items():
+            totals[k] = totals.get(k, 0) + v
+        return _conformed(rules_of.gold_rows(checked, names), arrow)
+
+    def rows():
+        for predicate in predicates:
+            yield piece(predicate)
+        if totals.get(rules_of.GOLD) != expected or totals.get(rules_of.HELD):
+            raise _NotInPieces(f"{totals.get(rules_of.GOLD)} rows for {expected} diffs")
+
+    meta = t.commit_meta("full", expected, None)
+    tag = {"userMetadata": json.dumps({TAG: meta})}
+    try:
+        delta_rs.append_pieces(t.path, arrow, rows(), t.app_id, t.silver_run, tag, "overwrite")
+    except _NotInPieces as reason:
+        log.info("%s: built alone (%s)", t.gold, reason)
+        return None
+    failpoint("gold.after_table")
+    log.info("%s: built in %d pieces", t.gold, len(predicates))
+    records = [errors_record]
+    records += [
+        QualityRecord(t.info.qualified_name, name, t.policy, 0, totals[rules_of.COUNTED], "[]")
+        for name in rule_names
+    ]
+    now = Applied(
+        silver_run=t.silver_run,
+        frontier=t.frontier,
+        silver_frontier=t.silver_frontier,
+        quarantine_version=None,
+        version=-1,
+        rows=expected,
+        key=tuple(t.info.primary_key),
+    )
+    return outcome(t, now, "full", records)
 
 
 def _state(item: _Item) -> None:
@@ -322,8 +427,15 @@ def build_batched(
     found = concurrently(lambda x: qualifies(*x), tables, workers)
     items = {i: item for i, item in enumerate(found) if item is not None}
     rest = [i for i in range(len(tables)) if i not in items]
+    done: dict[int, TableOutcome] = {}
+    for i in [i for i, item in items.items() if item.pieces is not None]:
+        built = _build_in_pieces(items.pop(i))  # one at a time: each takes the cores
+        if built is None:
+            rest.append(i)
+        else:
+            done[i] = built
     if not items:
-        return {}, rest
+        return done, sorted(rest)
 
     def state(i: int) -> bool:
         try:
@@ -341,13 +453,12 @@ def build_batched(
     rest += [i for i, ok in zip(order, read, strict=True) if not ok]
     order = [i for i, ok in zip(order, read, strict=True) if ok]
     if not order:
-        return {}, sorted(rest)
+        return done, sorted(rest)
     checked = _rules(spark, [items[i] for i in order])
 
     def finish(n: int) -> TableOutcome | None:
         return _finish(items[order[n]], *checked[n])
 
-    done: dict[int, TableOutcome] = {}
     results = concurrently(finish, list(range(len(order))), workers)
     for i, result in zip(order, results, strict=True):
         if result is None:

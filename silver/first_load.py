@@ -25,10 +25,7 @@ snapshot.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import queue
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -133,20 +130,18 @@ def first_snapshot(
     if total > most and not distinct:
         return None
     pieces = _pieces(counted, max(most // 4, 1) if distinct else max(total, 1))
-    needs_spark = False
     errors: list[ErrorRecord] = []
     adjusted: list[list[tuple]] = []
     appended = 0
 
     def piece_rows(piece: str) -> pa.Table:
-        nonlocal appended, needs_spark
+        nonlocal appended
         read = delta_rs.read_arrow(bronze, ["payload"], f"({where}) AND {piece}")
         payloads = read.column("payload").combine_chunks()
         parts = concurrently(
             lambda part: _typed(part, width, columns), _halves(payloads), engine.current().workers
         )
         if any(part is None for part in parts):
-            needs_spark = True
             raise _PerTable
         errors.extend(
             ErrorRecord(info.oid, 0, CastError.__name__, message, column, raw)
@@ -181,55 +176,18 @@ def first_snapshot(
         return None  # cannot be: a new table; the per-table path decides
     types = delta_rs.read_arrow(path, [*names, "_lsn", "_diff", "_run"], "FALSE").schema
 
-    def conformed(out: pa.Table) -> list[pa.RecordBatch]:
-        return pa.table([out.column(f.name).cast(f.type) for f in types], schema=types).to_batches()
-
-    # Delta-rs' writer pulls the rows from within its runtime, where another delta-rs read
-    # cannot run: a thread reads and casts the pieces, one ahead of the writer.
-    ahead: queue.Queue = queue.Queue(maxsize=1)
-    stop = threading.Event()
-
-    def produce() -> None:
-        try:
-            for piece in pieces[1:]:
-                rows = conformed(piece_rows(piece))
-                while not stop.is_set():
-                    try:
-                        ahead.put(rows, timeout=0.5)
-                        break
-                    except queue.Full:
-                        continue
-            ahead.put(None)
-        except BaseException as exc:  # noqa: BLE001 - handed to the writer's side
-            ahead.put(exc)
-
-    def batches():
-        yield from conformed(ready.pop())
-        while (item := ahead.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
-            yield from item
+    def rows():
+        yield ready.pop()
+        for piece in pieces[1:]:
+            yield piece_rows(piece)
 
     failpoint("silver.before_append")
-    producer = threading.Thread(target=produce, name="first-load-pieces", daemon=True)
-    producer.start()
     try:
-        delta_rs.append(
-            path,
-            pa.RecordBatchReader.from_batches(types, batches()),
-            app,
-            run,
-            also=[diffs_app(source, unsettled=True)],
+        delta_rs.append_pieces(
+            path, types, rows(), app, run, also=[diffs_app(source, unsettled=True)]
         )
-    except Exception:
-        if needs_spark:  # raised by delta-rs' writer as its own error: nothing was committed
-            return None
-        raise
-    finally:
-        stop.set()
-        while producer.is_alive():  # let it end, whatever it holds
-            with contextlib.suppress(queue.Empty):
-                ahead.get(timeout=0.1)
+    except _PerTable:
+        return None  # nothing was committed
     failpoint("silver.after_append")
     log.info(
         "silver: %s: snapshot of %d rows read in the driver%s",
