@@ -19,6 +19,7 @@ import os
 import queue
 import tempfile
 import threading
+import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -280,14 +281,17 @@ def append_pieces(
     ahead: queue.Queue = queue.Queue(maxsize=1)
     stop = threading.Event()
     failed: list[BaseException] = []
+    waited = {"writer": 0.0, "pieces": 0.0, "made": 0}  # seconds each side waited on the other
 
     def hand(item) -> None:
+        start = time.perf_counter()
         while not stop.is_set():
             try:
                 ahead.put(item, timeout=0.2)
-                return
+                break
             except queue.Full:
                 continue
+        waited["pieces"] += time.perf_counter() - start
 
     def make() -> None:
         try:
@@ -300,7 +304,13 @@ def append_pieces(
         hand(None)
 
     def batches():
-        while (piece := ahead.get()) is not None:
+        while True:
+            start = time.perf_counter()
+            piece = ahead.get()
+            waited["writer"] += time.perf_counter() - start
+            if piece is None:
+                break
+            waited["made"] += 1
             yield from piece.to_batches()
         if failed:
             raise RuntimeError("a piece failed")  # ends the write: nothing is committed
@@ -321,6 +331,13 @@ def append_pieces(
     finally:
         stop.set()
         maker.join()
+    log.debug(
+        "%s: %d pieces written; the writer waited %.1f s for them, they waited %.1f s for it",
+        path,
+        waited["made"],
+        waited["writer"],
+        waited["pieces"],
+    )
     return True
 
 

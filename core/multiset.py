@@ -142,13 +142,18 @@ def int_column(table: pa.Table, name: str) -> np.ndarray:
     return pc.fill_null(table.column(name), 0).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def consolidate(updates: pa.Table, columns: Sequence[str]) -> pa.Table:
+def consolidate(updates: pa.Table, columns: Sequence[str], *, distinct: bool = False) -> pa.Table:
     """``(columns, _lsn, _diff)`` -> one row per distinct value of ``columns``:
     ``_multiplicity`` (the sum of its diffs) and ``_lsn`` (the largest LSN among them).
 
-    Values whose diffs sum to zero are not in the multiset and are dropped.
+    Values whose diffs sum to zero are not in the multiset and are dropped. ``distinct``: no
+    two of ``updates`` have equal ``columns``, so each is its own row (nothing is grouped).
     """
     columns = list(columns)
+    if distinct:
+        mult = int_column(updates, DIFF)
+        out = updates.select(columns).append_column(MULT, pa.array(mult, pa.int64()))
+        return out.append_column(LSN, updates.column(LSN)).filter(pa.array(mult != 0))
     ids = group_ids([updates.column(n) for n in columns], updates.num_rows)
     groups, first = first_rows(ids)
     count = len(groups)

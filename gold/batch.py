@@ -218,7 +218,10 @@ def _build_in_pieces(item: _Item) -> TableOutcome | None:
 
     def piece(predicate: str) -> pa.Table:
         read = delta_rs.read_arrow(t.silver_path, [*names, LSN, DIFF], f"({where}) AND {predicate}")
-        state = rules_of.state_of(_conformed(read, diffs), names, t.info.primary_key)
+        # insertions of a keyed table: two equal rows would share a key, which the key's
+        # rule counts (primary_key_unique fails, and the table is built alone), so none is
+        # grouped with another
+        state = rules_of.state_of(_conformed(read, diffs), names, t.info.primary_key, distinct=True)
         passed = _all_pass(_Item(t, item.applied, "full", True, state=state))
         if passed is None:
             raise _NotInPieces(f"rows fail a rule in {predicate}")

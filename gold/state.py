@@ -98,10 +98,13 @@ def with_key_rows(state: pa.Table, key: Sequence[str]) -> pa.Table:
     return state.append_column(KEY_ROWS, pa.array(copies, pa.int64()))
 
 
-def state_of(diffs: pa.Table, columns: Sequence[str], key: Sequence[str]) -> pa.Table:
+def state_of(
+    diffs: pa.Table, columns: Sequence[str], key: Sequence[str], *, distinct: bool = False
+) -> pa.Table:
     """``(columns, _lsn, _diff)`` -> the consolidated state with ``_key_rows``: what the rules
-    are evaluated on (``key``: the primary key, empty for a table without one)."""
-    return with_key_rows(consolidate(diffs, columns), key)
+    are evaluated on (``key``: the primary key, empty for a table without one). ``distinct``:
+    no two of ``diffs`` are equal (see ``core.multiset.consolidate``)."""
+    return with_key_rows(consolidate(diffs, columns, distinct=distinct), key)
 
 
 def old_state(gold: pa.Table, keys: pa.Table, key: Sequence[str], columns: Sequence[str]):
