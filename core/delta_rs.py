@@ -296,9 +296,9 @@ def append_pieces(
     def make() -> None:
         try:
             for piece in pieces:
-                if stop.is_set():
-                    return
                 hand(pa.table([piece.column(f.name).cast(f.type) for f in schema], schema=schema))
+                if stop.is_set():
+                    return  # the writer stopped: no next piece is made
         except BaseException as exc:  # noqa: BLE001 - raised on the caller's side
             failed.append(exc)
         hand(None)
@@ -324,7 +324,7 @@ def append_pieces(
             mode=mode,
             commit_properties=commit_properties(app, version, metadata, also),
         )
-    except Exception:
+    except BaseException:
         if failed:
             raise failed[0] from None
         raise

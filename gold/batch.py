@@ -179,6 +179,9 @@ def _pieces_of(t: Table, most: int) -> tuple[list[str], int] | None:
         return None
     ordered = np.sort(keys.to_numpy())
     cuts = sorted({int(v) for v in ordered[most::most]})
+    sizes = np.diff([0, *np.searchsorted(ordered, cuts).tolist(), len(ordered)])
+    if sizes.max(initial=0) > 2 * most:
+        return None  # a first key column of few values (a tenant's id): no even ranges
     name = delta_rs.sql_names([t.key[0]])
     bounds = [None, *cuts, None]
     predicates = [
@@ -240,9 +243,15 @@ def _build_in_pieces(item: _Item) -> TableOutcome | None:
     meta = t.commit_meta("full", expected, None)
     tag = {"userMetadata": json.dumps({TAG: meta})}
     try:
-        delta_rs.append_pieces(t.path, arrow, rows(), t.app_id, t.silver_run, tag, "overwrite")
+        if not delta_rs.append_pieces(
+            t.path, arrow, rows(), t.app_id, t.silver_run, tag, "overwrite"
+        ):
+            return None  # made before: the per-table path decides what is left
     except _NotInPieces as reason:
         log.info("%s: built alone (%s)", t.gold, reason)
+        return None
+    except pa.ArrowException as exc:  # a value Arrow cannot take as the driver holds it
+        log.warning("%s: built alone (%s)", t.gold, exc)
         return None
     failpoint("gold.after_table")
     log.info("%s: built in %d pieces", t.gold, len(predicates))
@@ -251,16 +260,7 @@ def _build_in_pieces(item: _Item) -> TableOutcome | None:
         QualityRecord(t.info.qualified_name, name, t.policy, 0, totals[rules_of.COUNTED], "[]")
         for name in rule_names
     ]
-    now = Applied(
-        silver_run=t.silver_run,
-        frontier=t.frontier,
-        silver_frontier=t.silver_frontier,
-        quarantine_version=None,
-        version=-1,
-        rows=expected,
-        key=tuple(t.info.primary_key),
-    )
-    return outcome(t, now, "full", records)
+    return outcome(t, _applied(t, expected), "full", records)
 
 
 def _state(item: _Item) -> None:
@@ -515,7 +515,12 @@ def _finish(item: _Item, checked: pa.Table, samples: list) -> TableOutcome | Non
     ) and not merge_arrow(t, data, meta, t.silver_run):
         return None
     failpoint("gold.after_table")
-    now = Applied(
+    return outcome(t, _applied(t, rows), item.mode, records)
+
+
+def _applied(t: Table, rows: int) -> Applied:
+    """What the table's gold commit of this run applies (``rows``: gold's rows after it)."""
+    return Applied(
         silver_run=t.silver_run,
         frontier=t.frontier,
         silver_frontier=t.silver_frontier,
@@ -524,4 +529,3 @@ def _finish(item: _Item, checked: pa.Table, samples: list) -> TableOutcome | Non
         rows=rows,
         key=tuple(t.info.primary_key),
     )
-    return outcome(t, now, item.mode, records)

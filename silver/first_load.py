@@ -126,16 +126,18 @@ def first_snapshot(
     most = engine.current().driver_rows
     sql = f"SELECT part, max(ordinal) AS n FROM t WHERE {where} GROUP BY part"
     counted = delta_rs.query(bronze, sql).to_pylist()
-    total = sum(c["n"] or 0 for c in counted)
+    if any(c["n"] is None or c["part"] is None for c in counted):
+        return None  # records the pieces' ranges would not tell apart
+    total = sum(c["n"] for c in counted)
     if total > most and not distinct:
         return None
     pieces = _pieces(counted, max(most // 4, 1) if distinct else max(total, 1))
     errors: list[ErrorRecord] = []
     adjusted: list[list[tuple]] = []
-    appended = 0
+    appended = lines = 0
 
     def piece_rows(piece: str) -> pa.Table:
-        nonlocal appended
+        nonlocal appended, lines
         read = delta_rs.read_arrow(bronze, ["payload"], f"({where}) AND {piece}")
         payloads = read.column("payload").combine_chunks()
         parts = concurrently(
@@ -157,6 +159,7 @@ def first_snapshot(
             for i in range(len(columns))
         ]
         rows = sum(int((~part.failed).sum()) for part in parts)
+        lines += sum(len(part.failed) for part in parts)
         table = pa.Table.from_arrays(
             [*typed, pa.array(np.zeros(rows, np.int64)), pa.array(np.ones(rows, np.int64))],
             names=[*names, "_lsn", "_diff"],
@@ -180,6 +183,8 @@ def first_snapshot(
         yield ready.pop()
         for piece in pieces[1:]:
             yield piece_rows(piece)
+        if lines != total:  # every line of the snapshot in exactly one piece, or nothing
+            raise _PerTable
 
     failpoint("silver.before_append")
     try:
