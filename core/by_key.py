@@ -61,7 +61,7 @@ def bucket(df: DataFrame, key: Sequence[str]) -> Column:
     return F.pmod(F.xxhash64(*hashed), F.lit(BUCKETS))
 
 
-def by_key(df: DataFrame, key: Sequence[str], rule: Rule, schema: T.StructType) -> DataFrame:
+def by_key(df: DataFrame, key: Sequence[str], rule: Rule, schema: T.StructType | str) -> DataFrame:
     """``rule`` applied to the rows of each bucket of keys; its rows have ``schema``."""
     return df.groupBy(bucket(df, key).alias(BUCKET)).applyInArrow(_drop_bucket(rule), schema)
 

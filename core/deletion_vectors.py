@@ -602,6 +602,68 @@ def compact(path: str, most_rows: int = 1_000_000) -> bool:
         return False
 
 
+def add_columns(
+    path: str, columns: list[tuple[str, dict | str]], before: str | None = None
+) -> bool:
+    """Columns ``(name, Delta's JSON type)`` added, nullable, last or ``before`` the column of
+    that name (a logical order: files are read by physical names), to the column-mapped
+    table at ``path`` by a commit of its metadata alone, as Spark's ``ALTER TABLE ... ADD
+    COLUMNS`` writes it: each a new id (``delta.columnMapping.maxColumnId`` + 1) and physical
+    name, no file touched (delta-rs 1.x refuses ``ADD COLUMN`` under column mapping). A column
+    the table has already (any case) is left as it is. False, with nothing written, where this
+    cannot: a table not mapped by name, a type with fields of its own or a ``timestamp_ntz``
+    the protocol does not list, or another writer committing first: the caller goes to Spark."""
+    table = delta_rs.open_table(path)
+    config = dict(table.metadata().configuration)
+    if config.get("delta.columnMapping.mode") != "name":
+        return False
+    schema = json.loads(table.schema().to_json())
+    have = {f["name"].lower() for f in schema["fields"]}
+    features = set(table.protocol().reader_features or ())
+    most = int(config.get("delta.columnMapping.maxColumnId", "0"))
+    names = [f["name"] for f in schema["fields"]]
+    at = names.index(before) if before in names else len(names)
+    added = 0
+    for name, dtype in columns:
+        text = json.dumps(dtype)
+        if name.lower() in have:
+            continue
+        if '"struct"' in text or '"map"' in text:
+            return False
+        if "timestamp_ntz" in text and "timestampNtz" not in features:
+            return False
+        most += 1
+        added += 1
+        have.add(name.lower())
+        meta = {
+            "delta.columnMapping.id": most,
+            "delta.columnMapping.physicalName": f"col-{uuid.uuid4()}",
+        }
+        field = {"name": name, "type": dtype, "nullable": True, "metadata": meta}
+        schema["fields"].insert(at + added - 1, field)
+    if not added:
+        return True
+    config["delta.columnMapping.maxColumnId"] = str(most)
+    metadata = table.metadata()
+    action = {
+        "id": metadata.id,
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": json.dumps(schema, separators=(",", ":")),
+        "partitionColumns": list(metadata.partition_columns),
+        "configuration": config,
+        "createdTime": metadata.created_time,
+    }
+    if metadata.name:
+        action["name"] = metadata.name
+    if metadata.description:
+        action["description"] = metadata.description
+    now = int(time.time() * 1000)
+    layout = _Layout(pa.schema([]), {}, {}, config)  # the commit needs its configuration only
+    return _commit_actions(
+        path, table.version(), "ADD COLUMNS", [{"metaData": action}], now, layout, []
+    )
+
+
 def _commit(log_dir: Path, version: int, body: str) -> bool:
     """Writes commit ``version`` unless another writer made it first (a hard link is created
     only where no file is: Delta's mutual exclusion on a local file system)."""

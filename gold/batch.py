@@ -121,6 +121,26 @@ def _shape(t: T.DataType):
     return t
 
 
+def _shapes(schema: T.StructType) -> list[tuple]:
+    return [(f.name, _shape(f.dataType)) for f in schema.fields]
+
+
+def _added(path: str, have: T.StructType, want: T.StructType) -> bool:
+    """Whether gold's table at ``path`` (``have``) lacked only columns of ``want`` (the source
+    added them: NULL in every row gold holds) and now has them, added before ``_lsn`` by a
+    metadata commit (``core.deletion_vectors.add_columns``), where the per-table path would
+    rebuild the table."""
+    names = {f.name for f in have.fields}
+    new = [f for f in want.fields if f.name not in names]
+    if not new or _shapes(have) != [s for s in _shapes(want) if s[0] in names]:
+        return False
+    types = [(f.name, f.dataType.jsonValue()) for f in new]
+    if not deletion_vectors.add_columns(path, types, before=LSN):
+        return False
+    log.info("gold: %s: column(s) %s added", path, ", ".join(f.name for f in new))
+    return _shapes(delta_rs.spark_schema(path)) == _shapes(want)
+
+
 def qualifies(t: Table, exists: bool) -> _Item | None:
     """The table's batch item if its build takes this path (delta-rs reads only)."""
     if not (t.path and delta_rs.usable(t.silver_path)):
@@ -133,9 +153,7 @@ def qualifies(t: Table, exists: bool) -> _Item | None:
             return None
         have = delta_rs.spark_schema(t.path)
         want = gold_schema(t.columns)
-        if [(f.name, _shape(f.dataType)) for f in have.fields] != [
-            (f.name, _shape(f.dataType)) for f in want.fields
-        ]:
+        if _shapes(have) != _shapes(want) and not _added(t.path, have, want):
             return None  # the per-table path recreates it
         applied = applied_state(t.spark, t.gold, t.path)
     if applied is not None and (applied.quarantine_version is not None or applied.rows is None):

@@ -43,13 +43,14 @@ import logging
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pgmedallion.bronze.spark_table import bronze_dir
 from pgmedallion.capture.pgoutput import decode, format_lsn
-from pgmedallion.core import delta_rs, engine
+from pgmedallion.core import deletion_vectors, delta_rs, engine
 from pgmedallion.core.config import Config
 from pgmedallion.core.naming import quote
 from pgmedallion.core.parallel import concurrently
@@ -71,7 +72,7 @@ from pgmedallion.silver.identity import resolve_previous_images
 from pgmedallion.silver.pgtypes import pg_type_of, spark_type
 from pgmedallion.silver.plan import Plan, control_errors, last_frontier, plan_run, session_bronze
 from pgmedallion.silver.rewind import consolidated, distinct_snapshot, truncated, with_rewinds
-from pgmedallion.silver.window import Decoded, Window, single_reads, with_mtype
+from pgmedallion.silver.window import Decoded, Window, read_once, relids, with_mtype
 from pgmedallion.silver.write import (
     append_diffs,
     create_diff_table,
@@ -266,9 +267,17 @@ def _read_wal(
         return Window(None, lambda: in_spark(_bronze(spark, n, cfg.source.name)))
     rows, schema = small
     spark_rows = lambda: in_spark(delta_rs.frame(spark, rows, schema))  # noqa: E731
-    if reread_from < p.f_from or not single_reads(rows):
-        return Window(None, spark_rows)
-    return Window(rows, spark_rows)
+    chosen = read_once(rows)
+    if chosen.num_rows < rows.num_rows:
+        log.info(
+            "silver: %d wal rows of other reads of the window's transactions left out",
+            rows.num_rows - chosen.num_rows,
+        )
+    if reread_from < p.f_from:
+        earlier = pc.less(chosen.column("lsn"), p.f_from)
+        rebuilt_rows = pc.is_in(relids(chosen.column("payload")), pa.array(list(rebuilt)))
+        chosen = chosen.filter(pc.or_(pc.invert(earlier), pc.fill_null(rebuilt_rows, False)))
+    return Window(chosen, spark_rows)
 
 
 def _small_window(
@@ -584,6 +593,8 @@ def _run_batched(
         and r.tables[oid].silver_table.lower() in existing
     ]
 
+    _add_columns(r, only_changes, paths)
+
     def takes(oid: int) -> bool:
         info, changes = r.tables[oid], r.change_rows.get(oid, 0)
         if oid in r.mixed_identities:
@@ -617,6 +628,29 @@ def _run_batched(
         r.errors.extend(outcome.errors)
         adjusted += [(oid, *a) for a in outcome.adjusted]
     return [oid for oid in work if oid not in outcomes]
+
+
+def _add_columns(r: _Run, oids: list[int], paths: dict[int, str | None]) -> None:
+    """The columns the source added (NULL in the rows silver holds) added to the local silver
+    tables of ``oids`` by a metadata commit (``core.deletion_vectors.add_columns``), so their
+    changes can take the driver's path; where that cannot, the per-table path's append adds
+    them (Spark's schema evolution). Before anything of the run is appended; a redo finds
+    them added."""
+    for oid in oids:
+        path, info = paths.get(oid), r.tables[oid]
+        if not delta_rs.usable(path):
+            continue
+        have = {f.name.lower() for f in delta_rs.open_table(path).schema().fields}
+        new = [c for c in info.columns if c["name"].lower() not in have]
+        if not new:
+            continue
+        types = [(c["name"], spark_type(pg_type_of(c)).jsonValue()) for c in new]
+        if deletion_vectors.add_columns(path, types):
+            log.info(
+                "silver: %s: column(s) %s added",
+                info.qualified_name,
+                ", ".join(c["name"] for c in new),
+            )
 
 
 def _run_first_snapshots(

@@ -28,6 +28,7 @@ from pgmedallion.capture.pgoutput import (
     MSG_UPDATE,
     decode,
 )
+from pgmedallion.core.by_key import by_key
 from pgmedallion.silver.changes import LayoutIndex, change_diffs
 from pgmedallion.silver.contract import CHANGE_ARROW, CHANGE_SCHEMA, DIFF_ARROW, DIFF_SCHEMA
 from pgmedallion.silver.copy_arrow import copy_values
@@ -39,20 +40,32 @@ def message_type(message: bytes) -> str:
     return message.hex().upper()
 
 
+READ = pa.schema([pa.field("lsn", pa.int64()), pa.field("run_id", pa.string())])
+
+
+def chosen_reads(commits: pa.Table) -> pa.Table:
+    """The read-once rule: of a window's Commit messages (``lsn, run_id``), the capture read
+    (``run_id``) whose messages of each commit LSN silver takes: the least of the reads that
+    reached that Commit. Any complete read holds the same messages; the least makes the choice
+    the same in every run. A transaction no read took to its Commit is not chosen. Correct on
+    any set of rows holding all the Commit rows of each LSN it sees (``core.by_key``)."""
+    picked = commits.group_by("lsn").aggregate([("run_id", "min")])
+    return pa.table(
+        [picked.column("lsn").cast(pa.int64()), picked.column("run_id_min")], schema=READ
+    )
+
+
 def wal_window(bronze: DataFrame, f_from: int, f_to: int, b_to: int) -> DataFrame:
-    """The window's wal rows, one capture read per commit LSN (one that reached its Commit),
-    with ``mtype`` (the message type, see :func:`message_type`) and ``relid``."""
+    """The window's wal rows of the reads :func:`chosen_reads` picks, with ``mtype`` (the
+    message type, see :func:`message_type`) and ``relid``."""
     wal = bronze.where(
         (F.col("kind") == "wal")
         & (F.col("lsn") >= f_from)
         & (F.col("lsn") < f_to)
         & (F.col("batch_id") <= b_to)
     ).withColumn("mtype", F.hex(F.substring("payload", 1, 1)))
-    chosen = (
-        wal.where(F.col("mtype") == message_type(MSG_COMMIT))
-        .groupBy("lsn")
-        .agg(F.min("run_id").alias("run_id"))
-    )
+    commits = wal.where(F.col("mtype") == message_type(MSG_COMMIT)).select("lsn", "run_id")
+    chosen = by_key(commits, ["lsn"], chosen_reads, "lsn long, run_id string")
     return wal.join(chosen, ["lsn", "run_id"]).withColumn(
         "relid", F.conv(F.hex(F.substring("payload", 2, 4)), 16, 10).cast("bigint")
     )

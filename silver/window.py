@@ -9,9 +9,9 @@ DataFrame as before. Either way the rest of the run asks the same questions of i
 a table's run needs Spark (``df``).
 
 Which capture read of a transaction a window holds is :func:`pgmedallion.silver.decode.wal_window`'s
-rule (one read per commit LSN, one that reached its Commit). The driver takes a window only when
-each commit LSN in it was read once and to its Commit, where that rule keeps every row; any
-other window (a read after a crash) goes through the rule in Spark.
+rule (one read per commit LSN, one that reached its Commit, :func:`pgmedallion.silver.decode.
+chosen_reads`): the driver applies it to its rows (:func:`read_once`), Spark's workers to
+bronze's.
 """
 
 from __future__ import annotations
@@ -29,21 +29,36 @@ from pgmedallion.capture.pgoutput import MSG_COMMIT
 from pgmedallion.core import delta_rs
 from pgmedallion.silver.changes import RETRACT, LayoutIndex
 from pgmedallion.silver.contract import CHANGE_ARROW, CHANGE_SCHEMA
-from pgmedallion.silver.decode import CHANGE_TYPES, decode_changes, decoded_changes, message_type
+from pgmedallion.silver.decode import (
+    CHANGE_TYPES,
+    chosen_reads,
+    decode_changes,
+    decoded_changes,
+    message_type,
+)
 
 _COMMIT = message_type(MSG_COMMIT)
 
 
-def single_reads(rows: pa.Table) -> bool:
-    """Whether every commit LSN among ``rows`` (``lsn, run_id, mtype``) was read by one capture
-    run, which reached the Commit: then ``wal_window`` keeps every row."""
+def read_once(rows: pa.Table) -> pa.Table:
+    """The rows (``lsn, run_id, mtype``, ...) of the reads :func:`pgmedallion.silver.decode.
+    chosen_reads` picks, in their order: what ``wal_window`` keeps of the same rows."""
     if rows.num_rows == 0:
-        return True
-    reads = rows.group_by("lsn").aggregate([("run_id", "count_distinct")])
-    if pc.max(reads.column("run_id_count_distinct")).as_py() != 1:
-        return False
-    commits = rows.filter(pc.equal(rows.column("mtype"), _COMMIT)).column("lsn")
-    return pc.all(pc.is_in(reads.column("lsn"), commits)).as_py() is not False
+        return rows
+    commits = rows.filter(pc.equal(rows.column("mtype"), _COMMIT)).select(["lsn", "run_id"])
+    chosen = chosen_reads(commits)
+    at = pc.index_in(rows.column("lsn"), value_set=chosen.column("lsn"))
+    keep = pc.equal(rows.column("run_id"), pc.take(chosen.column("run_id"), at))
+    return rows.filter(pc.fill_null(keep, False))
+
+
+def relids(payloads: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Each message's bytes 2-5 as a number: the relation's OID in the messages that carry one
+    (what ``wal_window``'s ``relid`` holds), NULL in a shorter message."""
+    out = []
+    for p in payloads.to_pylist():
+        out.append(int.from_bytes(p[1:5], "big") if p is not None and len(p) >= 5 else None)
+    return pa.array(out, pa.int64())
 
 
 def with_mtype(rows: pa.Table) -> pa.Table:
