@@ -198,6 +198,15 @@ def test_capture_goes_on_on_a_promoted_standby_and_gold_stays_exact(pair, tmp_pa
     doctor = _ok(_run(config, env, "doctor"))
     assert f"synchronized_standby_slots = {STANDBY_SLOT}" in doctor.stdout, doctor.stdout
     assert "sync_replication_slots = on" in doctor.stdout
+    # the standby-side advice is executable there as printed (ALTER SYSTEM works on a standby)
+    advice = [line.strip() for line in doctor.stdout.splitlines()]
+    with psycopg.connect(**standby.conninfo(), autocommit=True) as conn:
+        for statement in (
+            "ALTER SYSTEM SET sync_replication_slots = on;",
+            "SELECT pg_reload_conf();",
+        ):
+            assert statement in advice, doctor.stdout
+            conn.execute(statement)
 
     first = _ok(_run(config, env, "run"))
     assert "gold: public.items: 300 rows" in first.stdout, first.stdout
