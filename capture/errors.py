@@ -61,7 +61,19 @@ class SlotPluginMismatch(DefiniteError):
 
 
 class TimelineChanged(DefiniteError):
-    """The server is not the one (system id, timeline) whose LSNs we recorded."""
+    """The server is not the one (system id, timeline) whose LSNs we recorded, nor a later
+    timeline of it that branched off after everything bronze holds."""
+
+
+class SlotNotSynchronized(DefiniteError):
+    """After a failover: the new primary (a later timeline of the recorded system) has no copy
+    of the slot, so its changes since bronze's frontier cannot be read there. Nothing is
+    recorded: pointing ``[source]`` back at the old primary, if it still runs, is still a way
+    back."""
+
+
+class FailoverUnsupported(DefiniteError):
+    """``[source] failover_slot = "on"`` on a server without failover slots (before 17)."""
 
 
 class PolicyNotApplicable(DefiniteError):

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psycopg
 
@@ -48,6 +48,7 @@ from pgmedallion.capture.slot import (
     current_wal_lsn,
     identify_system,
     release_slot,
+    timeline_history,
 )
 from pgmedallion.capture.snapshot import (
     PublishedTable,
@@ -93,7 +94,10 @@ def land_stream(
             system = identify_system(repl)
             if state is None:
                 state = bronze.state()
-            _check_recorded_system(state, system)
+            if _check_recorded_system(repl, state, system):
+                # a new timeline: its first batch records it, even with nothing of ours new
+                limits = replace(options.limits, idle_commit_bytes=0)
+                options = replace(options, limits=limits)
             slot = release_slot(repl, target.slot)
             frontier = state.frontier
             resume = frontier if frontier is not None else slot.confirmed_flush_lsn or 0
@@ -343,11 +347,25 @@ class _BatchWriter:
             log.warning("could not commit the last %d records: %s", len(self.buffer), exc)
 
 
-def _check_recorded_system(state: BronzeState, system: SystemIdentity) -> None:
+def _check_recorded_system(
+    repl: psycopg.Connection, state: BronzeState, system: SystemIdentity
+) -> bool:
+    """Whether the server continues what bronze recorded on a new timeline (a promoted
+    standby); :class:`TimelineChanged` if it does not continue it at all."""
     recorded = state.system_identity
     if recorded is None:
-        return
-    check_system(
-        system,
-        SystemIdentity(str(recorded["system_id"]), int(recorded["timeline"]), 0, system.database),
-    )
+        return False
+    then = SystemIdentity(str(recorded["system_id"]), int(recorded["timeline"]), 0, system.database)
+    later = system.system_id == then.system_id and system.timeline > then.timeline
+    history = timeline_history(repl, system.timeline) if later else []
+    moved = check_system(system, then, state.frontier, history)
+    if moved:
+        log.warning(
+            "server %s is on timeline %d (bronze read timeline %d up to %s, before the switch"
+            " point): a promoted standby; capture continues there",
+            system.system_id,
+            system.timeline,
+            then.timeline,
+            format_lsn(state.frontier or 0),
+        )
+    return moved

@@ -70,6 +70,9 @@ class CaptureTarget:
     """How long a snapshot waits for open transactions before leaving its tables to the next
     run (None: as long as they take)."""
 
+    failover_slot: str = "auto"
+    """``[source] failover_slot``: ``auto`` | ``on`` | ``off`` (``capture.slot.wants_failover``)."""
+
     def on_schema_change(self, table: str) -> str:
         return self.schema_changes.get(table, FOLLOW)
 
@@ -95,6 +98,7 @@ def capture_target(cfg: Config) -> CaptureTarget:
         engine=cfg.lakehouse.engine,
         schema_changes=schema_changes,
         snapshot_wait_s=cfg.source.snapshot_wait_seconds or None,
+        failover_slot=cfg.source.failover_slot,
     )
 
 

@@ -10,6 +10,7 @@ it, composed with :mod:`psycopg.sql` so hostile names are quoted correctly::
                                role: REPLICATION, SELECT (+ schema USAGE), replication session
                                tables exist ─ publication covers them (created if allowed)
                                replica identity ─ row-level security ─ the main slot
+                               failover: a standby that keeps a copy of the slot (17+)
                           ──> [CheckResult] ──> format_report / all_ok
 
 Every check is a small function of a connection (or of plain values, where the server's
@@ -22,14 +23,21 @@ rest are catalog facts and server error texts, which never contain credentials.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from pgmedallion.capture.connection import connect, connect_replication
-from pgmedallion.capture.errors import PipelineError, SlotMissing, server_errors
+from pgmedallion.capture.errors import (
+    FailoverUnsupported,
+    PipelineError,
+    SlotMissing,
+    server_errors,
+)
 from pgmedallion.capture.preflight import (
     CheckResult,
     Role,
@@ -51,7 +59,7 @@ from pgmedallion.capture.replica_identity import (
     check_row_security,
     identity_advice_for,
 )
-from pgmedallion.capture.slot import PLUGIN, identify_system, slot_state
+from pgmedallion.capture.slot import PLUGIN, identify_system, slot_state, wants_failover
 from pgmedallion.capture.snapshot import TID_RANGE_SCAN_MIN_VERSION
 
 RESTART_NOTE = "-- then restart PostgreSQL: this setting only changes at server start"
@@ -67,12 +75,14 @@ def run_checks(
     slot: str,
     tables: Sequence[str],
     create_publication: bool,
+    failover_slot: str = "auto",
 ) -> list[CheckResult]:
     """Every preflight check against the server ``conninfo`` names, in report order.
 
     ``tables`` are ``schema.table`` names (split at the first dot); empty means every table the
     publication publishes. With ``create_publication`` a missing publication is created, or an
     existing one extended, when the role may do so; otherwise the SQL is reported.
+    ``failover_slot``: ``[source] failover_slot`` (``auto`` | ``on`` | ``off``).
     """
     try:
         conn = connect(conninfo)
@@ -134,7 +144,8 @@ def run_checks(
             publication,
         )
         results += guarded("row-level security", check_row_security, conn, role, found)
-        results += guarded("slot", check_slot, conn, slot)
+        results += guarded("slot", check_slot, conn, slot, failover_slot)
+        results += guarded("failover", check_failover, conn, failover_slot)
     return results
 
 
@@ -248,8 +259,10 @@ def check_replication_session(conninfo: Mapping[str, Any]) -> CheckResult:
     )
 
 
-def check_slot(conn: psycopg.Connection, slot: str) -> CheckResult:
-    """Ours (``pgoutput`` in this database), or absent; anything else is someone else's."""
+def check_slot(conn: psycopg.Connection, slot: str, failover_slot: str = "off") -> CheckResult:
+    """Ours (``pgoutput`` in this database), or absent; anything else is someone else's. Ours
+    but not a failover slot where ``failover_slot`` wants one: a warning with the command that
+    makes it one (it is never dropped)."""
     try:
         state = slot_state(conn, slot)
     except SlotMissing:
@@ -263,7 +276,163 @@ def check_slot(conn: psycopg.Connection, slot: str) -> CheckResult:
             f"replication slot {slot!r} exists with plugin {state.plugin!r} in database "
             f"{state.database!r}, not {PLUGIN!r} in {database!r}: configure another slot name",
         )
-    return CheckResult("slot", True, f"replication slot {slot!r} exists with {PLUGIN}")
+    try:
+        failover = wants_failover(failover_slot, conn.info.server_version)
+    except FailoverUnsupported:
+        failover = False  # the failover check reports it
+    if failover and state.failover is False:
+        return CheckResult(
+            "slot",
+            True,
+            f"replication slot {slot!r} exists with {PLUGIN}, but is not a failover slot: no"
+            " standby keeps a copy of it, so capture cannot go on after a failover",
+            alter_slot_advice(conn, slot, database),
+            warning=True,
+        )
+    kind = " (a failover slot)" if state.failover else ""
+    return CheckResult("slot", True, f"replication slot {slot!r} exists with {PLUGIN}{kind}")
+
+
+def alter_slot_advice(conn: psycopg.Connection, slot: str, database: str) -> str:
+    """How to make an existing slot a failover slot. PostgreSQL has no SQL function for it (17,
+    18): ``ALTER_REPLICATION_SLOT`` is a replication command, sent on a replication connection,
+    and it fails while a session streams from the slot."""
+    command = sql.SQL("ALTER_REPLICATION_SLOT {} (FAILOVER true)").format(sql.Identifier(slot))
+    target = make_conninfo(dbname=database, replication="database")
+    return (
+        "-- a replication command, not SQL: run it while capture is not running, e.g. with psql\n"
+        "-- (with your usual host, user and password)\n"
+        f"psql {shlex.quote(target)} -c {shlex.quote(command.as_string(conn))}"
+    )
+
+
+def check_failover(conn: psycopg.Connection, failover_slot: str) -> CheckResult:
+    """What a standby needs for the slot to survive a failover, as far as the primary shows it:
+    a physical slot of a standby, named in ``synchronized_standby_slots``."""
+    version = conn.info.server_version
+    try:
+        wanted = wants_failover(failover_slot, version)
+    except FailoverUnsupported as exc:
+        return CheckResult("failover", False, str(exc))
+    if not wanted:
+        why = (
+            "[source] failover_slot = off"
+            if failover_slot == "off"
+            else f"PostgreSQL {version // 10000} has no failover slots (17+)"
+        )
+        return CheckResult(
+            "failover", True, f"{why}: the slot lives on this server only (information)"
+        )
+    with server_errors():
+        recovery, named, database = conn.execute(
+            "SELECT pg_is_in_recovery(), current_setting('synchronized_standby_slots'),"
+            " current_database()"
+        ).fetchone()
+        physical = dict(
+            conn.execute(
+                "SELECT slot_name, active FROM pg_replication_slots WHERE slot_type = 'physical'"
+                " ORDER BY slot_name"
+            ).fetchall()
+        )
+    if recovery:
+        return CheckResult(
+            "failover",
+            True,
+            "this server is a standby: failover slots are set up on its primary (information)",
+        )
+    names = [n.strip() for n in named.split(",") if n.strip()]
+    return failover_result(names, physical, database, conn)
+
+
+def failover_result(
+    named: list[str],
+    physical: Mapping[str, bool],
+    database: str,
+    context: psycopg.Connection | None = None,
+) -> CheckResult:
+    """The verdict on a primary: ``named`` is ``synchronized_standby_slots``, ``physical`` its
+    physical slots (name -> in use by a standby now)."""
+    unknown = [n for n in named if n not in physical]
+    if unknown:
+        fix = _standby_slots_sql([n for n in named if n in physical], context)
+        return CheckResult(
+            "failover",
+            False,
+            f"synchronized_standby_slots names {', '.join(unknown)}, not a physical slot on this"
+            " server: logical replication (capture) waits for it and never goes on",
+            fix,
+        )
+    if not physical:
+        return CheckResult(
+            "failover",
+            True,
+            "no standby with a physical slot: the slot lives on this server only, a failover"
+            " loses it (information; to keep a copy on a standby:)",
+            _standby_advice(None, database, context),
+        )
+    if not named:
+        return CheckResult(
+            "failover",
+            True,
+            f"physical slot(s) {', '.join(physical)} but synchronized_standby_slots is empty:"
+            " capture may read changes a standby has not received, and after a failover bronze"
+            " is then ahead of the new primary",
+            _standby_slots_sql(list(physical), context)
+            + "\n"
+            + _standby_advice(next(iter(physical)), database, context),
+            warning=True,
+        )
+    idle = [n for n in named if not physical[n]]
+    if idle:
+        return CheckResult(
+            "failover",
+            True,
+            f"synchronized_standby_slots = {', '.join(named)}, but no standby streams from"
+            f" {', '.join(idle)} now: capture waits until it does",
+            _standby_advice(idle[0], database, context),
+            warning=True,
+        )
+    return CheckResult(
+        "failover",
+        True,
+        f"synchronized_standby_slots = {', '.join(named)}: capture reads only what those"
+        " standbys have; each needs the settings below to keep a copy of the slot",
+        _standby_advice(named[0], database, context),
+    )
+
+
+def _standby_slots_sql(names: list[str], context: psycopg.Connection | None) -> str:
+    if names:
+        statement = sql.SQL("ALTER SYSTEM SET synchronized_standby_slots = {};").format(
+            sql.Literal(", ".join(names))
+        )
+    else:
+        statement = sql.SQL("ALTER SYSTEM RESET synchronized_standby_slots;")
+    return f"{statement.as_string(context)}\nSELECT pg_reload_conf();"
+
+
+def _standby_advice(slot: str | None, database: str, context: psycopg.Connection | None) -> str:
+    """The settings on both sides, ``slot`` being the standby's physical slot (None: none yet)."""
+    name = slot or "standby1"
+    lines = []
+    if slot is None:
+        lines += [
+            "-- on this server (the primary):",
+            sql.SQL("SELECT pg_create_physical_replication_slot({});")
+            .format(sql.Literal(name))
+            .as_string(context),
+            _standby_slots_sql([name], context),
+        ]
+    setting = sql.SQL("ALTER SYSTEM SET primary_slot_name = {};").format(sql.Literal(name))
+    lines += [
+        "-- on the standby (all reload without a restart):",
+        "ALTER SYSTEM SET sync_replication_slots = on;",
+        "ALTER SYSTEM SET hot_standby_feedback = on;",
+        setting.as_string(context),
+        f"-- and primary_conninfo must name the database: add dbname={database} to it",
+        "SELECT pg_reload_conf();",
+    ]
+    return "\n".join(lines)
 
 
 def _capacity_result(

@@ -138,7 +138,10 @@ from pgmedallion.capture.schema_changes import (
 from pgmedallion.capture.slot import (
     current_wal_lsn,
     ensure_slot,
+    identify_system,
+    missing_slot,
     slot_state,
+    wants_failover,
 )
 from pgmedallion.capture.snapshot import (
     PublishedTable,
@@ -559,7 +562,7 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
     options, totals, stop = run.options, run.totals, run.stop
     state: BronzeState | None = bronze.refresh().state()
     captured = {oid: (schema, name) for oid, (_, schema, name) in state.snapshots.items()}
-    _provide_slot(target, state.frontier, bool(captured))
+    _provide_slot(target, state.frontier, bool(captured), state.system_identity)
     survey = _survey(target, captured, run.expected)
     resync = state.resync
     renamed_back, positional = _renamed_back(bronze, target, survey, captured, run)
@@ -786,21 +789,29 @@ def _unrecorded(catalog: Catalog, then: Catalog | None, record: Mapping) -> bool
     return bool(changes(then, catalog, Catalog.from_record(record.get("catalog"))).followed)
 
 
-def _provide_slot(target: CaptureTarget, frontier: int | None, snapshotted: bool) -> None:
-    """The main slot, created if bronze holds nothing yet; bronze relies on it otherwise."""
+def _provide_slot(
+    target: CaptureTarget, frontier: int | None, snapshotted: bool, recorded: Mapping | None
+) -> None:
+    """The main slot, created if bronze holds nothing yet (a failover slot where
+    ``[source] failover_slot`` wants one); bronze relies on it otherwise."""
     repl = connect_replication(target.conninfo)
     try:
+        failover = wants_failover(target.failover_slot, repl.info.server_version)
         if frontier is not None or snapshotted:
             # A new slot would start after changes bronze never read.
             try:
                 slot_state(repl, target.slot)
             except SlotMissing as exc:
                 held = "snapshots" if frontier is None else f"changes up to {format_lsn(frontier)}"
-                raise SlotMissing(
-                    f"{exc}, but bronze holds {held} read through it: changes since are lost; "
-                    "start this source over (a new source name or bronze table)"
-                ) from None
-        ensure_slot(repl, target.slot)
+                raise missing_slot(exc, held, identify_system(repl), recorded) from None
+        state = ensure_slot(repl, target.slot, failover)
+        if failover and state.failover is False:
+            log.warning(
+                "replication slot %s is not a failover slot: a standby does not keep it, so"
+                " capture cannot go on after a failover (`pgmedallion doctor` says how to make"
+                " it one)",
+                target.slot,
+            )
     finally:
         repl.close()
 

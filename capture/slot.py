@@ -10,7 +10,13 @@ bronze has durably committed. So the checks here guard that promise before every
 - our resume point is not older than ``confirmed_flush_lsn``: the server would silently start
   later, and the changes in between would be lost (:class:`SlotCompacted`);
 - no stale session of ours still streams from it (it is terminated, see :func:`release_slot`);
-- the server is the one whose LSNs we recorded: same system id and timeline.
+- the server is the one whose LSNs we recorded: same system id, and the same timeline or a
+  later one that branched off the recorded timeline at or after everything bronze holds (a
+  standby promoted after a failover, :func:`check_system`).
+
+On PostgreSQL 17 and later the slot is created as a *failover* slot (``[source] failover_slot``,
+:func:`wants_failover`): a standby with ``sync_replication_slots = on`` keeps a copy of it, so
+capture resumes on the standby once it is promoted.
 
 ::
 
@@ -23,16 +29,20 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
 
 from pgmedallion.capture.errors import (
+    DefiniteError,
+    FailoverUnsupported,
     SlotCompacted,
     SlotInUse,
     SlotInvalidated,
     SlotMissing,
+    SlotNotSynchronized,
     SlotPluginMismatch,
     TimelineChanged,
     server_errors,
@@ -42,6 +52,10 @@ from pgmedallion.capture.pgoutput import format_lsn, parse_lsn
 PLUGIN = "pgoutput"
 
 RELEASE_POLL_INTERVAL_S = 0.05
+
+FAILOVER_MIN_VERSION = 170000
+"""Failover slots (``CREATE_REPLICATION_SLOT ... (FAILOVER true)``, ``sync_replication_slots``)
+arrived in PostgreSQL 17."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +69,8 @@ class SlotState:
     active_pid: int | None
     invalidation_reason: str | None
     """Why the server invalidated the slot, or ``None`` while it is usable."""
+    failover: bool | None = None
+    """The slot is synchronized to standbys (PostgreSQL 17+; ``None`` before)."""
 
 
 @dataclass(frozen=True)
@@ -65,15 +81,40 @@ class SystemIdentity:
     database: str
 
 
-def ensure_slot(repl_conn: psycopg.Connection, slot: str) -> SlotState:
-    """The state of ``slot``, created first (``pgoutput``, no exported snapshot) if missing."""
+@dataclass(frozen=True)
+class TimelineSwitch:
+    """One line of a timeline history file: ``timeline`` ended at ``end`` (the switch point),
+    where the next timeline branched off."""
+
+    timeline: int
+    end: int
+
+
+def wants_failover(setting: str, server_version: int) -> bool:
+    """Whether the main slot is created as a failover slot: ``auto`` where the server has them
+    (PostgreSQL 17+), ``on`` always (a server without them is a configuration error), ``off``
+    never."""
+    supported = server_version >= FAILOVER_MIN_VERSION
+    if setting == "on" and not supported:
+        raise FailoverUnsupported(
+            f'[source] failover_slot = "on", but the server is PostgreSQL '
+            f"{server_version // 10000}: failover slots need PostgreSQL 17 or later; set "
+            'failover_slot = "auto" or "off"'
+        )
+    return setting != "off" and supported
+
+
+def ensure_slot(repl_conn: psycopg.Connection, slot: str, failover: bool = False) -> SlotState:
+    """The state of ``slot``, created first (``pgoutput``, no exported snapshot, and with
+    ``failover`` a failover slot) if missing."""
     try:
         state = slot_state(repl_conn, slot)
     except SlotMissing:
+        options = "(SNAPSHOT 'nothing', FAILOVER true)" if failover else "NOEXPORT_SNAPSHOT"
         with server_errors():
             try:
                 repl_conn.execute(
-                    sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} NOEXPORT_SNAPSHOT").format(
+                    sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} " + options).format(
                         sql.Identifier(slot), sql.Identifier(PLUGIN)
                     )
                 )
@@ -113,6 +154,7 @@ def slot_state(conn: psycopg.Connection, slot: str) -> SlotState:
         wal_status=fields.get("wal_status"),
         active_pid=fields.get("active_pid"),
         invalidation_reason=reason,
+        failover=fields.get("failover"),
     )
     if state.invalidation_reason is not None:
         raise SlotInvalidated(
@@ -174,13 +216,104 @@ def identify_system(repl_conn: psycopg.Connection) -> SystemIdentity:
     return SystemIdentity(system_id, int(timeline), parse_lsn(wal_position), database)
 
 
-def check_system(found: SystemIdentity, recorded: SystemIdentity) -> None:
-    """Raise :class:`TimelineChanged` unless LSNs of ``recorded`` still mean the same WAL."""
-    if (found.system_id, found.timeline) != (recorded.system_id, recorded.timeline):
-        raise TimelineChanged(
-            f"server is system {found.system_id} on timeline {found.timeline}; recorded "
-            f"positions belong to system {recorded.system_id} timeline {recorded.timeline}"
+def timeline_history(repl_conn: psycopg.Connection, timeline: int) -> list[TimelineSwitch]:
+    """``TIMELINE_HISTORY``: the timelines ``timeline`` descends from, each with its switch
+    point (empty for timeline 1, which has no history file)."""
+    if timeline <= 1:
+        return []
+    with server_errors():
+        row = repl_conn.execute(
+            sql.SQL("TIMELINE_HISTORY {}").format(sql.SQL(str(int(timeline))))
+        ).fetchone()
+    content = row[1]
+    text = bytes(content).decode() if isinstance(content, bytes | memoryview) else content
+    return parse_timeline_history(text)
+
+
+def parse_timeline_history(text: str) -> list[TimelineSwitch]:
+    """The lines of a history file: ``<parent timeline>\\t<switch LSN>\\t<reason>``; blank
+    lines and ``#`` comments are skipped."""
+    switches = []
+    for line in text.splitlines():
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        switches.append(TimelineSwitch(int(fields[0]), parse_lsn(fields[1])))
+    return switches
+
+
+START_OVER = "start this source over (a new source name or bronze table)"
+
+
+def missing_slot(
+    exc: SlotMissing, held: str, found: SystemIdentity, recorded: Mapping | None
+) -> DefiniteError:
+    """The error for a slot gone while bronze holds ``held`` read through it.
+
+    On a later timeline of the recorded system (a standby promoted after a failover) the
+    standby never had a copy of the slot (not a failover slot, or ``sync_replication_slots``
+    off there): :class:`SlotNotSynchronized`, which leaves bronze as it is, since the old
+    primary may still run with the slot. Otherwise the slot was dropped: :class:`SlotMissing`.
+    """
+    if (
+        recorded is not None
+        and str(recorded["system_id"]) == found.system_id
+        and int(recorded["timeline"]) < found.timeline
+    ):
+        return SlotNotSynchronized(
+            f"{exc} on this server, a standby promoted to timeline {found.timeline} (bronze"
+            f" read timeline {recorded['timeline']}, {held}): the standby had no copy of the"
+            " slot (a failover slot, and sync_replication_slots = on on the standby; see"
+            " `pgmedallion doctor`), so the changes since are not readable here. Nothing was"
+            " written. If the old primary still runs with the slot, point [source] back at it;"
+            f" otherwise {START_OVER}"
         )
+    return SlotMissing(
+        f"{exc}, but bronze holds {held} read through it: changes since are lost; {START_OVER}"
+    )
+
+
+def check_system(
+    found: SystemIdentity,
+    recorded: SystemIdentity,
+    resume: int | None = None,
+    history: list[TimelineSwitch] | tuple[TimelineSwitch, ...] = (),
+) -> bool:
+    """Whether the server's LSNs still mean what bronze recorded; True when they do on a new
+    timeline (then record it), :class:`TimelineChanged` when they do not.
+
+    The same system on the same timeline is the same WAL. A later timeline of the same system
+    (a standby promoted after a failover) shares the recorded timeline's WAL up to where it
+    branched off, the recorded timeline's switch point in ``history`` (the found timeline's
+    ``TIMELINE_HISTORY``): bronze, which holds everything before ``resume``, is still exact
+    there when ``resume`` is at or before that point. Anything else (another system, an older
+    timeline, a timeline that did not branch off ours, or bronze past the switch point: changes
+    the new timeline never had) is refused.
+    """
+    if found.system_id == recorded.system_id and found.timeline == recorded.timeline:
+        return False
+    where = (
+        f"bronze holds positions of system {recorded.system_id} timeline {recorded.timeline}"
+        f" but the server is system {found.system_id} on timeline {found.timeline}"
+    )
+    if found.system_id != recorded.system_id:
+        raise TimelineChanged(
+            f"{where}, another server: point [source] back at the server bronze was read from,"
+            f" or {START_OVER}"
+        )
+    switch = next((s.end for s in history if s.timeline == recorded.timeline), None)
+    if found.timeline < recorded.timeline or switch is None:
+        raise TimelineChanged(
+            f"{where}, which does not descend from the recorded one: point [source] at the"
+            f" primary that continues timeline {recorded.timeline}, or {START_OVER}"
+        )
+    if resume is not None and resume > switch:
+        raise TimelineChanged(
+            f"{where}, which branched off at {format_lsn(switch)}, before bronze's position"
+            f" {format_lsn(resume)}: changes between the two were read from the old primary and"
+            f" are not in the new one's history; {START_OVER}"
+        )
+    return True
 
 
 def _scalar(conn: psycopg.Connection, query: sql.Composable):

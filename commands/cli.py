@@ -87,6 +87,7 @@ def _checks(config: Config):
             slot=config.source.slot,
             tables=list(config.source.tables),
             create_publication=config.source.create_publication,
+            failover_slot=config.source.failover_slot,
         ),
         check_column_policies(config),
     ]

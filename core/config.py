@@ -17,6 +17,9 @@
     slot = "pgmedallion_shop"
     tables = ["public.customers", "public.orders"]   # empty: every table in the publication
     create_publication = true      # create/extend the publication when the role may
+    failover_slot = "auto"         # auto | on | off: create the slot as a failover slot, which
+                                   # a standby keeps a copy of (PostgreSQL 17+; auto: where the
+                                   # server has them; on: a server before 17 is an error)
 
     [lakehouse]
     state_dir = ".pgmedallion"     # local runs: warehouse, metastore, checkpoints, PostgreSQL
@@ -93,6 +96,7 @@ TRUNCATE = ("error", "delete")
 ON_SCHEMA_CHANGE = ("follow", "resync", "error")
 INFINITY = ("clamp", "null", "error")
 PII = ("exclude", "hash")
+FAILOVER_SLOT = ("auto", "on", "off")
 HASH_KEY_MIN_BYTES = 16
 TYPE_OVERRIDES = ("string", "double", "float", "bigint", "long", "int", "integer", "smallint")
 _DECIMAL = re.compile(r"decimal\((\d{1,2})\s*,\s*(\d{1,2})\)")
@@ -160,6 +164,9 @@ class SourceConfig:
     snapshot_wait_seconds: float = 300.0
     """How long a snapshot (a new table, a resync) waits for transactions open on the server
     to end before it leaves its tables to the next run (0: wait as long as they take)."""
+    failover_slot: str = "auto"
+    """``auto`` | ``on`` | ``off`` (``true``/``false`` too): the main slot is created as a
+    failover slot (``pgmedallion.capture.slot.wants_failover``)."""
     hash_key_env: str = "PGMEDALLION_HASH_KEY"
     hash_key_secret_scope: str = ""
     hash_key_secret_key: str = ""
@@ -386,7 +393,11 @@ def load_config(path: Path | str | None = None, env: Mapping[str, str] | None = 
     unknown = set(raw) - {"source", "lakehouse", "tables"}
     if unknown:
         raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")
-    source = _section(SourceConfig, "source", raw.get("source", {}), env)
+    raw_source = dict(raw.get("source", {}))
+    if isinstance(raw_source.get("failover_slot"), bool):  # failover_slot = true / false
+        raw_source["failover_slot"] = "on" if raw_source["failover_slot"] else "off"
+    source = _section(SourceConfig, "source", raw_source, env)
+    source = replace(source, failover_slot=_failover_slot(source.failover_slot))
     lakehouse = _section(LakehouseConfig, "lakehouse", raw.get("lakehouse", {}), env)
     if lakehouse.engine not in ENGINES:
         raise ConfigError(
@@ -421,6 +432,17 @@ def load_config(path: Path | str | None = None, env: Mapping[str, str] | None = 
             raise ConfigError(f"[tables.{table!r}] infinity must be one of {INFINITY}")
         tables[table] = replace(p, columns=_column_policies(table, p.columns))
     return Config(source=source, lakehouse=lakehouse, tables=tables)
+
+
+def _failover_slot(value: str) -> str:
+    """``[source] failover_slot`` as ``auto``, ``on`` or ``off``."""
+    word = value.strip().lower()
+    word = {"true": "on", "yes": "on", "1": "on", "false": "off", "no": "off", "0": "off"}.get(
+        word, word
+    )
+    if word not in FAILOVER_SLOT:
+        raise ConfigError(f"[source] failover_slot must be auto, on or off, got {value!r}")
+    return word
 
 
 def _column_policies(table: str, raw: Any) -> dict[str, ColumnPolicy]:
