@@ -37,6 +37,7 @@ import struct
 import time
 import uuid
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -602,54 +603,229 @@ def compact(path: str, most_rows: int = 1_000_000) -> bool:
         return False
 
 
-def add_columns(
-    path: str, columns: list[tuple[str, dict | str]], before: str | None = None
-) -> bool:
-    """Columns ``(name, Delta's JSON type)`` added, nullable, last or ``before`` the column of
-    that name (a logical order: files are read by physical names), to the column-mapped
-    table at ``path`` by a commit of its metadata alone, as Spark's ``ALTER TABLE ... ADD
-    COLUMNS`` writes it: each a new id (``delta.columnMapping.maxColumnId`` + 1) and physical
-    name, no file touched (delta-rs 1.x refuses ``ADD COLUMN`` under column mapping). A column
-    the table has already (any case) is left as it is. False, with nothing written, where this
-    cannot: a table not mapped by name, a type with fields of its own or a ``timestamp_ntz``
-    the protocol does not list, or another writer committing first: the caller goes to Spark."""
+@dataclass
+class Altered:
+    """What :func:`alter_columns` changed: columns added, renamed (their old names), dropped."""
+
+    added: list[str]
+    renamed: list[str]
+    dropped: list[str]
+
+
+def alter_columns(
+    path: str,
+    add: Sequence[tuple[str, dict | str]] = (),
+    renames: Mapping[str, str] | None = None,
+    drops: Sequence[str] = (),
+    before: str | None = None,
+) -> Altered | None:
+    """The column-mapped table at ``path``'s columns changed by a commit of its metadata alone,
+    as Spark's ``ALTER TABLE`` writes it under column mapping by name (delta-rs 1.x refuses
+    these under column mapping); no file is touched, since files are read by physical names:
+
+    - ``renames`` (old -> new): the logical name changes, only while the old name is there and
+      the new one is not;
+    - ``drops``: the columns there leave the schema;
+    - ``add`` (``(name, Delta's JSON type)``): nullable, last or ``before`` the column of that
+      name, each a new id (``delta.columnMapping.maxColumnId`` + 1) and physical name; a name
+      the table has (any case) is left alone.
+
+    So a call repeated after a crash does what is left. None, with nothing written, where this
+    cannot: a table not mapped by name, partitioned or with CHECK constraints, generated
+    columns, statistics columns or clustering (rules a rename or drop must keep), an added
+    type with fields of its own or a ``timestamp_ntz`` the protocol does not list, or another
+    writer committing first: the caller goes to Spark."""
     table = delta_rs.open_table(path)
-    config = dict(table.metadata().configuration)
-    if config.get("delta.columnMapping.mode") != "name":
+    altered = _altered(table, add, renames or {}, drops, before)
+    if altered is None:
+        return None
+    done, action, config, _ = altered
+    if not (done.added or done.renamed or done.dropped):
+        return done
+    now = int(time.time() * 1000)
+    layout = _Layout(pa.schema([]), {}, {}, config)  # the commit needs its configuration only
+    operation = "ADD COLUMNS" if done.added else "RENAME COLUMN" if done.renamed else "DROP COLUMNS"
+    if not _commit_actions(
+        path, table.version(), operation, [{"metaData": action}], now, layout, []
+    ):
+        return None
+    return done
+
+
+def restate(
+    path: str, values: pa.Table, older: tuple[str, int] | None = None, before: str | None = None
+) -> bool:
+    """Columns added to the column-mapped table at ``path`` (``values``: one row, a typed value
+    per new column, added last or ``before`` the column of that name) that hold their value in
+    every row where column ``older[0]`` is below ``older[1]``, or in every row without
+    ``older`` (NULL in the others), in one commit: the schema and every file
+    rewritten, so no reader sees those rows without the value (Spark's ``overwrite`` with
+    ``mergeSchema`` makes the same). The rows are read into memory: the caller bounds the
+    table's size. A column the table has already (a redo after a crash) is restated again.
+    False, with nothing written, where this cannot (see :func:`alter_columns`, and the
+    tables :func:`delete_and_append` refuses): the caller goes to Spark."""
+    table = delta_rs.open_table(path)
+    try:
+        writable_columns(table)
+        old = _layout(table)
+    except Unsupported:
         return False
-    schema = json.loads(table.schema().to_json())
-    have = {f["name"].lower() for f in schema["fields"]}
-    features = set(table.protocol().reader_features or ())
+    names = list(values.column_names)
+    types = [(n, _json_type(values.schema.field(n).type)) for n in names]
+    if any(t is None for _, t in types):
+        return False
+    fresh = [(n, t) for n, t in types if n not in old.schema.names]
+    altered = _altered(table, fresh, {}, (), before)
+    if altered is None:
+        return False
+    _, action, config, fields = altered
+    layout = _Layout(
+        pa.schema([*old.schema, *(values.schema.field(n) for n, _ in fresh)]),
+        {
+            **old.physical,
+            **{f["name"]: f["metadata"]["delta.columnMapping.physicalName"] for f in fields},
+        },
+        {**old.field_ids, **{f["name"]: f["metadata"]["delta.columnMapping.id"] for f in fields}},
+        config,
+    )
+    root, version = Path(path), table.version()
+    now = int(time.time() * 1000)
+    actions = pa.table(table.get_add_actions(flatten=True)).select(["path"])
+    files = [unquote(p) for p in actions.column("path").to_pylist()]
+    kept = _keep_masks(table, path)
+    current = _current_adds(root / "_delta_log", version, files)
+    out: list[dict] = [{"metaData": action}] if fresh else []
+    written: list[Path] = []
+    try:
+        for name in files:
+            rows = _read(root / name, old, old.schema.names)
+            keep = kept.get(name)
+            if keep is not None:
+                mask = np.ones(rows.num_rows, bool)
+                mask[: min(rows.num_rows, len(keep))] = keep[: rows.num_rows]
+                rows = rows.filter(pa.array(mask))
+            if older is None:
+                earlier = pa.array(np.ones(rows.num_rows, bool))
+            else:
+                earlier = pc.fill_null(pc.less(rows.column(older[0]), older[1]), False)
+            for n in names:
+                value = values.column(n)[0]
+                filled = pc.if_else(earlier, value, pa.scalar(None, value.type))
+                if n in rows.column_names:
+                    filled = pc.if_else(earlier, value, rows.column(n))
+                    rows = rows.set_column(rows.column_names.index(n), n, filled)
+                else:
+                    rows = rows.append_column(n, filled)
+            out.append({"remove": _removal(current[name], now)})
+            if rows.num_rows:
+                add, file = _write_file(root, layout, rows, now)
+                written.append(file)
+                out.append({"add": add})
+        return _commit_actions(path, version, "WRITE", out, now, layout, written)
+    except BaseException:
+        _remove(written)
+        raise
+
+
+def writable_columns(table) -> None:
+    """Raises :class:`Unsupported` unless a rewrite of the table's files keeps its rules (those
+    :func:`writable` checks, deletion vectors aside)."""
+    conf = dict(table.metadata().configuration)
+    unknown = set(table.protocol().writer_features or ()) - _WRITE_FEATURES
+    if unknown:
+        raise Unsupported(f"writer features {sorted(unknown)}")
+    if conf.get("delta.appendOnly", "false").lower() == "true":
+        raise Unsupported("append-only")
+    if conf.get("delta.enableChangeDataFeed", "false").lower() == "true":
+        raise Unsupported("change data feed")
+
+
+def _json_type(t: pa.DataType) -> str | None:
+    """Delta's JSON type of a plain Arrow type (None: one :func:`restate` does not add)."""
+    plain = {
+        pa.bool_(): "boolean",
+        pa.int16(): "short",
+        pa.int32(): "integer",
+        pa.int64(): "long",
+        pa.float32(): "float",
+        pa.float64(): "double",
+        pa.string(): "string",
+        pa.large_string(): "string",
+        pa.binary(): "binary",
+        pa.date32(): "date",
+    }
+    if t in plain:
+        return plain[t]
+    if pa.types.is_decimal(t):
+        return f"decimal({t.precision},{t.scale})"
+    if pa.types.is_timestamp(t) and t.tz is not None:
+        return "timestamp"
+    return None
+
+
+def _altered(
+    table,
+    add: Sequence[tuple[str, dict | str]],
+    renames: Mapping[str, str],
+    drops: Sequence[str],
+    before: str | None,
+) -> tuple[Altered, dict, dict[str, str], list[dict]] | None:
+    """:func:`alter_columns`' changes to the table's metadata: what changed, the new
+    ``metaData`` action, its configuration and the added fields; None where it cannot."""
+    metadata, protocol = table.metadata(), table.protocol()
+    config = dict(metadata.configuration)
+    text = table.schema().to_json()
+    if (
+        config.get("delta.columnMapping.mode") != "name"
+        or metadata.partition_columns
+        or any(k.startswith("delta.constraints.") for k in config)
+        or "delta.dataSkippingStatsColumns" in config
+        or "delta.generationExpression" in text
+        or "delta.invariants" in text
+        or {"clustering", "domainMetadata"} & set(protocol.writer_features or ())
+    ):
+        return None
+    schema = json.loads(text)
+    fields = schema["fields"]
+    done = Altered([], [], [])
+    for old, new in sorted(renames.items()):
+        names = {f["name"] for f in fields}
+        if old in names and new not in names:
+            next(f for f in fields if f["name"] == old)["name"] = new
+            done.renamed.append(old)
+    gone = {d for d in drops if d in {f["name"] for f in fields}}
+    fields[:] = [f for f in fields if f["name"] not in gone]
+    done.dropped = sorted(gone)
+    features = set(protocol.reader_features or ())
     most = int(config.get("delta.columnMapping.maxColumnId", "0"))
-    names = [f["name"] for f in schema["fields"]]
+    names = [f["name"] for f in fields]
     at = names.index(before) if before in names else len(names)
-    added = 0
-    for name, dtype in columns:
-        text = json.dumps(dtype)
+    have = {n.lower() for n in names}
+    added: list[dict] = []
+    for name, dtype in add:
+        kind = json.dumps(dtype)
         if name.lower() in have:
             continue
-        if '"struct"' in text or '"map"' in text:
-            return False
-        if "timestamp_ntz" in text and "timestampNtz" not in features:
-            return False
+        if '"struct"' in kind or '"map"' in kind:
+            return None
+        if "timestamp_ntz" in kind and "timestampNtz" not in features:
+            return None
         most += 1
-        added += 1
         have.add(name.lower())
         meta = {
             "delta.columnMapping.id": most,
             "delta.columnMapping.physicalName": f"col-{uuid.uuid4()}",
         }
         field = {"name": name, "type": dtype, "nullable": True, "metadata": meta}
-        schema["fields"].insert(at + added - 1, field)
-    if not added:
-        return True
+        fields.insert(at + len(added), field)
+        added.append(field)
+        done.added.append(name)
     config["delta.columnMapping.maxColumnId"] = str(most)
-    metadata = table.metadata()
     action = {
         "id": metadata.id,
         "format": {"provider": "parquet", "options": {}},
         "schemaString": json.dumps(schema, separators=(",", ":")),
-        "partitionColumns": list(metadata.partition_columns),
+        "partitionColumns": [],
         "configuration": config,
         "createdTime": metadata.created_time,
     }
@@ -657,11 +833,7 @@ def add_columns(
         action["name"] = metadata.name
     if metadata.description:
         action["description"] = metadata.description
-    now = int(time.time() * 1000)
-    layout = _Layout(pa.schema([]), {}, {}, config)  # the commit needs its configuration only
-    return _commit_actions(
-        path, table.version(), "ADD COLUMNS", [{"metaData": action}], now, layout, []
-    )
+    return done, action, config, added
 
 
 def _commit(log_dir: Path, version: int, body: str) -> bool:

@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
 
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import on_databricks  # noqa: F401 (where callers import it from)
@@ -522,11 +523,17 @@ def drop_table(spark: SparkSession, schema: str, name: str, table: str) -> None:
 
 
 def reshape_columns(
-    spark: SparkSession, table: str, renames: dict[str, str], drops: Sequence[str]
+    spark: SparkSession,
+    table: str,
+    renames: dict[str, str],
+    drops: Sequence[str],
+    add: Sequence[tuple[str, T.DataType]] = (),
+    before: str | None = None,
 ) -> tuple[list[str], list[str]]:
-    """Rename (old -> new) and drop columns of a column-mapped Delta table: metadata only, no
-    file rewritten. Each step only where still to do (the old name there, the new one not), so
-    a second call after a crash does the rest. Returns the columns renamed (old names) and
+    """Rename (old -> new), drop and add (nullable; ``before`` the column of that name, else
+    last) columns of a column-mapped Delta table: metadata only, no file rewritten. Each step
+    only where still to do (the old name there, the new one not; a new name not there), so a
+    second call after a crash does the rest. Returns the columns renamed (old names) and
     dropped."""
     have = set(spark.table(table).columns)
     renamed = []
@@ -538,4 +545,17 @@ def reshape_columns(
     dropped = sorted(name for name in drops if name in have)
     if dropped:
         spark.sql(f"ALTER TABLE {table} DROP COLUMNS ({', '.join(quote(d) for d in dropped)})")
+    lower = {n.lower() for n in have - set(dropped)}
+    new = [(n, t) for n, t in add if n.lower() not in lower]
+    if new:
+        order = spark.table(table).columns
+        where = ""
+        if before in order:
+            at = order.index(before)
+            where = " FIRST" if at == 0 else f" AFTER {quote(order[at - 1])}"
+        for name, dtype in new:
+            spark.sql(
+                f"ALTER TABLE {table} ADD COLUMNS ({quote(name)} {dtype.simpleString()}{where})"
+            )
+            where = f" AFTER {quote(name)}"
     return renamed, dropped

@@ -62,8 +62,9 @@ from pgmedallion.gold.plan import Table, TableOutcome
 from pgmedallion.gold.quality import NO_DEFINITE_ERRORS, QualityRecord, Rule
 from pgmedallion.gold.reports import summary_record
 from pgmedallion.gold.state import DIFF, KEY_ROWS, LSN, MULT, OP, RULES
-from pgmedallion.gold.table import build_mode, ensure_gold, outcome
+from pgmedallion.gold.table import build_mode, ensure_gold, followed_in_place, outcome
 from pgmedallion.gold.table_io import gold_schema, merge_arrow, merge_by_vectors
+from pgmedallion.silver.write import missing_values
 
 log = logging.getLogger(__name__)
 
@@ -125,20 +126,53 @@ def _shapes(schema: T.StructType) -> list[tuple]:
     return [(f.name, _shape(f.dataType)) for f in schema.fields]
 
 
-def _added(path: str, have: T.StructType, want: T.StructType) -> bool:
-    """Whether gold's table at ``path`` (``have``) lacked only columns of ``want`` (the source
-    added them: NULL in every row gold holds) and now has them, added before ``_lsn`` by a
-    metadata commit (``core.deletion_vectors.add_columns``), where the per-table path would
-    rebuild the table."""
+def _followed(t: Table, have: T.StructType, want: T.StructType) -> bool:
+    """Whether gold's table (``have``) now has silver's columns (``want``), followed in place
+    (``gold.table.followed_in_place``: renamed, dropped, added with NULL before ``_lsn``) by a
+    metadata commit (``core.deletion_vectors.alter_columns``), where the per-table path would
+    do the same through Spark or rebuild the table."""
+    followed = followed_in_place(t.info, [f.name for f in have.fields if f.name != LSN])
+    if followed is None:
+        return _restated(t, have, want)
+    renames, drops, added = followed
+    types = {f.name: f.dataType for f in want.fields}
+    add = [(name, types[name].jsonValue()) for name in added]
+    done = deletion_vectors.alter_columns(t.path, add, renames, drops, before=LSN)
+    if done is None:
+        return False
+    log.info(
+        "gold: %s: columns followed in place (renamed: %s; dropped: %s; added: %s)",
+        t.info.qualified_name,
+        ", ".join(f"{a} -> {renames[a]}" for a in done.renamed) or "none",
+        ", ".join(done.dropped) or "none",
+        ", ".join(done.added) or "none",
+    )
+    return _shapes(delta_rs.spark_schema(t.path)) == _shapes(want)
+
+
+def _restated(t: Table, have: T.StructType, want: T.StructType) -> bool:
+    """Whether gold's table (``have``) lacked only columns the source added with a value for
+    the rows already there (silver restated its rows, ``silver.write.restate_added``) and now
+    has them, every row of gold (all from before them) holding that value, in one commit of
+    ours (``core.deletion_vectors.restate``), where the per-table path would rebuild the table
+    through Spark. Only a table the driver holds."""
     names = {f.name for f in have.fields}
-    new = [f for f in want.fields if f.name not in names]
-    if not new or _shapes(have) != [s for s in _shapes(want) if s[0] in names]:
+    entries = [c for c in t.info.columns if c["name"] not in names]
+    if not entries or _shapes(have) != [s for s in _shapes(want) if s[0] in names]:
         return False
-    types = [(f.name, f.dataType.jsonValue()) for f in new]
-    if not deletion_vectors.add_columns(path, types, before=LSN):
+    if any(c.get("missing") is None for c in entries):
         return False
-    log.info("gold: %s: column(s) %s added", path, ", ".join(f.name for f in new))
-    return _shapes(delta_rs.spark_schema(path)) == _shapes(want)
+    if not delta_rs.small(t.path, None, engine.current().driver_rows):
+        return False
+    values = missing_values(entries)
+    if values is None or not deletion_vectors.restate(t.path, values, before=LSN):
+        return False
+    log.info(
+        "gold: %s: column(s) %s added with the value of the rows already there",
+        t.info.qualified_name,
+        ", ".join(c["name"] for c in entries),
+    )
+    return _shapes(delta_rs.spark_schema(t.path)) == _shapes(want)
 
 
 def qualifies(t: Table, exists: bool) -> _Item | None:
@@ -148,16 +182,20 @@ def qualifies(t: Table, exists: bool) -> _Item | None:
     if any(_has_map(f.dataType) for f in t.columns):
         return None
     applied = None
+    quarantine = str(Path(t.path).parent / (t.info.silver_table + "__quarantine").lower())
     if exists:
         if not delta_rs.usable(t.path):
             return None
         have = delta_rs.spark_schema(t.path)
         want = gold_schema(t.columns)
-        if _shapes(have) != _shapes(want) and not _added(t.path, have, want):
-            return None  # the per-table path recreates it
+        differs = _shapes(have) != _shapes(want)
+        if differs and delta_rs.usable(quarantine):
+            return None  # the per-table path recreates both
         applied = applied_state(t.spark, t.gold, t.path)
-    if applied is not None and (applied.quarantine_version is not None or applied.rows is None):
-        return None
+        if applied is not None and (applied.quarantine_version is not None or applied.rows is None):
+            return None
+        if differs and not _followed(t, have, want):
+            return None  # the per-table path recreates it
     if applied is not None and t.silver_run <= applied.silver_run:
         return None  # no idempotency record to commit under
     mode = build_mode(t, applied)
@@ -165,7 +203,6 @@ def qualifies(t: Table, exists: bool) -> _Item | None:
         applied.rows <= delta_rs.small_rows() or _narrowing_columns(t) or _locatable(t)
     ):
         return _Item(t, applied, mode, exists)
-    quarantine = str(Path(t.path).parent / (t.info.silver_table + "__quarantine").lower())
     most = engine.current().driver_rows
     if mode == "full" and not delta_rs.usable(quarantine):
         if delta_rs.small(t.silver_path, None, most):

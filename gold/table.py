@@ -10,6 +10,7 @@ one tagged, idempotent commit (see ``gold/build.py`` for exactly-once).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -175,30 +176,47 @@ def ensure_gold(t: Table, exists: bool | None) -> None:
         create_table(t.spark, t.gold, schema, local=(t.cfg.schema("gold"), t.info.silver_table))
 
 
-def _follow_in_place(t: Table) -> None:
-    """Rename and drop in the gold table (and its quarantine) the columns silver renamed and
-    dropped after the source (an entry's ``renamed_from``; a column silver no longer has):
-    Delta's column mapping does both without rewriting a file, so gold goes on incrementally.
-    Only when that is all that differs (a new column needs its values: a full build)."""
-    names = [c["name"] for c in t.info.columns]
-    have = [f.name for f in t.spark.table(t.gold).schema.fields if f.name != LSN]
+def followed_in_place(
+    info: TableInfo, have: Sequence[str]
+) -> tuple[dict[str, str], list[str], list[str]] | None:
+    """How gold's columns ``have`` (without ``_lsn``) become the table's without a rebuild:
+    ``(renames, drops, added)``: the columns silver renamed and dropped after the source (an
+    entry's ``renamed_from``; a column silver no longer has), and those the source added with
+    no value for the rows already there (NULL in every row gold holds). Delta's column mapping
+    does all three without rewriting a file, so gold goes on incrementally. None when there is
+    nothing to follow, or a column was added with a value (its rows need it: a full build)."""
+    names = [c["name"] for c in info.columns]
     renames = {}
-    for entry in t.info.columns:
+    for entry in info.columns:
         for old in entry.get("renamed_from", []):
             if old in have and entry["name"] not in have:
                 renames[old] = entry["name"]
     after = [renames.get(n, n) for n in have]
     drops = [n for n in after if n not in names]
-    if sorted(n for n in after if n not in drops) != sorted(names) or not (renames or drops):
-        return  # a new column, or a wider type: recreated and built in full
+    added = [c for c in info.columns if c["name"] not in after]
+    if any(c.get("missing") is not None for c in added) or not (renames or drops or added):
+        return None
+    return renames, drops, [c["name"] for c in added]
+
+
+def _follow_in_place(t: Table) -> None:
+    """:func:`followed_in_place` done in the gold table and its quarantine, through Spark
+    (the new columns before ``_lsn``); a table still unlike silver's is rebuilt after."""
+    have = [f.name for f in t.spark.table(t.gold).schema.fields if f.name != LSN]
+    followed = followed_in_place(t.info, have)
+    if followed is None:
+        return
+    renames, drops, added = followed
+    types = {f.name: f.dataType for f in t.columns}
     for table in (t.gold, t.quarantine):
         if table_exists(t.spark, table):
-            reshape_columns(t.spark, table, renames, drops)
+            reshape_columns(t.spark, table, renames, drops, [(n, types[n]) for n in added], LSN)
     log.info(
-        "gold: %s: columns followed in place (renamed: %s; dropped: %s)",
+        "gold: %s: columns followed in place (renamed: %s; dropped: %s; added: %s)",
         t.info.qualified_name,
         ", ".join(f"{a} -> {b}" for a, b in renames.items()) or "none",
         ", ".join(drops) or "none",
+        ", ".join(added) or "none",
     )
 
 

@@ -504,7 +504,14 @@ def _reshape_followed(spark: SparkSession, n: Names, r: _Run, existing: set[str]
             )
             r.reshaped.add(oid)
             continue
-        renamed, gone = reshape_columns(spark, target, f.renamed, sorted(f.dropped))
+        path = delta_rs.table_dir(delta_rs.schema_dir(spark, n.schema), info.silver_table)
+        done = None
+        if delta_rs.usable(path):  # no Spark for a local table: a metadata commit of ours
+            done = deletion_vectors.alter_columns(path, (), f.renamed, sorted(f.dropped))
+        if done is not None:
+            renamed, gone = done.renamed, done.dropped
+        else:
+            renamed, gone = reshape_columns(spark, target, f.renamed, sorted(f.dropped))
         for old in renamed:
             log.info(
                 "silver: %s: column %s renamed to %s at the source: renamed here too",
@@ -560,7 +567,8 @@ def _restate_added(
             info.qualified_name,
             ", ".join(names),
         )
-        why = restate_added(spark, n.table(info.silver_table), info, names, r.plan.run)
+        path = delta_rs.table_dir(delta_rs.schema_dir(spark, n.schema), info.silver_table)
+        why = restate_added(spark, n.table(info.silver_table), info, names, r.plan.run, path)
         r.reshaped.add(oid)
         if why:
             error = ErrorRecord(oid, r.plan.f_to, SchemaIncompatible.__name__, why)
@@ -645,7 +653,7 @@ def _add_columns(r: _Run, oids: list[int], paths: dict[int, str | None]) -> None
         if not new:
             continue
         types = [(c["name"], spark_type(pg_type_of(c)).jsonValue()) for c in new]
-        if deletion_vectors.add_columns(path, types):
+        if deletion_vectors.alter_columns(path, types):
             log.info(
                 "silver: %s: column(s) %s added",
                 info.qualified_name,

@@ -11,17 +11,19 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pgmedallion.core import delta_rs
+from pgmedallion.core import deletion_vectors, delta_rs, engine
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.naming import COLUMN_MAPPING, quote
 from pgmedallion.core.spark import create_table
 from pgmedallion.silver.cast_columns import CAST_ERRORS_COLUMN, cast_values
 from pgmedallion.silver.contract import Names, TableInfo
 from pgmedallion.silver.errors import ErrorRecord
+from pgmedallion.silver.kernel import cast_rows
 from pgmedallion.silver.pgtypes import pg_type_of
 
 UNSETTLED_APP_SUFFIX = "-late"
@@ -223,7 +225,12 @@ def write_progress(
 
 
 def restate_added(
-    spark: SparkSession, target: str, info: TableInfo, names: list[str], run: int
+    spark: SparkSession,
+    target: str,
+    info: TableInfo,
+    names: list[str],
+    run: int,
+    path: str | None = None,
 ) -> str | None:
     """Give the rows of runs before ``run`` the value of each column of ``names``: columns this
     run adds to the table that PostgreSQL added with a value for the rows already there
@@ -235,6 +242,15 @@ def restate_added(
     run predates the column). Returns why it could not (a value the column's cast rejects:
     the table then needs a new snapshot), or None."""
     entries = [c for c in info.columns if c["name"] in names]
+    if delta_rs.usable(path) and delta_rs.small(path, None, engine.current().driver_rows):
+        # a local table the driver holds: the kernel casts the values, and one commit of ours
+        # adds the columns and rewrites the rows (core.deletion_vectors.restate)
+        values = missing_values(entries)
+        if values is None:
+            return "the value for existing rows of column(s) " + ", ".join(names) + " does not cast"
+        failpoint("silver.before_restate")
+        if deletion_vectors.restate(path, values, ("_run", run)):
+            return None
     texts = spark.createDataFrame([([c["missing"] for c in entries],)], "values array<string>")
     renamed = [(f"_pgm_added_{i}", pg_type_of(c)) for i, c in enumerate(entries)]
     values = cast_values(texts, "values", renamed)
@@ -254,6 +270,18 @@ def restate_added(
     failpoint("silver.before_restate")
     joined.select(*out).writeTo(target).option("mergeSchema", "true").overwrite(F.lit(True))
     return None
+
+
+def missing_values(entries: list[dict]) -> pa.Table | None:
+    """The value each column entry's ``missing`` (the source added the column with it for the
+    rows already there) casts to, by the kernel: one row; None when one does not cast."""
+    typed = cast_rows(
+        pa.array([[c["missing"] for c in entries]], pa.list_(pa.string())),
+        [(c["name"], pg_type_of(c)) for c in entries],
+    )
+    if typed.errors:
+        return None
+    return pa.table(typed.columns, names=[c["name"] for c in entries])
 
 
 def widen_columns(spark: SparkSession, target: str, types: dict[str, T.DataType]) -> list[str]:

@@ -271,3 +271,58 @@ def test_files_whose_key_bounds_hold_no_key_are_not_read(tmp_path, monkeypatch):
     with_null = pa.table({"id": pa.array([1500, None], pa.int64())})
     assert dv.locate(path, with_null, ["id"], 10**6).rows.column("id").to_pylist() == [1500]
     assert len(read) == 3  # a NULL among the keys: no file is skipped by its bounds
+
+
+def test_columns_altered_by_a_metadata_commit_read_as_spark_alters_them(spark, tmp_path):
+    """``alter_columns``: a new column's id and physical name as Spark gives them, NULL in the
+    rows before it and written by Spark after it; a column the table has already is left
+    alone; a type with fields of its own is refused. A rename and a drop keep every row's
+    values under the new names, for Spark and delta-rs, and are not made twice."""
+    path = tmp_path / "t"
+    _make(spark, path, 10)
+    before = DeltaTable(str(path)).version()
+    done = dv.alter_columns(str(path), [("Note", "string"), ("n", "long")], before="at")
+    assert done is not None and done.added == ["Note", "n"]
+    assert DeltaTable(str(path)).version() == before + 1
+    again = dv.alter_columns(str(path), [("note", "string")])  # there already, any case
+    assert again is not None and again.added == []
+    assert DeltaTable(str(path)).version() == before + 1
+    assert dv.alter_columns(str(path), [("s", {"type": "struct", "fields": []})]) is None
+
+    df = spark.read.format("delta").load(str(path))
+    assert df.columns == ["id", "part", "name", "Note", "n", "at"]
+    fields = json.loads(DeltaTable(str(path)).schema().to_json())["fields"]
+    ids = [f["metadata"]["delta.columnMapping.id"] for f in fields]
+    assert ids[3:5] == [max(ids) - 1, max(ids)] and len(set(ids)) == 6  # new ids, never reused
+    physical = {f["metadata"]["delta.columnMapping.physicalName"] for f in fields}
+    assert len(physical) == 6
+    config = DeltaTable(str(path)).metadata().configuration
+    assert config["delta.columnMapping.maxColumnId"] == str(max(ids))
+
+    spark.sql(f"INSERT INTO delta.`{path}` VALUES (100, 1, 'n100', 'x', 7, NULL)")
+    rows = sorted(
+        (r["id"], r["Note"], r["n"])
+        for r in spark.read.format("delta").load(str(path)).where("id IN (3, 100)").collect()
+    )
+    assert rows == [(3, None, None), (100, "x", 7)]
+    read = delta_rs.read_arrow(str(path), ["id", "Note", "n"], "id IN (3, 100)")
+    columns = [read.column(c).to_pylist() for c in ["id", "Note", "n"]]
+    assert sorted(zip(*columns, strict=True)) == rows
+
+    renamed = dv.alter_columns(str(path), renames={"name": "label"}, drops=["part"])
+    assert renamed is not None and (renamed.renamed, renamed.dropped) == (["name"], ["part"])
+    version = DeltaTable(str(path)).version()
+    redo = dv.alter_columns(str(path), renames={"name": "label"}, drops=["part"])
+    assert redo is not None and (redo.renamed, redo.dropped) == ([], [])
+    assert DeltaTable(str(path)).version() == version
+    df = spark.read.format("delta").load(str(path))
+    assert df.columns == ["id", "label", "Note", "n", "at"]
+    got = sorted((r["id"], r["label"]) for r in df.where("id IN (3, 100)").collect())
+    assert got == [(3, "n3"), (100, "n100")]
+    read = delta_rs.read_arrow(str(path), ["id", "label"], "id IN (3, 100)")
+    assert (
+        sorted(zip(read.column("id").to_pylist(), read.column("label").to_pylist(), strict=True))
+        == got
+    )
+    spark.sql(f"INSERT INTO delta.`{path}` VALUES (101, 'y', NULL, 8, NULL)")  # 5 columns now
+    assert spark.read.format("delta").load(str(path)).where("label = 'y'").count() == 1

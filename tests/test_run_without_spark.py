@@ -139,6 +139,23 @@ def test_an_incremental_run_needs_no_spark_and_gold_stays_exact(db, tmp_path):
     assert "starting Spark" not in migrated.stderr, migrated.stderr
     assert "gold: public.spans: 4 rows" in migrated.stdout, migrated.stdout
 
+    # The migrations application frameworks run: a column added with a default for the rows
+    # already there (silver's and gold's rows take it), a column renamed; followed in place
+    # by commits of ours, no Spark, gold incremental.
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("ALTER TABLE orders ADD COLUMN status text NOT NULL DEFAULT 'new'")
+        conn.execute("ALTER TABLE events RENAME COLUMN n TO amount")
+        conn.execute("UPDATE orders SET status = 'paid' WHERE id = 10")
+        conn.execute("INSERT INTO events VALUES ('k9', '2026-04-01 00:00:00+00', 5)")
+    reshaped = _run(config, no_java, "run")
+    assert reshaped.returncode == 0, reshaped.stdout + reshaped.stderr
+    assert "starting Spark" not in reshaped.stderr, reshaped.stderr
+    assert "gold: public.orders: 385 rows" in reshaped.stdout, reshaped.stdout
+    orders = [line for line in reshaped.stdout.splitlines() if "gold: public.orders" in line]
+    assert orders and "(incremental)" in orders[0], reshaped.stdout
+    assert "column(s) status added with the value of the rows already there" in reshaped.stderr
+    assert "renamed: n -> amount" in reshaped.stderr, reshaped.stderr
+
     # A run that needs Spark (here a table with more changes than [lakehouse] batch_changes)
     # starts it halfway, and is exact.
     with psycopg.connect(**db, autocommit=True) as conn:
@@ -153,6 +170,7 @@ def test_an_incremental_run_needs_no_spark_and_gold_stays_exact(db, tmp_path):
     assert "public.orders" in verify.stdout and "public.events" in verify.stdout
     assert "verify: OK" in verify.stdout, verify.stdout
     assert "Traceback" not in driver.stderr + spans.stderr + migrated.stderr + halfway.stderr
+    assert "Traceback" not in reshaped.stderr
     assert "Traceback" not in verify.stderr
 
 
