@@ -628,7 +628,7 @@ def alter_columns(
     - ``drops``: the columns there leave the schema;
     - ``add`` (``(name, Delta's JSON type)``): nullable, last or ``before`` the column of that
       name, each a new id (``delta.columnMapping.maxColumnId`` + 1) and physical name; a name
-      the table has (any case) is left alone.
+      the table has is left alone (in another case: refused, Spark's names ignore case).
 
     So a call repeated after a crash does what is left. None, with nothing written, where this
     cannot: a table not mapped by name, partitioned or with CHECK constraints, generated
@@ -690,10 +690,14 @@ def restate(
     )
     root, version = Path(path), table.version()
     now = int(time.time() * 1000)
-    actions = pa.table(table.get_add_actions(flatten=True)).select(["path"])
-    files = [unquote(p) for p in actions.column("path").to_pylist()]
-    kept = _keep_masks(table, path)
-    current = _current_adds(root / "_delta_log", version, files)
+    try:
+        actions = pa.table(table.get_add_actions(flatten=True)).select(["path"])
+        files = [unquote(p) for p in actions.column("path").to_pylist()]
+        kept = _keep_masks(table, path)
+        current = _current_adds(root / "_delta_log", version, files)
+    except (Unsupported, pa.ArrowException, KeyError) as exc:
+        log.debug("no restate of %s by a commit of ours (%s)", path, exc)
+        return False
     out: list[dict] = [{"metaData": action}] if fresh else []
     written: list[Path] = []
     try:
@@ -775,6 +779,10 @@ def _altered(
     metadata, protocol = table.metadata(), table.protocol()
     config = dict(metadata.configuration)
     text = table.schema().to_json()
+    try:
+        writable_columns(table)
+    except Unsupported:
+        return None
     if (
         config.get("delta.columnMapping.mode") != "name"
         or metadata.partition_columns
@@ -791,6 +799,8 @@ def _altered(
     for old, new in sorted(renames.items()):
         names = {f["name"] for f in fields}
         if old in names and new not in names:
+            if new.lower() in {n.lower() for n in names - {old}}:
+                return None  # Spark's names are case-insensitive: two columns would clash
             next(f for f in fields if f["name"] == old)["name"] = new
             done.renamed.append(old)
     gone = {d for d in drops if d in {f["name"] for f in fields}}
@@ -804,8 +814,10 @@ def _altered(
     added: list[dict] = []
     for name, dtype in add:
         kind = json.dumps(dtype)
-        if name.lower() in have:
+        if name in names:
             continue
+        if name.lower() in have:
+            return None  # another column of that name in another case: they would clash
         if '"struct"' in kind or '"map"' in kind:
             return None
         if "timestamp_ntz" in kind and "timestampNtz" not in features:

@@ -136,6 +136,8 @@ def _followed(t: Table, have: T.StructType, want: T.StructType) -> bool:
         return _restated(t, have, want)
     renames, drops, added = followed
     types = {f.name: f.dataType for f in want.fields}
+    if any(name not in types for name in added):
+        return False
     add = [(name, types[name].jsonValue()) for name in added]
     done = deletion_vectors.alter_columns(t.path, add, renames, drops, before=LSN)
     if done is None:
@@ -194,7 +196,7 @@ def qualifies(t: Table, exists: bool) -> _Item | None:
         applied = applied_state(t.spark, t.gold, t.path)
         if applied is not None and (applied.quarantine_version is not None or applied.rows is None):
             return None
-        if differs and not _followed(t, have, want):
+        if differs and (build_mode(t, applied) != "incremental" or not _followed(t, have, want)):
             return None  # the per-table path recreates it
     if applied is not None and t.silver_run <= applied.silver_run:
         return None  # no idempotency record to commit under

@@ -200,17 +200,21 @@ def followed_in_place(
 
 
 def _follow_in_place(t: Table) -> None:
-    """:func:`followed_in_place` done in the gold table and its quarantine, through Spark
-    (the new columns before ``_lsn``); a table still unlike silver's is rebuilt after."""
+    """:func:`followed_in_place` done in the gold table through Spark (the new columns before
+    ``_lsn``) where it has no quarantine; a table still unlike silver's is rebuilt after."""
+    if table_exists(t.spark, t.quarantine):
+        # an increment reads the quarantine as of gold's last run, in that version's columns:
+        # a table with rows held is rebuilt (its quarantine dropped) instead
+        return
     have = [f.name for f in t.spark.table(t.gold).schema.fields if f.name != LSN]
     followed = followed_in_place(t.info, have)
     if followed is None:
         return
     renames, drops, added = followed
     types = {f.name: f.dataType for f in t.columns}
-    for table in (t.gold, t.quarantine):
-        if table_exists(t.spark, table):
-            reshape_columns(t.spark, table, renames, drops, [(n, types[n]) for n in added], LSN)
+    if any(n not in types or "timestamp_ntz" in types[n].simpleString() for n in added):
+        return  # Spark adds a timestamp_ntz column only to a table with that feature: rebuilt
+    reshape_columns(t.spark, t.gold, renames, drops, [(n, types[n]) for n in added], LSN)
     log.info(
         "gold: %s: columns followed in place (renamed: %s; dropped: %s; added: %s)",
         t.info.qualified_name,

@@ -640,7 +640,7 @@ def _run_batched(
 
 def _add_columns(r: _Run, oids: list[int], paths: dict[int, str | None]) -> None:
     """The columns the source added (NULL in the rows silver holds) added to the local silver
-    tables of ``oids`` by a metadata commit (``core.deletion_vectors.add_columns``), so their
+    tables of ``oids`` by a metadata commit (``core.deletion_vectors.alter_columns``), so their
     changes can take the driver's path; where that cannot, the per-table path's append adds
     them (Spark's schema evolution). Before anything of the run is appended; a redo finds
     them added."""
@@ -653,12 +653,9 @@ def _add_columns(r: _Run, oids: list[int], paths: dict[int, str | None]) -> None
         if not new:
             continue
         types = [(c["name"], spark_type(pg_type_of(c)).jsonValue()) for c in new]
-        if deletion_vectors.alter_columns(path, types):
-            log.info(
-                "silver: %s: column(s) %s added",
-                info.qualified_name,
-                ", ".join(c["name"] for c in new),
-            )
+        done = deletion_vectors.alter_columns(path, types)
+        if done is not None and done.added:
+            log.info("silver: %s: column(s) %s added", info.qualified_name, ", ".join(done.added))
 
 
 def _run_first_snapshots(
