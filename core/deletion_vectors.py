@@ -157,13 +157,7 @@ def writable(table) -> None:
         raise Unsupported("no deletion vectors in the protocol")
     if conf.get("delta.enableDeletionVectors", "false").lower() != "true":
         raise Unsupported("deletion vectors not enabled")
-    unknown = set(protocol.writer_features or ()) - _WRITE_FEATURES
-    if unknown:
-        raise Unsupported(f"writer features {sorted(unknown)}")
-    if conf.get("delta.appendOnly", "false").lower() == "true":
-        raise Unsupported("append-only")
-    if conf.get("delta.enableChangeDataFeed", "false").lower() == "true":
-        raise Unsupported("change data feed")
+    writable_columns(table)
     if any(k.startswith("delta.constraints.") for k in conf):
         raise Unsupported("CHECK constraints")
     text = table.schema().to_json()
