@@ -276,17 +276,19 @@ def test_files_whose_key_bounds_hold_no_key_are_not_read(tmp_path, monkeypatch):
 def test_columns_altered_by_a_metadata_commit_read_as_spark_alters_them(spark, tmp_path):
     """``alter_columns``: a new column's id and physical name as Spark gives them, NULL in the
     rows before it and written by Spark after it; a column the table has already is left
-    alone; a type with fields of its own is refused. A rename and a drop keep every row's
-    values under the new names, for Spark and delta-rs, and are not made twice."""
+    alone, one of its name in another case and a type with fields of its own are refused. A
+    rename and a drop keep every row's values under the new names, for Spark and delta-rs, and
+    are not made twice."""
     path = tmp_path / "t"
     _make(spark, path, 10)
     before = DeltaTable(str(path)).version()
     done = dv.alter_columns(str(path), [("Note", "string"), ("n", "long")], before="at")
     assert done is not None and done.added == ["Note", "n"]
     assert DeltaTable(str(path)).version() == before + 1
-    again = dv.alter_columns(str(path), [("note", "string")])  # there already, any case
+    again = dv.alter_columns(str(path), [("Note", "string")])  # there already
     assert again is not None and again.added == []
     assert DeltaTable(str(path)).version() == before + 1
+    assert dv.alter_columns(str(path), [("note", "string")]) is None  # Spark: the same name
     assert dv.alter_columns(str(path), [("s", {"type": "struct", "fields": []})]) is None
 
     df = spark.read.format("delta").load(str(path))
