@@ -134,6 +134,8 @@ class TablePolicy:
     truncate: str = "error"
     on_schema_change: str = "follow"
     infinity: str = "clamp"
+    history: str = ""
+    """``on`` or ``off``: whether the table keeps its history; "": ``[lakehouse] history``."""
     columns: Mapping[str, ColumnPolicy] = field(default_factory=dict)
 
     def pii(self) -> dict[str, str]:
@@ -279,6 +281,12 @@ class LakehouseConfig:
     """Silver runs a local table's changes in the driver (``silver/batch.py``) when its run holds
     at most this many diff rows (a 1% update wave of an 8M-row table under REPLICA IDENTITY
     DEFAULT: 160,000; at 100,000, the default before, it went to Spark and cost 86 s)."""
+    history: bool = False
+    """Every table keeps its history (``<gold table>__history``, see ``gold.history_table``);
+    a table's own ``history`` setting overrides it."""
+    history_retention_days: float = 0.0
+    """Versions that ended longer ago than this (by their ``__end_at``) are deleted by upkeep
+    (``pgmedallion maintain``, a run's upkeep); 0 keeps every version."""
     driver_rows: int = 4_000_000
     """Silver takes a local table's first snapshot in the driver (``silver/first_load.py``), and
     gold builds a local table in full there (Arrow, delta-rs), up to this many rows (a first
@@ -302,6 +310,15 @@ class Config:
 
     def policy(self, table: str) -> TablePolicy:
         return self.tables.get(table, TablePolicy())
+
+    def history(self, table: str) -> bool:
+        """Whether table ``table`` (``schema.name``) keeps its history."""
+        own = self.policy(table).history
+        return own == "on" if own else self.lakehouse.history
+
+    def keeps_history(self) -> bool:
+        """Whether any table may keep history (silver then records commit times)."""
+        return self.lakehouse.history or any(p.history == "on" for p in self.tables.values())
 
     def qualified(self, layer: str, name: str) -> str:
         """``catalog.schema.name`` (or ``schema.name``) with every part back-quoted."""
@@ -419,7 +436,11 @@ def load_config(path: Path | str | None = None, env: Mapping[str, str] | None = 
     for table, policy in raw.get("tables", {}).items():
         if not isinstance(policy, dict):
             raise ConfigError(f"[tables.{table!r}] must be a table of settings")
+        if isinstance(policy.get("history"), bool):  # history = true / false
+            policy = {**policy, "history": "on" if policy["history"] else "off"}
         p = _section(TablePolicy, f"tables.{table}", policy, {})
+        if p.history not in ("", "on", "off"):
+            raise ConfigError(f"[tables.{table!r}] history must be true or false")
         if p.on_error not in ON_ERROR:
             raise ConfigError(f"[tables.{table!r}] on_error must be one of {ON_ERROR}")
         if p.truncate not in TRUNCATE:

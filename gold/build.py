@@ -77,6 +77,7 @@ from pgmedallion.gold.history import (
     read_reported,
     read_tables,
 )
+from pgmedallion.gold.history_table import history_name, keep_history
 from pgmedallion.gold.plan import Table, TableOutcome
 from pgmedallion.gold.pruning import untouched
 from pgmedallion.gold.quality import GoldQualityError
@@ -259,6 +260,29 @@ def _drop_orphans(spark: SparkSession, cfg: Config, inputs: _Inputs) -> None:
             inputs.existing.discard(dropped.lower())
 
 
+def _keep_histories(
+    spark: SparkSession, cfg: Config, inputs: _Inputs, built: list[TableInfo]
+) -> None:
+    """The history tables (``gold.history_table``) of the tables built, and of any table whose
+    history is asked for and not there yet, brought to what their gold tables applied: before
+    the reports, so a ``_frontier`` row's run is one every history holds (silver's compaction
+    goes by it)."""
+    wanted = [i for i in inputs.tables if cfg.history(i.qualified_name)]
+    if not wanted:
+        return
+    ids = {i.oid for i in built}
+    todo = [i for i in wanted if i.oid in ids or history_name(i).lower() not in inputs.existing]
+    if not todo:
+        return
+    gold_dir = delta_rs.schema_dir(spark, layer_schema(cfg, "gold"))
+    silver_dir = delta_rs.schema_dir(spark, layer_schema(cfg, "silver"))
+    concurrently(
+        lambda info: keep_history(spark, cfg, info, gold_dir, silver_dir),
+        todo,
+        engine.current().workers,
+    )
+
+
 def run_gold(spark: SparkSession, cfg: Config) -> GoldResult:
     """One gold run over every snapshotted table of the configured source.
 
@@ -291,6 +315,7 @@ def run_gold(spark: SparkSession, cfg: Config) -> GoldResult:
     built = _build_tables(spark, cfg, inputs, [(info, s) for _, info, s in work])
     for (i, _, _), outcome in zip(work, built, strict=True):
         outcomes[i] = outcome
+    _keep_histories(spark, cfg, inputs, [info for _, info, _ in work])
     done = [o for o in outcomes if o is not None]
     failpoint("gold.before_reports")
     if _reports_changed(cfg, inputs, len(work), done):

@@ -41,6 +41,7 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,7 +50,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pgmedallion.bronze.spark_table import bronze_dir
-from pgmedallion.capture.pgoutput import decode, format_lsn
+from pgmedallion.capture.pgoutput import MSG_COMMIT, decode, format_lsn
+from pgmedallion.capture.replication import PG_EPOCH_US
 from pgmedallion.core import deletion_vectors, delta_rs, engine
 from pgmedallion.core.config import Config
 from pgmedallion.core.naming import quote
@@ -65,7 +67,7 @@ from pgmedallion.silver.cast_rows import (
 )
 from pgmedallion.silver.catalog import load_tables
 from pgmedallion.silver.contract import Names, SilverResult, TableInfo, ensure_silver_tables
-from pgmedallion.silver.decode import TableDiffs, table_diffs, wal_window
+from pgmedallion.silver.decode import TableDiffs, message_type, table_diffs, wal_window
 from pgmedallion.silver.errors import ErrorRecord, SchemaIncompatible, TableTruncated
 from pgmedallion.silver.first_load import first_snapshot
 from pgmedallion.silver.identity import resolve_previous_images
@@ -80,6 +82,7 @@ from pgmedallion.silver.write import (
     restate_added,
     widen_columns,
     write_adjustments,
+    write_commits,
     write_errors,
     write_progress,
     write_relations,
@@ -178,7 +181,8 @@ def _run_once(spark: SparkSession, cfg: Config) -> tuple[SilverResult, bool]:
 
     work, rows, adjusted = _run_tables(spark, cfg, n, r, diffs_of, wal_diffs, copy_widths)
     resync = _request_resync(spark, cfg, n, r)
-    _write_run(spark, n, source, r, work, adjusted)
+    commits = _commits(wal) if cfg.keeps_history() else []
+    _write_run(spark, n, source, r, work, adjusted, commits)
     wal.unpersist()
     wal_diffs.unpersist()
     log.info(
@@ -720,15 +724,33 @@ def _run_first_snapshots(
     return rest
 
 
+def _commits(wal: Window) -> list[tuple[int, datetime]]:
+    """The window's transactions (one read of each): commit LSN and commit time (UTC)."""
+    out = []
+    for m in wal.messages((message_type(MSG_COMMIT),)):
+        at = decode(m["payload"]).commit_time + PG_EPOCH_US
+        out.append((int(m["lsn"]), datetime.fromtimestamp(at / 1e6, UTC)))
+    return out
+
+
 def _write_run(
-    spark: SparkSession, n: Names, source: str, r: _Run, work: list[int], adjusted: list[tuple]
+    spark: SparkSession,
+    n: Names,
+    source: str,
+    r: _Run,
+    work: list[int],
+    adjusted: list[tuple],
+    commits: list[tuple[int, datetime]],
 ) -> None:
-    """The run's errors, adjustments, Relations and tables, then its ``_progress`` row."""
+    """The run's errors, adjustments, commits, Relations and tables, then its ``_progress``
+    row."""
     run = r.plan.run
     if r.errors:
         write_errors(spark, n, source, run, {**r.gone, **r.tables}, r.errors)
     if adjusted:
         write_adjustments(spark, n, source, run, r.tables, adjusted)
+    if commits:
+        write_commits(spark, n, source, run, commits)
     new = [(lsn, o, p) for lsn, o, p in r.window_relations if lsn >= r.plan.f_from]  # not re-read
     if new:
         write_relations(spark, n, source, run, [(decode(p).relid, lsn, o, p) for lsn, o, p in new])

@@ -54,6 +54,12 @@ ADJUSTMENTS_DDL = (
 )
 """Values a declared policy changed instead of keeping exactly (``Rounded``, ``Clamped``,
 ``Nulled``), counted per table, column and run; gold reports them in ``_quality``."""
+COMMITS_DDL = (
+    "source STRING NOT NULL, lsn BIGINT NOT NULL, commit_time TIMESTAMP, run BIGINT NOT NULL"
+)
+"""The source's transactions a run read: each commit LSN and the commit's time (the Commit
+message's timestamp), written where a table keeps history (``gold.history_table``): what
+gives a version its times and a time its LSN."""
 RELATIONS_DDL = (
     "source STRING NOT NULL, relid BIGINT NOT NULL, lsn BIGINT NOT NULL, ordinal BIGINT NOT NULL, "
     "payload BINARY NOT NULL, run BIGINT NOT NULL"
@@ -153,7 +159,7 @@ class Names:
         q = lambda name: cfg.qualified("silver", name)  # noqa: E731
         self.tables, self.errors, self.progress = q("_tables"), q("_errors"), q("_progress")
         self.plans, self.relations = q("_plans"), q("_relations")
-        self.adjustments = q("_adjustments")
+        self.adjustments, self.commits = q("_adjustments"), q("_commits")
         self.bronze = cfg.qualified("bronze", "bronze")
         self.table = q
         self.schema = cfg.schema("silver")
@@ -163,7 +169,7 @@ def ensure_silver_tables(spark: SparkSession, cfg: Config) -> None:
     """Silver's schema and own tables, created (or upgraded) when missing; once per Spark
     application while their directories stay (where local)."""
     n = Names(cfg)
-    names = ("_tables", "_errors", "_progress", "_plans", "_relations", "_adjustments")
+    names = ("_tables", "_errors", "_progress", "_plans", "_relations", "_adjustments", "_commits")
     where = lambda: [delta_rs.table_dir(delta_rs.schema_dir(spark, n.schema), t) for t in names]  # noqa: E731
     if not first_time(spark, n.progress, where):
         return
@@ -182,6 +188,7 @@ def ensure_silver_tables(spark: SparkSession, cfg: Config) -> None:
         "_plans": PLANS_DDL,
         "_relations": RELATIONS_DDL,
         "_adjustments": ADJUSTMENTS_DDL,
+        "_commits": COMMITS_DDL,
     }
     columns = {name: delta_rs.arrow_columns(ddl) for name, ddl in ddls.items()}
     if delta_rs.create_layer_unregistered(spark, n.schema, columns):
@@ -203,6 +210,7 @@ def _ensure(spark: SparkSession, n: Names) -> None:
         (n.plans, PLANS_DDL),
         (n.relations, RELATIONS_DDL),
         (n.adjustments, ADJUSTMENTS_DDL),
+        (n.commits, COMMITS_DDL),
     ):
         sql = f"CREATE TABLE IF NOT EXISTS {table} ({ddl}) USING DELTA"
         create_table(spark, lambda sql=sql: spark.sql(sql))

@@ -192,6 +192,15 @@ def write_adjustments(
     append(spark, n, "_adjustments", rows, ddl, source, run, stamp="detected_at")
 
 
+def write_commits(
+    spark: SparkSession, n: Names, source: str, run: int, commits: list[tuple[int, datetime]]
+) -> None:
+    """Append ``(lsn, commit_time)`` of the window's transactions to ``_commits``."""
+    rows = [(source, lsn, at, run) for lsn, at in commits]
+    ddl = "source string, lsn long, commit_time timestamp, run long"
+    append(spark, n, "_commits", rows, ddl, source, run)
+
+
 def write_relations(
     spark: SparkSession,
     n: Names,
