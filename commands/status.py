@@ -312,7 +312,9 @@ def format_rows(columns: list[str], rows: list[tuple]) -> str:
 
 
 def print_query(spark: SparkSession, cfg: Config, query: str, *, limit: int = 100) -> None:
-    df = spark.sql(query)
+    from pgmedallion.gold.as_of import sql_as_of
+
+    df = spark.sql(sql_as_of(spark, cfg, query))
     rows = df.limit(limit + 1).collect()
     more = len(rows) > limit
     print(format_rows(df.columns, [tuple(r) for r in rows[:limit]]))

@@ -52,9 +52,7 @@ def _apply(history: pa.Table, diffs: pa.Table, times: Times, **kw) -> pa.Table:
 def _as_of(history: pa.Table, lsn: int) -> Counter:
     rows = history.to_pylist()
     return Counter(
-        (r["k"], r["v"])
-        for r in rows
-        if r[START] <= lsn and (r[END] is None or r[END] > lsn)
+        (r["k"], r["v"]) for r in rows if r[START] <= lsn and (r[END] is None or r[END] > lsn)
     )
 
 
@@ -152,3 +150,39 @@ def test_copies_of_a_row_are_versions_of_their_own():
     assert got == [(5, 8), (5, 8), (6, None)]  # the oldest copies end first
     assert all(r[START_AT] is None for r in h.to_pylist())  # no commit time known
     assert np.array_equal(np.array([_as_of(h, x)[(1, "a")] for x in (4, 5, 6, 8)]), [0, 2, 3, 1])
+
+
+def test_as_of_reads_are_rewritten_into_a_history_subquery():
+    from pgmedallion.gold.as_of import AsOfError, rewrite
+
+    cols = ["id", "name", START, END, START_AT, END_AT]
+    seen = []
+
+    def columns_of(name):
+        seen.append(name)
+        if "missing" in name:
+            raise LookupError(name)
+        return cols
+
+    q = rewrite(
+        "SELECT o.id FROM gold.orders AS OF LSN '0/10' o JOIN gold.items AS OF LSN '16' "
+        "ON o.id = items.id WHERE o.id > 1",
+        columns_of,
+        lambda t: 99,
+    )
+    assert seen == ["gold.`orders__history`", "gold.`items__history`"]
+    assert "WHERE __start_lsn <= 16 AND (__end_lsn IS NULL OR __end_lsn > 16)) AS o JOIN" in q
+    assert q.endswith("AS items ON o.id = items.id WHERE o.id > 1"), q
+    assert "`name`" in q and "__start_at" not in q
+    t = rewrite("SELECT * FROM orders AS OF TIMESTAMP '2026-11-28 12:00:00'", columns_of, len)
+    assert "__start_lsn <= 19 " in t and t.endswith("AS orders")  # len(...) is the "LSN"
+    try:
+        rewrite("SELECT * FROM missing AS OF LSN '1'", columns_of, len)
+        raise AssertionError("no error")
+    except AsOfError as e:
+        assert "keeps no history" in str(e)
+    try:
+        rewrite("SELECT * FROM orders AS OF LSN 'x/y/z'", columns_of, len)
+        raise AssertionError("no error")
+    except AsOfError as e:
+        assert "not an LSN" in str(e)
