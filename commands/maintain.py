@@ -26,6 +26,7 @@ from pyspark.sql import SparkSession
 from pgmedallion.core import deletion_vectors, delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.gold.history import read_reported
+from pgmedallion.gold.history_table import expire, history_name
 from pgmedallion.silver.catalog import load_tables
 from pgmedallion.silver.compact import compact_local, compact_table
 
@@ -74,6 +75,24 @@ def touched(result) -> set[int]:
     """The OIDs of the tables a gold run (``GoldResult``) built or held: the ones whose silver
     and gold tables may have gained files (an unchanged table's did not)."""
     return {o.table.oid for o in result.tables if o.mode != "unchanged"}
+
+
+def _history_upkeep(spark, cfg: Config, info, gold_dir, crowded, every: bool) -> list[str]:
+    """A history table's upkeep: versions past the retention deleted, then its files compacted,
+    when it has more than ``FILES`` of them (each gold run adds one), or on every call for
+    every table (``every``)."""
+    name = history_name(info)
+    path = delta_rs.table_dir(gold_dir, name)
+    if not (crowded("gold", name) or every):
+        return []
+    done = []
+    expired = expire(spark, cfg, info, path)
+    if expired:
+        done.append(f"gold {name}: {expired} versions past the retention deleted")
+    if data_files(spark, cfg.qualified("gold", name), path) is None:
+        return done
+    optimize(spark, cfg.qualified("gold", name), path)
+    return [*done, f"gold {name}: files compacted"]
 
 
 def maintain(
@@ -130,6 +149,8 @@ def maintain(
         if crowded("gold", name):
             optimize(spark, cfg.qualified("gold", name), delta_rs.table_dir(dirs["gold"], name))
             done.append(f"gold {name}: files compacted")
+        if cfg.history(info.qualified_name):
+            done += _history_upkeep(spark, cfg, info, dirs["gold"], crowded, every=tables is None)
     own_due = tables is None or (last_run + 1) % OWN_EVERY == 0
     for layer, names in OWN_TABLES.items() if own_due else ():
         for name in names:

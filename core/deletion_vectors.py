@@ -226,6 +226,51 @@ def _locate(path: str, key: pa.Table, names: list[str], most: int, workers: int)
     return Located(path, version, rows, [files[i] for i in hit], file_of, position, kept)
 
 
+def delete_below(
+    path: str, column: str, bound: pa.Scalar, *, app: str, version: int, metadata: dict
+) -> int | None:
+    """The rows of the table at ``path`` whose ``column`` is below ``bound`` (a NULL is not)
+    deleted by deletion vector in one commit (the idempotency record ``app`` at ``version``);
+    how many, or None when another commit came first. Raises :class:`Unsupported` for a table
+    it does not write."""
+    table = delta_rs.open_table(path)
+    version_read = table.version()
+    layout = _layout(table)
+    if column not in layout.physical:
+        raise Unsupported(f"no column {column}")
+    actions = pa.table(table.get_add_actions(flatten=True))
+    files = [unquote(p) for p in actions.column("path").to_pylist()]
+    kept = _keep_masks(table, path)
+    root = Path(path)
+    hits: list[tuple[int, np.ndarray]] = []
+    for i, name in enumerate(files):
+        values = _read(root / name, layout, [column]).column(0)
+        below = pc.fill_null(pc.less(values, bound.cast(values.type)), False)
+        mask = below.to_numpy(zero_copy_only=False)
+        keep = kept.get(name)
+        if keep is not None:
+            mask[: len(keep)] &= keep[: len(mask)]
+        if mask.any():
+            hits.append((i, np.flatnonzero(mask)))
+    if not hits:
+        return 0
+    located = Located(
+        path,
+        version_read,
+        pa.table({}),
+        [files[i] for i, _ in hits],
+        np.concatenate([np.full(len(p), n, np.int32) for n, (_, p) in enumerate(hits)]),
+        np.concatenate([p for _, p in hits]),
+        kept,
+    )
+    empty = layout.schema.empty_table()
+    count = len(located.position)
+    done = delete_and_append(
+        located, np.ones(count, bool), empty, app=app, version=version, metadata=metadata
+    )
+    return count if done else None
+
+
 def _in_bounds(actions: pa.Table, layout: _Layout, key: pa.Table) -> np.ndarray:
     """Per file (``get_add_actions`` rows), whether its statistics let it hold one of
     ``key``'s rows: a one-column integer key with no NULL among its values, each file's

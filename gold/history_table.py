@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from functools import partial
 
 import numpy as np
@@ -440,6 +441,41 @@ class _History:
         finally:
             for k in settings:
                 spark.conf.unset(k)
+
+
+def expire(spark: SparkSession, cfg: Config, info: TableInfo, path: str | None) -> int | None:
+    """The versions of ``info``'s history that ended more than ``[lakehouse]
+    history_retention_days`` ago (by ``__end_at``) deleted; how many (None: not counted, or
+    nothing to do). Current versions are never deleted, so reads as of any LSN within the
+    retention stay exact."""
+    days = cfg.lakehouse.history_retention_days
+    if days <= 0:
+        return None
+    cutoff = datetime.now(UTC) - timedelta(days=days)
+    name = cfg.qualified("gold", history_name(info))
+    if delta_rs.usable(path):
+        app = f"pgmedallion-history-retention-{info.source}-{info.silver_table}"
+        try:
+            count = deletion_vectors.delete_below(
+                path,
+                END_AT,
+                pa.scalar(cutoff, TIME),
+                app=app,
+                version=int(cutoff.timestamp()),
+                metadata={},
+            )
+        except deletion_vectors.Unsupported as reason:
+            log.info("%s: retention through Spark (%s)", name, reason)
+        else:
+            if count is not None:
+                return count
+    if not table_exists(spark, name):
+        return None
+    spark.sql(
+        f"DELETE FROM {name} WHERE {END_AT} < CAST(:cutoff AS TIMESTAMP)",
+        args={"cutoff": cutoff.isoformat(sep=" ")},
+    )
+    return None
 
 
 def _bucket(

@@ -163,3 +163,18 @@ def test_every_table_read_as_of_every_recorded_point_is_what_postgres_held(spark
     run_stages(spark, cfg)
     if before is not None:
         assert delta_rs.open_table(path).version() == before
+
+    # retention: upkeep deletes the versions that ended before its cutoff, never a current one
+    from pgmedallion.maintain import maintain
+
+    hist = spark.table(cfg.qualified("gold", "public_acct__history"))
+    assert hist.where("__end_lsn IS NOT NULL").count() > 0
+    current = spark.createDataFrame(hist.where("__end_lsn IS NULL").collect(), hist.schema)
+    short = replace(cfg, lakehouse=replace(cfg.lakehouse, history_retention_days=1e-9))
+    done = maintain(spark, short)
+    assert any("public_acct__history" in d for d in done), done
+    hist = spark.table(cfg.qualified("gold", "public_acct__history"))
+    assert hist.where("__end_lsn IS NOT NULL").count() == 0
+    assert_df_equality(hist, current, ignore_row_order=True, ignore_nullable=True)
+    lsn, recorded = points[-1]
+    _check_point(spark, cfg, lsn, {"acct": recorded["acct"]}, {})
