@@ -125,6 +125,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and a second wave and run",
     )
     parser.add_argument(
+        "--history",
+        action="store_true",
+        help="then the same update run with the table keeping its history (issue 47): a run "
+        "that builds the history, an update wave and run with it, a run with nothing new, and "
+        "an update wave and run without it again",
+    )
+    parser.add_argument(
         "--migrations",
         action="store_true",
         help="then time the run after each of six schema migrations (followed in place) and "
@@ -208,12 +215,46 @@ def run(args: argparse.Namespace) -> Result:
         check_sample(env, name, jdbc_path, wave, "the JDBC table")
         if not args.skip_noop:
             ours["noop"] = procs.pgmedallion("noop")
+        if args.history:
+            with_history(env, procs, name, table, gold_path, ours, args.skip_noop)
         if args.migrations:
             migrate(env, procs, name, table, gold_path, ours)
     finally:
         with env.connect() as conn:
             drop_slot(conn, SLOT)
     return report(args, table, ours, peer, warm, wave)
+
+
+HISTORY_ENV = "PGMEDALLION_LAKEHOUSE_HISTORY"
+
+
+def with_history(
+    env: BenchEnv,
+    procs: Processes,
+    name: str,
+    table: dict[str, int],
+    gold_path: Path,
+    ours: dict[str, ProcessRun],
+    skip_noop: bool,
+) -> None:
+    """``--history``: the table keeps its history from a run on (``history-build``: the
+    versions of its current rows), then an update wave and run with it (``update-history``), a
+    run with nothing new (``noop-history``), and an update wave and run without it again
+    (``update-again``: the same work without history, later in the same run)."""
+    procs.ours_env[HISTORY_ENV] = "true"
+    try:
+        ours["history-build"] = procs.pgmedallion("history-build")
+        wave = update_wave(env, name, table, SEED + 1 + int(time.time()))
+        ours["update-history"] = procs.pgmedallion("update-history")
+        check_gold_count(gold_path, table["rows"])
+        check_sample(env, name, gold_path, wave, "gold")
+        if not skip_noop:
+            ours["noop-history"] = procs.pgmedallion("noop-history")
+    finally:
+        procs.ours_env.pop(HISTORY_ENV, None)
+    wave = update_wave(env, name, table, SEED + 2 + int(time.time()))
+    ours["update-again"] = procs.pgmedallion("update-again")
+    check_sample(env, name, gold_path, wave, "gold")
 
 
 class Processes:
@@ -565,6 +606,23 @@ def report(
             )
     if "resync" in ours:
         say(f"a new snapshot (pgmedallion resync, then run): {ours['resync'].seconds:.1f} s")
+    history = {}
+    if "update-history" in ours:
+        plain = (update.seconds + ours["update-again"].seconds) / 2
+        history = {
+            "build_s": round(ours["history-build"].seconds, 2),
+            "update_s": round(ours["update-history"].seconds, 2),
+            "update_again_s": round(ours["update-again"].seconds, 2),
+            "noop_s": round(ours["noop-history"].seconds, 2) if "noop-history" in ours else None,
+            "added": round(ours["update-history"].seconds / plain - 1, 3),
+        }
+        say(
+            f"history: building it {history['build_s']:.1f} s; the update run with it "
+            f"{history['update_s']:.1f} s against {update.seconds:.1f} s and "
+            f"{ours['update-again'].seconds:.1f} s without: {100 * history['added']:+.0f}% "
+            "(goal <= +20%)"
+            + (f"; nothing new {history['noop_s']:.1f} s" if history["noop_s"] else "")
+        )
     runs = {**{k: v for k, v in ours.items()}, **{f"jdbc_{k}": v for k, v in peer.items()}}
     say(
         "peak RSS of the process trees: "
@@ -576,7 +634,12 @@ def report(
         ours=Timing("pgmedallion", first.seconds),
         peer=Timing("spark.read.jdbc", jdbc_first.seconds),
         goal=GOAL_FIRST,
-        params={"rows": args.rows, "skip_noop": args.skip_noop, "migrations": args.migrations},
+        params={
+            "rows": args.rows,
+            "skip_noop": args.skip_noop,
+            "migrations": args.migrations,
+            "history": args.history,
+        },
         details={
             "table": table_name(args.rows),
             "table_bytes": table["bytes"],
@@ -588,6 +651,7 @@ def report(
                 for label in [m[0] for m in MIGRATIONS] + ["resync"]
                 if label in ours
             },
+            "history": history or None,
             "jdbc_first_s": round(jdbc_first.seconds, 2),
             "jdbc_reload_s": round(jdbc_reload.seconds, 2),
             "first_ratio": round(first_ratio, 3),

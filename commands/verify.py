@@ -48,6 +48,9 @@ from pgmedallion.core.config import Config
 from pgmedallion.core.errors import PipelineError
 from pgmedallion.core.naming import quote
 from pgmedallion.core.spark import one_task_per_partition
+from pgmedallion.gold.as_of import read_as_of
+from pgmedallion.gold.history_table import history_name
+from pgmedallion.gold.table_io import gold_table_names
 from pgmedallion.pipeline import run_stages, silver_state
 from pgmedallion.silver.cast_columns import cast_values
 from pgmedallion.silver.catalog import load_tables, table_exists
@@ -74,6 +77,8 @@ class TableCheck:
     exact: bool
     gold_rows: int | None = None
     gold_exact: bool | None = None
+    history_exact: bool | None = None
+    """The history table read as of gold's frontier equals gold (None: it keeps none)."""
     samples: list[str] = field(default_factory=list)
 
 
@@ -84,7 +89,10 @@ class VerifyResult:
 
     @property
     def ok(self) -> bool:
-        return all(t.exact and t.gold_exact is not False for t in self.tables)
+        return all(
+            t.exact and t.gold_exact is not False and t.history_exact is not False
+            for t in self.tables
+        )
 
     def report(self) -> str:
         lines = [f"verify at LSN {format_lsn(self.lsn)}:"]
@@ -94,6 +102,8 @@ class VerifyResult:
                 if t.gold_exact is None
                 else f", gold {t.gold_rows} {'exact' if t.gold_exact else 'MISMATCH'}"
             )
+            if t.history_exact is not None:
+                gold += f", history {'exact' if t.history_exact else 'MISMATCH'}"
             status = "exact" if t.exact else "MISMATCH"
             lines.append(
                 f"  {t.table:<32} source {t.source_rows:>9}  silver {t.silver_rows:>9}  "
@@ -301,10 +311,11 @@ def verify(
         log.info("verify: columns changed during the catch-up run; reading the source again")
     gold_frontiers = _gold_frontiers(spark, cfg) if check_gold else {}
     # Every table's frames first; their checksums in one job; samples only where they differ.
-    pairs = []  # (info, source, silver, gold, silver at gold's frontier)
+    pairs = []  # (info, source, silver, gold, silver at gold's frontier, history there)
+    have = gold_table_names(spark, cfg) if check_gold and cfg.keeps_history() else set()
     for oid, info in sorted(tables.items(), key=lambda kv: kv[1].qualified_name):
         if oid in absent:
-            pairs.append((info, None, None, None, None))
+            pairs.append((info, None, None, None, None, None))
             continue
         columns = [(c["name"], pg_type_of(c)) for c in info.columns]
         names = [c for c, _ in columns]
@@ -316,16 +327,19 @@ def verify(
         )
         source = cast_values(source, "values", columns)
         silver = silver_state(spark, cfg, info.silver_table, lsn + 1).select(*_cols(names))
-        gold = at_gold = None
+        gold = at_gold = history = None
         if check_gold and oid in gold_frontiers:
             gold = spark.table(cfg.qualified("gold", info.silver_table)).select(*_cols(names))
             at_gold = silver_state(spark, cfg, info.silver_table, gold_frontiers[oid])
             at_gold = at_gold.select(*_cols(names))
-        pairs.append((info, source, silver, gold, at_gold))
+            if history_name(info).lower() in have:  # every transaction below the frontier
+                history = read_as_of(spark, cfg, info.silver_table, gold_frontiers[oid] - 1)
+                history = history.select(*_cols(names))
+        pairs.append((info, source, silver, gold, at_gold, history))
     frames = [f for pair in pairs for f in pair[1:] if f is not None]
     sums = iter(_checksums(frames))
     checks = []
-    for info, source, silver, gold, at_gold in pairs:
+    for info, source, silver, gold, at_gold, history in pairs:
         if source is None:
             checks.append(_not_comparable(info, absent[info.oid], cfg))
             continue
@@ -343,6 +357,11 @@ def verify(
             check.gold_rows, check.gold_exact = ng, gexact
             if not gexact:
                 check.samples += _samples(gold, at_gold, "gold", "silver")
+            if history is not None:
+                nh, hh, _ = next(sums)
+                check.history_exact = nh == ng and hh == hg
+                if not check.history_exact:
+                    check.samples += _samples(history, gold, "history", "gold")
         elif check_gold:
             check.gold_exact = False
             check.samples.append("no gold frontier for this table")

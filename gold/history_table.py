@@ -238,7 +238,7 @@ class _History:
                     renames[old] = entry["name"]
         after = {renames.get(n, n): t for n, t in have.items()}
         for f in fields:
-            if f.name in after and after[f.name] != f.dataType:
+            if f.name in after and after[f.name].simpleString() != f.dataType.simpleString():
                 raise CannotFollow(
                     f"column {f.name} is {f.dataType.simpleString()} now, "
                     f"{after[f.name].simpleString()} in the history"
@@ -342,30 +342,89 @@ class _History:
         if restart is not None:
             open_keys = delta_rs.read_arrow(self.path, key, f"{quote_sql(END)} IS NULL")
             keys = pa.concat_tables([keys, open_keys.cast(keys.schema)])
+        metadata = {"userMetadata": json.dumps({TAG: meta})}
+        version = int(meta["silver_run"])
         try:
             located = deletion_vectors.locate(self.path, keys, all_names, most)
         except deletion_vectors.Unsupported as reason:
-            log.info("%s: history through Spark (%s)", self.name, reason)
-            return False
+            # e.g. a column with fields of its own under column mapping: a small table's
+            # history goes through delta-rs' MERGE, which rewrites the files it touches
+            if delta_rs.count(self.path) > delta_rs.small_rows():
+                log.info("%s: history through Spark (%s)", self.name, reason)
+                return False
+            return self.merged(diffs, keys, key, names, all_names, floor, restart, meta)
         if located is None:
             return False
         is_open = pc.is_null(located.rows.column(END)).to_numpy(zero_copy_only=False)
         open_rows = located.rows.filter(pa.array(is_open))
-        lsns = pc.fill_null(diffs.column(LSN), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-        wanted = [*np.maximum(lsns, floor).tolist(), floor] if len(lsns) else [floor]
-        out = versions(open_rows, diffs, names, self.times(wanted), floor=floor, restart_at=restart)
+        out = versions(
+            open_rows, diffs, names, self.times_of(diffs, floor), floor=floor, restart_at=restart
+        )
         try:
             return deletion_vectors.delete_and_append(
-                located,
-                is_open,
-                out,
-                app=self.app_id,
-                version=int(meta["silver_run"]),
-                metadata={"userMetadata": json.dumps({TAG: meta})},
+                located, is_open, out, app=self.app_id, version=version, metadata=metadata
             )
         except deletion_vectors.Unsupported as reason:
             log.info("%s: history through Spark (%s)", self.name, reason)
             return False
+
+    def times_of(self, diffs: pa.Table, floor: int) -> Times:
+        lsns = pc.fill_null(diffs.column(LSN), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        return self.times([*np.maximum(lsns, floor).tolist(), floor])
+
+    def merged(
+        self,
+        diffs: pa.Table,
+        keys: pa.Table,
+        key: list[str],
+        names: list[str],
+        all_names: list[str],
+        floor: int,
+        restart: int | None,
+        meta: dict,
+    ) -> bool:
+        """:meth:`in_driver`'s commit as a delta-rs MERGE: the open versions of ``keys``
+        deleted, the rule's rows inserted."""
+        version = int(meta["silver_run"])
+        table = delta_rs.open_table(self.path)
+        if delta_rs.done(table, self.app_id, version):
+            return True
+        opened = delta_rs.read_arrow(self.path, all_names, f"{quote_sql(END)} IS NULL")
+        opened = opened.filter(pa.array(deletion_vectors.matching(opened, keys)))
+        out = versions(
+            opened, diffs, names, self.times_of(diffs, floor), floor=floor, restart_at=restart
+        )
+        distinct = keys.group_by(keys.column_names).aggregate([])
+        source = pa.concat_tables(
+            [
+                out.append_column(OP, pa.array(["insert"] * out.num_rows, pa.string())),
+                _keyed_deletes(distinct, out.schema),
+            ]
+        )
+        match = " AND ".join(
+            f"(t.{quote_sql(k)} IS NOT DISTINCT FROM s.{quote_sql(k)})" for k in key
+        )
+        values = {quote_sql(n): f"s.{quote_sql(n)}" for n in all_names}
+        props = delta_rs.commit_properties(
+            self.app_id, version, {"userMetadata": json.dumps({TAG: meta})}
+        )
+        (
+            table.merge(
+                source,
+                predicate=f"(s.{OP} = 'delete') AND (t.{quote_sql(END)} IS NULL) AND {match}",
+                source_alias="s",
+                target_alias="t",
+                commit_properties=props,
+            )
+            .when_matched_delete()
+            .when_not_matched_insert(updates=values, predicate=f"s.{OP} = 'insert'")
+            .execute()
+        )
+        if not delta_rs.done(delta_rs.open_table(self.path), self.app_id, version):
+            delta_rs.empty_commit(
+                self.path, self.app_id, version, {"userMetadata": json.dumps({TAG: meta})}
+            )
+        return True
 
     # ------------------------------------------------------------------ on Spark
 
@@ -471,10 +530,8 @@ def expire(spark: SparkSession, cfg: Config, info: TableInfo, path: str | None) 
                 return count
     if not table_exists(spark, name):
         return None
-    spark.sql(
-        f"DELETE FROM {name} WHERE {END_AT} < CAST(:cutoff AS TIMESTAMP)",
-        args={"cutoff": cutoff.isoformat(sep=" ")},
-    )
+    micros = int(cutoff.timestamp() * 1_000_000)  # Delta's DELETE takes no parameter markers
+    spark.sql(f"DELETE FROM {name} WHERE {END_AT} < timestamp_micros({micros})")
     return None
 
 
@@ -492,6 +549,18 @@ def _bucket(
     return versions(
         open_rows.select(history), diffs, columns, times, floor=floor, restart_at=restart
     )
+
+
+def _keyed_deletes(keys: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A MERGE source row per key (``_op = 'delete'``; NULL in the other columns)."""
+    columns = []
+    for f in schema:
+        if f.name in keys.column_names:
+            columns.append(keys.column(f.name).cast(f.type))
+        else:
+            columns.append(pa.nulls(keys.num_rows, f.type))
+    columns.append(pa.array(["delete"] * keys.num_rows, pa.string()))
+    return pa.table(columns, schema=pa.schema([*schema, pa.field(OP, pa.string())]))
 
 
 def _semi(rows: DataFrame, keys: DataFrame, key: list[str]) -> DataFrame:

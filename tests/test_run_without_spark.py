@@ -101,6 +101,8 @@ def _run(config: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
 )
 def test_an_incremental_run_needs_no_spark_and_gold_stays_exact(db, tmp_path):
     config, env, no_java = _lakehouse(db, tmp_path, "lazy", SCHEMA, "orders, events, spans")
+    # every table keeps its history, in the driver too (gold/history_table.py)
+    env["PGMEDALLION_LAKEHOUSE_HISTORY"] = no_java["PGMEDALLION_LAKEHOUSE_HISTORY"] = "true"
 
     first = _run(config, env, "run")
     assert first.returncode == 0, first.stdout + first.stderr
@@ -150,6 +152,9 @@ def test_an_incremental_run_needs_no_spark_and_gold_stays_exact(db, tmp_path):
     reshaped = _run(config, no_java, "run")
     assert reshaped.returncode == 0, reshaped.stdout + reshaped.stderr
     assert "starting Spark" not in reshaped.stderr, reshaped.stderr
+    gold_dir = tmp_path / "state" / "warehouse" / "pgm_gold.db"
+    for table in ("orders", "events", "spans"):
+        assert (gold_dir / f"public_{table}__history" / "_delta_log").is_dir()
     assert "gold: public.orders: 385 rows" in reshaped.stdout, reshaped.stdout
     orders = [line for line in reshaped.stdout.splitlines() if "gold: public.orders" in line]
     assert orders and "(incremental)" in orders[0], reshaped.stdout
@@ -169,8 +174,12 @@ def test_an_incremental_run_needs_no_spark_and_gold_stays_exact(db, tmp_path):
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "public.orders" in verify.stdout and "public.events" in verify.stdout
     assert "verify: OK" in verify.stdout, verify.stdout
+    # each table's history read as of gold's frontier is gold
+    assert verify.stdout.count("history exact") == 3, verify.stdout
     assert "Traceback" not in driver.stderr + spans.stderr + migrated.stderr + halfway.stderr
     assert "Traceback" not in reshaped.stderr
+    assert "history not updated" not in driver.stderr + spans.stderr + migrated.stderr
+    assert "history not updated" not in reshaped.stderr + halfway.stderr
     assert "Traceback" not in verify.stderr
 
 
