@@ -191,7 +191,7 @@ def _locate(path: str, key: pa.Table, names: list[str], most: int, workers: int)
         if n not in layout.physical:
             raise Unsupported(f"no column {n}")
     for f in key.schema:
-        if not _joinable(layout.schema.field(f.name).type):
+        if not joinable(layout.schema.field(f.name).type):
             raise Unsupported(f"key column {f.name} of type {f.type}")
     key = _distinct(_cast(key, layout.schema))
     actions = pa.table(table.get_add_actions(flatten=True))
@@ -350,7 +350,9 @@ def _some_value(t: pa.DataType) -> pa.Scalar:
     return pa.scalar(0, t)  # an integer
 
 
-def _joinable(t: pa.DataType) -> bool:
+def joinable(t: pa.DataType) -> bool:
+    """Whether :func:`locate` finds rows by a key column of type ``t`` (a hash join takes it
+    exactly)."""
     return (
         pa.types.is_integer(t)
         or pa.types.is_string(t)

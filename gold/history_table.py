@@ -61,6 +61,7 @@ from pgmedallion.gold.versions import (
     TIME,
     VERSION_COLUMNS,
     Times,
+    aligned,
     versions,
 )
 from pgmedallion.silver.contract import DIFF, LSN, METADATA, TableInfo
@@ -334,7 +335,7 @@ class _History:
         if delta_rs.count(self.silver_path, where) > most:
             return False
         diffs = self.passing(delta_rs.read_arrow(self.silver_path, [*names, LSN, DIFF], where))
-        key = [k for k in self.key(names) if _joinable(diffs.schema.field(k).type)]
+        key = [k for k in self.key(names) if deletion_vectors.joinable(diffs.schema.field(k).type)]
         if not key:
             return False
         keys = diffs.select(key)
@@ -553,14 +554,8 @@ def _bucket(
 
 def _keyed_deletes(keys: pa.Table, schema: pa.Schema) -> pa.Table:
     """A MERGE source row per key (``_op = 'delete'``; NULL in the other columns)."""
-    columns = []
-    for f in schema:
-        if f.name in keys.column_names:
-            columns.append(keys.column(f.name).cast(f.type))
-        else:
-            columns.append(pa.nulls(keys.num_rows, f.type))
-    columns.append(pa.array(["delete"] * keys.num_rows, pa.string()))
-    return pa.table(columns, schema=pa.schema([*schema, pa.field(OP, pa.string())]))
+    rows = aligned(keys, schema)
+    return rows.append_column(OP, pa.array(["delete"] * keys.num_rows, pa.string()))
 
 
 def _semi(rows: DataFrame, keys: DataFrame, key: list[str]) -> DataFrame:
@@ -575,16 +570,3 @@ def _semi(rows: DataFrame, keys: DataFrame, key: list[str]) -> DataFrame:
 
 def quote_sql(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
-
-
-def _joinable(t: pa.DataType) -> bool:
-    return (
-        pa.types.is_integer(t)
-        or pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_binary(t)
-        or pa.types.is_date(t)
-        or pa.types.is_timestamp(t)
-        or pa.types.is_decimal(t)
-        or pa.types.is_boolean(t)
-    )

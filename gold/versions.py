@@ -95,7 +95,7 @@ def versions(
     n_open, n_diff = open_rows.num_rows, diffs.num_rows
     opened = open_rows.select(data)
     opened = opened.cast(pa.schema([f.with_nullable(True) for f in opened.schema]))
-    started = _aligned(diffs, opened.schema)
+    started = aligned(diffs, opened.schema)
     rows = pa.concat_tables([opened, started]) if n_diff else opened
     ids = group_ids([rows.column(c) for c in columns], rows.num_rows)
 
@@ -148,7 +148,7 @@ def _ints(table: pa.Table, name: str) -> np.ndarray:
     return pc.fill_null(table.column(name), 0).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def _aligned(diffs: pa.Table, schema: pa.Schema) -> pa.Table:
+def aligned(diffs: pa.Table, schema: pa.Schema) -> pa.Table:
     """``diffs``' rows in the columns of ``schema`` (NULL where they have no such column)."""
     out = []
     for f in schema:
