@@ -68,7 +68,13 @@ def lakehouse_current(cfg: Config, batch: int | None = None, spark=None) -> bool
         batch = bronze_batch(cfg, spark) if batch is None else batch
         progress = _rows(cfg, "silver", "_progress", "run, bronze_batch", spark)
         plans = _rows(cfg, "silver", "_plans", "run", spark)
-        tables = _rows(cfg, "silver", "_tables", "table_oid, snapshot_lsn", spark)
+        tables = _rows(
+            cfg,
+            "silver",
+            "_tables",
+            "table_oid, snapshot_lsn, table_schema, table_name, silver_table",
+            spark,
+        )
         frontier = _rows(cfg, "gold", "_frontier", "table_oid, silver_run", spark)
         quality = _rows(cfg, "gold", "_quality", "run, policy, failed", spark)
     except Exception as exc:  # a table being created, a version vacuumed: let Spark decide
@@ -83,4 +89,22 @@ def lakehouse_current(cfg: Config, batch: int | None = None, spark=None) -> bool
         return False  # gold refused a table at that run: the run fails again, as it should
     snapshotted = {t["table_oid"] for t in tables if t["snapshot_lsn"] is not None}
     reported = {f["table_oid"]: f["silver_run"] for f in frontier}
-    return set(reported) == snapshotted and all(run == last["run"] for run in reported.values())
+    if set(reported) != snapshotted or any(run != last["run"] for run in reported.values()):
+        return False
+    return not _history_missing(cfg, tables, spark)
+
+
+def _history_missing(cfg: Config, tables: list[dict], spark) -> bool:
+    """Whether a table that keeps history has no history table yet (turned on since the last
+    run: the run builds it, nothing new or not)."""
+    wanted = [
+        t["silver_table"] + "__history"
+        for t in tables
+        if t["snapshot_lsn"] is not None and cfg.history(f"{t['table_schema']}.{t['table_name']}")
+    ]
+    if not wanted:
+        return False
+    if spark is not None:
+        have = delta_rs.table_names(spark, cfg.schema("gold"))
+        return any(name.lower() not in have for name in wanted)
+    return not all(delta_rs.usable(cfg.local_table_path("gold", name)) for name in wanted)

@@ -185,3 +185,34 @@ def test_every_table_read_as_of_every_recorded_point_is_what_postgres_held(spark
     assert_df_equality(hist, current, ignore_row_order=True, ignore_nullable=True)
     lsn, recorded = points[-1]
     _check_point(spark, cfg, lsn, {"acct": recorded["acct"]}, {})
+
+
+def test_history_turned_on_is_built_by_the_next_run_even_with_nothing_new(spark, db):
+    """A scheduled run with nothing new costs the capture alone (``current.lakehouse_current``),
+    unless a table's history was turned on since: then the lakehouse is not current, and the run
+    builds the history from what silver holds."""
+    from pgmedallion.current import lakehouse_current
+
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    cfg = make_config(db, "later")
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("UPDATE acct SET tier = 'gold' WHERE id <= 5")
+    run_stages(spark, cfg)
+    assert lakehouse_current(cfg, spark=spark)  # nothing new, no table keeps history
+    on = replace(cfg, lakehouse=replace(cfg.lakehouse, history=True))
+    assert not lakehouse_current(on, spark=spark)
+    run_stages(spark, on)
+    assert lakehouse_current(on, spark=spark)
+    hist = spark.table(cfg.qualified("gold", "public_acct__history"))
+    gold = spark.table(cfg.qualified("gold", "public_acct")).drop("_lsn")
+    assert_df_equality(
+        hist.where("__end_lsn IS NULL").select(*gold.columns),
+        gold,
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+    # silver kept every change since the snapshot: the updated rows' versions before it too
+    assert hist.where("id <= 5 AND __end_lsn IS NOT NULL AND tier = 'basic'").count() == 5
