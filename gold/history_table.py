@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -82,6 +83,8 @@ class CannotFollow(Exception):
 class HistoryApplied:
     silver_run: int
     frontier: int
+    silver_frontier: int
+    """Silver's frontier then: above ``frontier`` where gold held the table back."""
 
 
 def history_name(info: TableInfo) -> str:
@@ -166,7 +169,10 @@ class _History:
         if commit is None:
             return None
         meta = json.loads(commit[1])[TAG]
-        return HistoryApplied(int(meta["silver_run"]), int(meta["frontier"]))
+        frontier = int(meta["frontier"])
+        return HistoryApplied(
+            int(meta["silver_run"]), frontier, int(meta.get("silver_frontier", frontier))
+        )
 
     def silver_fields(self) -> list[T.StructField]:
         if delta_rs.usable(self.silver_path):
@@ -185,6 +191,7 @@ class _History:
     # ------------------------------------------------------------------ the run
 
     def bring_up(self) -> str | None:
+        started = time.monotonic()
         gold_path = self.gold_path if delta_rs.usable(self.gold_path) else None
         target = applied_state(self.spark, self.gold, gold_path)
         if target is None:
@@ -211,20 +218,30 @@ class _History:
         else:
             mode, floor, restart = "incremental", snapshot, None
         where = f"{SILVER_RUN} <= {int(target.silver_run)} AND {LSN} < {int(target.frontier)}"
-        if mode == "incremental":
+        if mode == "incremental" and h.frontier < h.silver_frontier:
+            # rows held back below gold's frontier then are in runs already applied
             where += f" AND ({SILVER_RUN} > {int(h.silver_run)} OR {LSN} >= {int(h.frontier)})"
+        elif mode == "incremental":  # silver's files are skipped by their runs' statistics
+            where += f" AND {SILVER_RUN} > {int(h.silver_run)}"
         names = [f.name for f in fields]
-        meta = {"silver_run": target.silver_run, "frontier": target.frontier, "mode": mode}
+        meta = {
+            "silver_run": target.silver_run,
+            "frontier": target.frontier,
+            "silver_frontier": target.silver_frontier,
+            "mode": mode,
+        }
         done = False
         if self.local() and delta_rs.usable(self.silver_path):
             done = self.in_driver(names, where, floor, restart, meta)
         if not done:
             self.on_spark(fields, where, floor, restart, meta)
         log.info(
-            "%s: history %s to silver run %d",
+            "%s: history %s to silver run %d (%s, %.1f s)",
             self.info.qualified_name,
             mode,
             target.silver_run,
+            "driver" if done else "Spark",
+            time.monotonic() - started,
         )
         return mode
 
