@@ -49,6 +49,7 @@ from pyspark.sql import types as T
 from pgmedallion.core import deletion_vectors, delta_rs, engine
 from pgmedallion.core.by_key import cogrouped
 from pgmedallion.core.config import Config
+from pgmedallion.core.multiset import group_ids
 from pgmedallion.core.naming import quote
 from pgmedallion.core.session import real
 from pgmedallion.gold.history import applied_state
@@ -362,8 +363,17 @@ class _History:
             keys = pa.concat_tables([keys, open_keys.cast(keys.schema)])
         metadata = {"userMetadata": json.dumps({TAG: meta})}
         version = int(meta["silver_run"])
+        keyed = restart is None and key == list(self.info.primary_key)
         try:
-            located = deletion_vectors.locate(self.path, keys, all_names, most)
+            located, open_rows = None, None
+            if keyed:  # the open versions' values from the diffs that close them
+                short = [*key, START, START_AT, END, END_AT]
+                short += [n for n in all_names if n not in names and n not in short]
+                located = deletion_vectors.locate(self.path, keys, list(dict.fromkeys(short)), most)
+                if located is not None:
+                    open_rows = _closed_by(located.rows, diffs, key, all_names)
+            if open_rows is None:
+                located = deletion_vectors.locate(self.path, keys, all_names, most)
         except deletion_vectors.Unsupported as reason:
             # e.g. a column with fields of its own under column mapping: a small table's
             # history goes through delta-rs' MERGE, which rewrites the files it touches
@@ -374,7 +384,8 @@ class _History:
         if located is None:
             return False
         is_open = pc.is_null(located.rows.column(END)).to_numpy(zero_copy_only=False)
-        open_rows = located.rows.filter(pa.array(is_open))
+        if open_rows is None:
+            open_rows = located.rows.filter(pa.array(is_open))
         out = versions(
             open_rows, diffs, names, self.times_of(diffs, floor), floor=floor, restart_at=restart
         )
@@ -567,6 +578,44 @@ def _bucket(
     return versions(
         open_rows.select(history), diffs, columns, times, floor=floor, restart_at=restart
     )
+
+
+def _closed_by(
+    located: pa.Table, diffs: pa.Table, key: list[str], all_names: list[str]
+) -> pa.Table | None:
+    """The open versions among ``located`` (their key, ``__start_lsn``, ``__start_at`` and
+    the columns the source dropped) with the values of the row each holds, taken from the diff
+    that ends it: in a table with a primary key each key has at most one open version, and
+    the first retraction of its key in the increment retracts that version's row (silver's
+    retractions hold the whole old row, REPLICA IDENTITY DEFAULT included). So a keyed
+    table's history reads three small columns of its files, not its rows. None where that
+    does not hold (a key with two open versions, an open version nothing retracts): the caller
+    reads the rows."""
+    is_open = pc.is_null(located.column(END))
+    opened = located.filter(is_open)
+    n = opened.num_rows
+    retract = diffs.filter(pc.less(diffs.column(DIFF), 0))
+    retract = retract.take(pc.sort_indices(retract, [(LSN, "ascending")]))
+    both = pa.concat_tables(
+        [opened.select(key), retract.select(key).cast(opened.select(key).schema)]
+    )
+    ids = group_ids([both.column(k) for k in key], both.num_rows)
+    mine, theirs = ids[:n], ids[n:]
+    if len(np.unique(mine)) != n:
+        return None
+    first_of, at = np.unique(theirs, return_index=True)  # the first retraction of each key
+    where = np.searchsorted(first_of, mine)
+    found = (where < len(first_of)) & (first_of[np.clip(where, 0, len(first_of) - 1)] == mine)
+    if not found.all():
+        return None
+    rows = retract.take(pa.array(at[where], pa.int64()))
+    columns = []
+    for name in all_names:
+        if name in rows.column_names and name not in (LSN, DIFF):
+            columns.append(rows.column(name))
+        else:
+            columns.append(opened.column(name))
+    return pa.table(columns, names=all_names)
 
 
 def _keyed_deletes(keys: pa.Table, schema: pa.Schema) -> pa.Table:
