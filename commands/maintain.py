@@ -40,12 +40,20 @@ every table took about 20 s."""
 
 OWN_EVERY = 8
 """A run adds at most one file to each of the layers' own tables, and counting a table's files
-is a Spark job where Spark reads it (half a second each, eight tables): a pipeline run looks at
+is a Spark job where Spark reads it (half a second each, nine tables): a pipeline run looks at
 them every 8th silver run, so they are compacted by 24 files at most. A call for every table
 (``tables`` None: the tests, a person) looks at them each time."""
 
 OWN_TABLES = {
-    "silver": ("_progress", "_plans", "_relations", "_errors", "_adjustments", "_tables"),
+    "silver": (
+        "_progress",
+        "_plans",
+        "_relations",
+        "_errors",
+        "_adjustments",
+        "_tables",
+        "_commits",
+    ),
     "gold": ("_quality", "_frontier"),
 }
 

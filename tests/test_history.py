@@ -74,10 +74,10 @@ def _step(conn, rng: random.Random, step: int) -> None:
             conn.execute("INSERT INTO ledger VALUES ('after', 7), ('after', 7)")
 
 
-def _record(conn) -> tuple[int, dict]:
+def _record(conn, late: bool = False) -> tuple[int, dict]:
     lsn = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0]
     rows = {}
-    for t in TABLES:
+    for t in TABLES + (("late",) if late else ()):
         cur = conn.execute(f"SELECT * FROM {t}")
         rows[t] = ([d.name for d in cur.description], cur.fetchall())
     return int(lsn), rows
@@ -115,12 +115,21 @@ def test_every_table_read_as_of_every_recorded_point_is_what_postgres_held(spark
         points.append(_record(conn))
         for step in range(1, 13):
             _step(conn, rng, step)
+            if step == 7:  # a table added to the publication later: history from its snapshot
+                conn.execute(
+                    "CREATE TABLE late (id int PRIMARY KEY, v text);"
+                    "INSERT INTO late SELECT g, 'v' || g FROM generate_series(1, 5) g;"
+                    "ALTER PUBLICATION pub ADD TABLE late"
+                )
+            if step >= 10:
+                conn.execute("UPDATE late SET v = v || '+' WHERE id = %s", (step - 9,))
             if step == 5:  # migrations while captured
                 conn.execute("ALTER TABLE acct ADD COLUMN note text NOT NULL DEFAULT 'hi'")
                 conn.execute("ALTER TABLE ledger RENAME COLUMN n TO amount")
                 conn.execute("ALTER TABLE badge DROP COLUMN gone")
                 conn.execute("UPDATE acct SET note = 'changed' WHERE id = 2")
-            points.append(_record(conn))
+            # late is snapshotted by step 9's run: its rows count from the points after it
+            points.append(_record(conn, late=step >= 10))
             if step % 3 == 0:
                 run_stages(spark, cfg)
             if step == 9:  # snapshotted again, with nothing written since the run
@@ -133,6 +142,7 @@ def test_every_table_read_as_of_every_recorded_point_is_what_postgres_held(spark
         "public.acct": True,
         "public.badge": True,
         "public.ledger": True,
+        "public.late": True,
     }
     assert "history exact" in checked.report()
 
@@ -141,6 +151,10 @@ def test_every_table_read_as_of_every_recorded_point_is_what_postgres_held(spark
         # saw the drop (step 6's, of steps 4-6) reads its changes without it, as silver does.
         skip = {"badge": ("gone",)} if i > 3 else {}
         _check_point(spark, cfg, lsn, recorded, skip)
+
+    # a table added later has no history before its snapshot
+    assert read_as_of(spark, cfg, "public_late", points[8][0]).count() == 0
+    assert read_as_of(spark, cfg, "public_late", points[10][0]).count() == 5
 
     # a column added later is NULL in the versions that ended before it
     first_lsn = points[0][0]
@@ -216,3 +230,35 @@ def test_history_turned_on_is_built_by_the_next_run_even_with_nothing_new(spark,
     )
     # silver kept every change since the snapshot: the updated rows' versions before it too
     assert hist.where("id <= 5 AND __end_lsn IS NOT NULL AND tier = 'basic'").count() == 5
+
+
+def test_rows_gold_holds_in_quarantine_are_not_in_the_history(spark, db):
+    """Under ``on_error = "quarantine"`` a row failing a row rule (here a NOT NULL column that
+    an ``infinity = "null"`` policy makes NULL) is in the quarantine table, not gold: its
+    history has no version while it is there, and one from the transaction that fixed it."""
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE q (id int PRIMARY KEY, at timestamp NOT NULL, v int);"
+            "INSERT INTO q VALUES (1, '2026-01-01', 1), (2, 'infinity', 2);"
+            "CREATE PUBLICATION pub FOR TABLE q"
+        )
+    policy = TablePolicy(on_error="quarantine", infinity="null", history="on")
+    cfg = make_config(db, "quar", **{"public.q": policy})
+    drop_schemas(spark, cfg)
+    run_stages(spark, cfg)
+    hist = cfg.qualified("gold", "public_q__history")
+    assert sorted(r["id"] for r in spark.table(hist).collect()) == [1]
+    lsn = "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("UPDATE q SET at = '2026-02-02' WHERE id = 2")
+        fixed = conn.execute(lsn).fetchone()[0]
+        conn.execute("UPDATE q SET at = 'infinity' WHERE id = 1")
+        broken = conn.execute(lsn).fetchone()[0]
+    run_stages(spark, cfg)
+    rows = {r["id"]: r for r in spark.table(hist).collect()}
+    assert sorted(rows) == [1, 2]  # one version each
+    assert rows[2]["__end_lsn"] is None and rows[2]["__start_lsn"] <= fixed
+    assert fixed < rows[1]["__end_lsn"] <= broken
+    gold = spark.table(cfg.qualified("gold", "public_q")).drop("_lsn")
+    current = spark.table(hist).where("__end_lsn IS NULL").select(*gold.columns)
+    assert_df_equality(current, gold, ignore_row_order=True, ignore_nullable=True)
