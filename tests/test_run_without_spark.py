@@ -161,6 +161,13 @@ def test_an_incremental_run_needs_no_spark_and_gold_stays_exact(db, tmp_path):
     assert "column(s) status added with the value of the rows already there" in reshaped.stderr
     assert "renamed: n -> amount" in reshaped.stderr, reshaped.stderr
 
+    # A run killed between a gold commit and its history's: the next run finds gold done and
+    # brings the history up to it (verify, below, compares each history with gold).
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("UPDATE orders SET note = 'killed' WHERE id = 14")
+    killed = _run(config, dict(no_java, PGMEDALLION_FAILPOINTS="gold.after_table"), "run")
+    assert killed.returncode != 0, killed.stdout + killed.stderr
+
     # A run that needs Spark (here a table with more changes than [lakehouse] batch_changes)
     # starts it halfway, and is exact.
     with psycopg.connect(**db, autocommit=True) as conn:
