@@ -310,36 +310,43 @@ class _History:
 
     def times(self, lsns: list[int]) -> Times:
         """The commits of ``_commits`` from the newest at or below the least of ``lsns`` to the
-        greatest."""
+        greatest. The least is a commit's own LSN in an increment (a diff's), so the range is
+        read alone; only a snapshot's or a restart's LSN, which is no commit, asks for the one
+        before it (a read of every older file)."""
         if not lsns:
             return Times.of([], [])
         low, high = min(lsns), max(lsns)
         source = self.cfg.source.name.replace("'", "''")
         cond = f"source = '{source}'"
         if delta_rs.usable(self.commits_path):
-            (first,) = delta_rs.query(
-                self.commits_path,
-                f"SELECT max(lsn) AS m FROM t WHERE {cond} AND lsn <= {int(low)}",
-            ).to_pylist()
-            since = first["m"] if first["m"] is not None else low
-            rows = delta_rs.query(
-                self.commits_path,
-                "SELECT lsn, commit_time FROM t "
-                f"WHERE {cond} AND lsn >= {int(since)} AND lsn <= {int(high)}",
-            )
-            micros = rows.column("commit_time").cast(TIME).cast(pa.int64())
-            return Times.of(rows.column("lsn").to_pylist(), micros.to_pylist())
+
+            def read(where: str) -> tuple[list, list]:
+                rows = delta_rs.query(
+                    self.commits_path, f"SELECT lsn, commit_time FROM t WHERE {cond} AND {where}"
+                )
+                micros = rows.column("commit_time").cast(TIME).cast(pa.int64())
+                return rows.column("lsn").to_pylist(), micros.to_pylist()
+
+            found, micros = read(f"lsn >= {int(low)} AND lsn <= {int(high)}")
+            if low not in found:
+                (first,) = delta_rs.query(
+                    self.commits_path,
+                    f"SELECT max(lsn) AS m FROM t WHERE {cond} AND lsn < {int(low)}",
+                ).to_pylist()
+                if first["m"] is not None:
+                    before, at = read(f"lsn = {int(first['m'])}")
+                    found, micros = found + before, micros + at
+            return Times.of(found, micros)
         commits = self.cfg.qualified("silver", "_commits")
         if not table_exists(self.spark, commits):
             return Times.of([], [])
         df = self.spark.table(commits).where(f"{cond}")
-        first = df.where(F.col("lsn") <= low).agg(F.max("lsn")).collect()[0][0]
-        since = first if first is not None else low
-        got = (
-            df.where((F.col("lsn") >= since) & (F.col("lsn") <= high))
-            .select("lsn", F.unix_micros("commit_time").alias("us"))
-            .collect()
-        )
+        us = F.unix_micros("commit_time").alias("us")
+        got = df.where((F.col("lsn") >= low) & (F.col("lsn") <= high)).select("lsn", us).collect()
+        if low not in {r["lsn"] for r in got}:
+            first = df.where(F.col("lsn") < low).agg(F.max("lsn")).collect()[0][0]
+            if first is not None:
+                got += df.where(F.col("lsn") == first).select("lsn", us).collect()
         return Times.of([r["lsn"] for r in got], [r["us"] for r in got])
 
     # ------------------------------------------------------------------ in the driver
@@ -386,9 +393,8 @@ class _History:
         is_open = pc.is_null(located.rows.column(END)).to_numpy(zero_copy_only=False)
         if open_rows is None:
             open_rows = located.rows.filter(pa.array(is_open))
-        out = versions(
-            open_rows, diffs, names, self.times_of(diffs, floor), floor=floor, restart_at=restart
-        )
+        times = self.times_of(diffs, floor, restart)
+        out = versions(open_rows, diffs, names, times, floor=floor, restart_at=restart)
         try:
             return deletion_vectors.delete_and_append(
                 located, is_open, out, app=self.app_id, version=version, metadata=metadata
@@ -397,9 +403,12 @@ class _History:
             log.info("%s: history through Spark (%s)", self.name, reason)
             return False
 
-    def times_of(self, diffs: pa.Table, floor: int) -> Times:
+    def times_of(self, diffs: pa.Table, floor: int, restart: int | None) -> Times:
+        """The commit times the rule asks for: those of the diffs' LSNs (a diff below
+        ``floor`` counts at it) and of ``restart``."""
         lsns = pc.fill_null(diffs.column(LSN), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-        return self.times([*np.maximum(lsns, floor).tolist(), floor])
+        wanted = np.unique(np.maximum(lsns, floor)).tolist()
+        return self.times(wanted + ([restart] if restart is not None else []))
 
     def merged(
         self,
@@ -420,9 +429,8 @@ class _History:
             return True
         opened = delta_rs.read_arrow(self.path, all_names, f"{quote_sql(END)} IS NULL")
         opened = opened.filter(pa.array(deletion_vectors.matching(opened, keys)))
-        out = versions(
-            opened, diffs, names, self.times_of(diffs, floor), floor=floor, restart_at=restart
-        )
+        times = self.times_of(diffs, floor, restart)
+        out = versions(opened, diffs, names, times, floor=floor, restart_at=restart)
         distinct = keys.group_by(keys.column_names).aggregate([])
         source = pa.concat_tables(
             [
@@ -493,7 +501,8 @@ class _History:
                 open_rows.select(*[F.col(quote(k)) for k in key])
             ).distinct()
         bounds = diffs.agg(F.min(LSN), F.max(LSN)).collect()[0]
-        wanted = [floor] + [max(int(b), floor) for b in bounds if b is not None]
+        wanted = [max(int(b), floor) for b in bounds if b is not None]
+        wanted += [restart] if restart is not None else []
         rule = partial(
             _bucket,
             columns=names,
