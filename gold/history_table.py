@@ -52,6 +52,7 @@ from pgmedallion.core.config import Config
 from pgmedallion.core.multiset import group_ids
 from pgmedallion.core.naming import quote
 from pgmedallion.core.session import real
+from pgmedallion.core.spark import reshape_columns
 from pgmedallion.gold.history import applied_state
 from pgmedallion.gold.quality import row_rules
 from pgmedallion.gold.table_io import create_table, table_exists
@@ -273,8 +274,6 @@ class _History:
                     before=START,
                 )
             if done is None:
-                from pgmedallion.core.spark import reshape_columns
-
                 reshape_columns(
                     self.spark, self.name, renames, [], [(f.name, f.dataType) for f in added], START
                 )
