@@ -268,8 +268,10 @@ def test_incremental_runs_end_to_end(bench_env, capsys, identity):
 def test_load_runs_end_to_end(bench_env, capsys):
     """Whole ``pgmedallion run`` processes and the JDBC peer's, each with a JVM of its own (the
     tests' session is not used). The benchmark itself checks gold's row count and sampled
-    values after the update wave, and the JDBC table's; here the record and the slot."""
-    result, last, records = _run(bench_env, "load", ["--rows", "3000", "--skip-noop"], capsys)
+    values after the update wave, and the JDBC table's; here the record and the slot. With
+    ``--history``: the runs with the table keeping its history, and without it again."""
+    argv = ["--rows", "3000", "--skip-noop", "--history"]
+    result, last, records = _run(bench_env, "load", argv, capsys)
     match = RESULT_LINE.match(last)
     assert match, last
     assert match.group(1) == "load" and match.group(2) == "spark.read.jdbc"
@@ -281,13 +283,26 @@ def test_load_runs_end_to_end(bench_env, capsys):
         details["jdbc_reload_s"] / details["update_s"], rel=0.01
     )
     assert set(details["stages_s"]["first"]) == {"capture", "silver", "gold"}
-    assert set(details["peak_rss_tree_kib"]) == {"first", "update", "jdbc_first", "jdbc_reload"}
+    assert set(details["peak_rss_tree_kib"]) == {
+        "first",
+        "update",
+        "history-build",
+        "update-history",
+        "update-again",
+        "jdbc_first",
+        "jdbc_reload",
+    }
+    history = details["history"]
+    assert history["noop_s"] is None and history["update_s"] > 0 and history["build_s"] > 0
+    plain = (details["update_s"] + history["update_again_s"]) / 2
+    assert history["added"] == pytest.approx(history["update_s"] / plain - 1, abs=0.01)
     assert all(kib > 0 for kib in details["peak_rss_tree_kib"].values())
     [record] = records
     assert record["name"] == "load" and record["params"] == {
         "rows": 3000,
         "skip_noop": True,
         "migrations": False,
+        "history": True,
     }
     config = (bench_env.state_dir / "load" / "pgmedallion.toml").read_text()
     assert bench_env.conninfo["password"] not in config  # through the environment only
