@@ -827,9 +827,14 @@ def read_arrow(path: str, names: list[str], where: str | None = None) -> pa.Tabl
     return query(path, sql)
 
 
+def sql_name(name: str) -> str:
+    """A column name quoted for DataFusion SQL."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 def sql_names(names: list[str]) -> str:
     """Column names quoted for DataFusion SQL, comma separated."""
-    return ", ".join('"' + n.replace('"', '""') + '"' for n in names)
+    return ", ".join(sql_name(n) for n in names)
 
 
 def query(path: str, sql: str) -> pa.Table:

@@ -365,7 +365,7 @@ class _History:
         keys = diffs.select(key)
         all_names = [f.name for f in self.history_fields()]
         if restart is not None:
-            open_keys = delta_rs.read_arrow(self.path, key, f"{quote_sql(END)} IS NULL")
+            open_keys = delta_rs.read_arrow(self.path, key, f"{delta_rs.sql_name(END)} IS NULL")
             keys = pa.concat_tables([keys, open_keys.cast(keys.schema)])
         metadata = {"userMetadata": json.dumps({TAG: meta})}
         version = int(meta["silver_run"])
@@ -426,7 +426,7 @@ class _History:
         table = delta_rs.open_table(self.path)
         if delta_rs.done(table, self.app_id, version):
             return True
-        opened = delta_rs.read_arrow(self.path, all_names, f"{quote_sql(END)} IS NULL")
+        opened = delta_rs.read_arrow(self.path, all_names, f"{delta_rs.sql_name(END)} IS NULL")
         opened = opened.filter(pa.array(deletion_vectors.matching(opened, keys)))
         times = self.times_of(diffs, floor, restart)
         out = versions(opened, diffs, names, times, floor=floor, restart_at=restart)
@@ -438,16 +438,17 @@ class _History:
             ]
         )
         match = " AND ".join(
-            f"(t.{quote_sql(k)} IS NOT DISTINCT FROM s.{quote_sql(k)})" for k in key
+            f"(t.{delta_rs.sql_name(k)} IS NOT DISTINCT FROM s.{delta_rs.sql_name(k)})" for k in key
         )
-        values = {quote_sql(n): f"s.{quote_sql(n)}" for n in all_names}
+        values = {delta_rs.sql_name(n): f"s.{delta_rs.sql_name(n)}" for n in all_names}
+        end = delta_rs.sql_name(END)
         props = delta_rs.commit_properties(
             self.app_id, version, {"userMetadata": json.dumps({TAG: meta})}
         )
         (
             table.merge(
                 source,
-                predicate=f"(s.{OP} = 'delete') AND (t.{quote_sql(END)} IS NULL) AND {match}",
+                predicate=f"(s.{OP} = 'delete') AND (t.{end} IS NULL) AND {match}",
                 source_alias="s",
                 target_alias="t",
                 commit_properties=props,
@@ -640,7 +641,3 @@ def _semi(rows: DataFrame, keys: DataFrame, key: list[str]) -> DataFrame:
         term = F.col(quote(n)).eqNullSafe(F.col(f"_k{i}"))
         cond = term if cond is None else cond & term
     return rows.join(k, cond, "left_semi")
-
-
-def quote_sql(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'

@@ -163,10 +163,6 @@ def merge_gold(t: Table, ops: DataFrame) -> None:
 # with Spark.
 
 
-def _sql_name(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def merge_gold_delta_rs(
     t: Table, ops: DataFrame, metadata: dict, version: int | None, rows_before: int | None
 ) -> bool:
@@ -217,10 +213,12 @@ def merge_arrow(t: Table, source: pa.Table, metadata: dict, version: int) -> boo
     table = delta_rs.open_table(t.path)
     if delta_rs.done(table, t.app_id, version):
         return True
-    values = {_sql_name(n): f"s.{_sql_name(n)}" for n in [*t.names, LSN]}
+    values = {delta_rs.sql_name(n): f"s.{delta_rs.sql_name(n)}" for n in [*t.names, LSN]}
     # Each term in parentheses: DataFusion parses ``a AND b IS NOT DISTINCT FROM c`` otherwise
     # (a text key column then fails to plan).
-    match = " AND ".join(f"(t.{_sql_name(k)} IS NOT DISTINCT FROM s.{_sql_name(k)})" for k in t.key)
+    match = " AND ".join(
+        f"(t.{delta_rs.sql_name(k)} IS NOT DISTINCT FROM s.{delta_rs.sql_name(k)})" for k in t.key
+    )
     meta = {"userMetadata": json.dumps({TAG: metadata})}
     props = delta_rs.commit_properties(t.app_id, version, meta)
     try:
