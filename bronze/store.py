@@ -204,6 +204,34 @@ class Bronze(ABC):
             if r["kind"] == "error"
         }
 
+    def dropped_tables(self) -> set[int]:
+        """The captured tables recorded as dropped at the source (``TableDropped``)."""
+        return {oid for code, oid, _ in self.recorded_errors() if code == "TableDropped" and oid}
+
+    def gaps(self) -> list[tuple[int, int, str]]:
+        """``(from, to, why)`` of every gap recorded (:meth:`record_gap`), oldest first."""
+        out = []
+        for r in self._records():
+            if r["kind"] == "resync" and r["table_oid"] is None:
+                p = json.loads(self._payload(r) or b"{}")
+                out.append((int(p["gap_from"]), r["lsn"], p.get("reason", "")))
+        return sorted(out, key=lambda g: g[1])
+
+    def record_gap(self, start: int, end: int, why: str) -> None:
+        """Record that the changes from ``start`` (bronze's frontier) to ``end`` (where the
+        stream goes on) were not read, and ``why``: one ``resync`` record for no table at
+        ``end``, in a batch of its own (every table was snapshotted again at or after it)."""
+        now = datetime.now(UTC)
+        buffer = RecordBuffer(self.source, "gap-" + now.strftime("%Y%m%dT%H%M%S%f"))
+        payload = {
+            "requested_at": now.isoformat(),
+            "reason": why,
+            "gap_from": start,
+        }
+        buffer.add("resync", end, payload=json_payload(payload))
+        batch_id = self.next_batch_id()
+        self.append(buffer.to_arrow(batch_id), batch_id)
+
     def landed_counts(self, batch_id: int) -> dict[str, int]:
         """``schema.table`` -> rows of the snapshot committed as batch ``batch_id`` (a ctid
         range holds as many rows as its largest ``ordinal``)."""
@@ -376,13 +404,13 @@ def _state(
         key = (r["kind"], r["table_oid"])
         newest[key] = max(newest.get(key, -1), r["batch_id"])
         if r["kind"] == "resync":
-            continue
+            continue  # (one for no table records a gap: see Bronze.record_gap)
         if r["table_oid"] not in snapshots or snapshots[r["table_oid"]][0] < r["lsn"]:
             snapshots[r["table_oid"]] = (r["lsn"], r["table_schema"], r["table_name"])
     resync = frozenset(
         oid
         for (kind, oid), batch in newest.items()
-        if kind == "resync" and batch > newest.get(("rewind", oid), -1)
+        if kind == "resync" and oid is not None and batch > newest.get(("rewind", oid), -1)
     )
     return BronzeState(
         frontier=frontier,

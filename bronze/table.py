@@ -24,7 +24,10 @@ Columns (documented in the README):
                  resync: JSON ``{"requested_at", "reason"?}`` (snapshot this table again:
                  ``pgmedallion resync``, or capture's own decision and its reason, a schema
                  change say; a table whose newest resync record is newer than its newest
-                 snapshot is snapshotted by the next capture)
+                 snapshot is snapshotted by the next capture); one with no table records a
+                 gap: ``{"requested_at", "reason", "gap_from"}``, the changes from
+                 ``gap_from`` (bronze's frontier then) to its ``lsn`` were not read (a lost
+                 slot, after ``pgmedallion resync --all`` snapshotted every table again)
     batch_id     the capture batch that committed the row (Delta txnVersion, per source)
     run_id       the capture attempt that produced it: one snapshot and one streaming session
                  (a retry after a transient error is a new run_id, so "one read" of a

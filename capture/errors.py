@@ -72,6 +72,13 @@ class SlotNotSynchronized(DefiniteError):
     back."""
 
 
+class SourceBehind(DefiniteError):
+    """A slot is to be made anew (``pgmedallion resync --all``) on a server whose WAL position
+    is still before bronze's frontier (a standby promoted before it received what bronze read,
+    or another server): its LSNs would go back. Nothing was written; a later run goes on once
+    the server's WAL has passed the frontier."""
+
+
 class FailoverUnsupported(DefiniteError):
     """``[source] failover_slot = "on"`` on a server without failover slots (before 17)."""
 

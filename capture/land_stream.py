@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import psycopg
 
@@ -22,6 +22,8 @@ from pgmedallion.bronze.table import (
 from pgmedallion.capture.connection import connect, connect_replication
 from pgmedallion.capture.errors import (
     PipelineError,
+    SlotCompacted,
+    TimelineChanged,
 )
 from pgmedallion.capture.options import (
     DELTA_RS_BATCH_BYTES,
@@ -42,12 +44,14 @@ from pgmedallion.capture.replication import (
     start_replication,
 )
 from pgmedallion.capture.slot import (
+    SlotState,
     SystemIdentity,
     check_resume_point,
     check_system,
     current_wal_lsn,
     identify_system,
     release_slot,
+    starts_afresh,
     timeline_history,
 )
 from pgmedallion.capture.snapshot import (
@@ -94,14 +98,8 @@ def land_stream(
             system = identify_system(repl)
             if state is None:
                 state = bronze.state()
-            if _check_recorded_system(repl, state, system):
-                # a new timeline: its first batch records it, even with nothing of ours new
-                limits = replace(options.limits, idle_commit_bytes=0)
-                options = replace(options, limits=limits)
             slot = release_slot(repl, target.slot)
-            frontier = state.frontier
-            resume = frontier if frontier is not None else slot.confirmed_flush_lsn or 0
-            check_resume_point(slot, resume)
+            resume, new_server = _resume_point(repl, conn, bronze, state, slot, system)
             # PostgreSQL 18 skips a dropped publication silently: check it by name first.
             tables = publication_tables(conn, target.publication)
             policies = stream_policies(conn, target, tables, state)
@@ -113,9 +111,12 @@ def land_stream(
                 "continuously" if continuous else f"to {format_lsn(stop_at)}",
             )
             stream = start_replication(repl, target.slot, target.publication, resume)
-            writer = _BatchWriter(
-                bronze, stream, run_id, system, resume, result, state.next_batch_id
-            )
+            # (a gap's record took a batch id)
+            next_batch = bronze.refresh().next_batch_id() if new_server else state.next_batch_id
+            writer = _BatchWriter(bronze, stream, run_id, system, resume, result, next_batch)
+            # a new timeline or server (or the end of a gap): the first batch records it, even
+            # with nothing of ours new
+            writer.must_commit = new_server
             try:
                 loop = _Loop(stop_at, options.stop or threading.Event(), end_at, options.limits)
                 _stream_loop(stream, writer, conn, target, loop, new_tables, policies, unchecked)
@@ -233,7 +234,7 @@ def _stream_loop(
         idle_due = now - writer.last_commit >= limits.idle_commit_interval_s
         moved = stream.position - writer.sealed
         worth = continuous or moved >= limits.idle_commit_bytes
-        if len(buffer) or (moved > 0 and ((stopping and worth) or idle_due)):
+        if len(buffer) or writer.must_commit or (moved > 0 and ((stopping and worth) or idle_due)):
             writer.commit()
         writer.poll()
         if stopping:
@@ -267,6 +268,9 @@ class _BatchWriter:
         self.buffer = WalBuffer(self.source, run_id)
         self.batch_id = batch_id
         self.identity = {"system_id": system.system_id, "timeline": system.timeline}
+        self.must_commit = False
+        """Whether the next batch is committed even if empty (its progress record says what
+        bronze must know: a new server, the end of a gap)."""
         self.committed = resume
         """The frontier of the last batch committed (and acknowledged, unless salvaged)."""
         self.sealed = resume
@@ -291,6 +295,7 @@ class _BatchWriter:
         self.wait()
         self._pending = (self._pool.submit(self._write, sealed), frontier, ack)
         self.sealed = frontier
+        self.must_commit = False
         self.batch_id += 1
         self.last_commit = time.monotonic()
 
@@ -345,6 +350,53 @@ class _BatchWriter:
             self.wait()
         except Exception as exc:  # the error being raised says more than this one
             log.warning("could not commit the last %d records: %s", len(self.buffer), exc)
+
+
+def _resume_point(
+    repl: psycopg.Connection,
+    conn: psycopg.Connection,
+    bronze: Bronze,
+    state: BronzeState,
+    slot: SlotState,
+    system: SystemIdentity,
+) -> tuple[int, bool]:
+    """Where the stream starts, and whether its first batch must record the server (a new
+    timeline, or after a gap a new server).
+
+    Bronze's frontier, on the server bronze recorded (or a later timeline of it, see
+    :func:`_check_recorded_system`), through a slot that still holds the changes from there
+    (else :class:`SlotCompacted`). A new bronze starts at the slot's ``confirmed_flush_lsn``.
+    Where the changes after the frontier cannot be read (the slot moved past it, or the server
+    does not continue bronze's WAL), the stream starts where the slot does instead only once no
+    table needs them (:func:`starts_afresh`: every table snapshotted again at or after that
+    point, ``pgmedallion resync --all``) and the server's WAL is past it; the gap is then
+    recorded in bronze (``Bronze.record_gap``)."""
+    frontier = state.frontier
+    if frontier is None:
+        return slot.confirmed_flush_lsn or 0, False
+    try:
+        moved = _check_recorded_system(repl, state, system)
+        check_resume_point(slot, frontier)
+        return frontier, moved
+    except (SlotCompacted, TimelineChanged) as exc:
+        lost = exc
+    resume = max(frontier, slot.confirmed_flush_lsn or 0)
+    snapshots = {oid: lsn for oid, (lsn, _, _) in state.snapshots.items()}
+    afresh = starts_afresh(snapshots, state.resync, bronze.dropped_tables(), resume)
+    if not afresh or current_wal_lsn(conn) < resume:
+        raise lost
+    if resume in {to for _, to, _ in bronze.gaps()}:  # recorded where the slot was made
+        log.info("the stream goes on from the new slot's start %s", format_lsn(resume))
+        return resume, True
+    bronze.record_gap(frontier, resume, f"{lost.code}: {lost}")
+    log.warning(
+        "%s; every table is snapshotted again at or after %s, so the stream goes on from there"
+        " (changes from %s on were not read: recorded as a gap)",
+        lost,
+        format_lsn(resume),
+        format_lsn(frontier),
+    )
+    return resume, True
 
 
 def _check_recorded_system(

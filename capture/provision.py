@@ -35,6 +35,7 @@ from pgmedallion.capture.connection import connect, connect_replication
 from pgmedallion.capture.errors import (
     FailoverUnsupported,
     PipelineError,
+    SlotInvalidated,
     SlotMissing,
     server_errors,
 )
@@ -267,6 +268,16 @@ def check_slot(conn: psycopg.Connection, slot: str, failover_slot: str = "off") 
         state = slot_state(conn, slot)
     except SlotMissing:
         return CheckResult("slot", True, f"replication slot {slot!r} is absent: will be created")
+    except SlotInvalidated as exc:
+        # the run says whether bronze needed it (then its error names the way back); a check
+        # that failed here would also hold back that way back, `resync --all`
+        return CheckResult(
+            "slot",
+            True,
+            f"{exc}: it cannot stream again; if bronze read through it, `pgmedallion resync"
+            " --all` snapshots every table again at a new slot (the invalidated one is dropped)",
+            warning=True,
+        )
     with server_errors():
         (database,) = conn.execute("SELECT current_database()").fetchone()
     if state.plugin != PLUGIN or state.database != database:

@@ -106,6 +106,7 @@ from pgmedallion.capture.errors import (
     SlotInvalidated,
     SlotMissing,
     SnapshotWaiting,
+    SourceBehind,
     TableDropped,
     TimelineChanged,
     TransientError,
@@ -136,11 +137,14 @@ from pgmedallion.capture.schema_changes import (
     changes,
 )
 from pgmedallion.capture.slot import (
+    START_OVER,
     current_wal_lsn,
+    drop_invalidated_slot,
     ensure_slot,
     identify_system,
     missing_slot,
     slot_state,
+    starts_afresh,
     wants_failover,
 )
 from pgmedallion.capture.snapshot import (
@@ -562,7 +566,7 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
     options, totals, stop = run.options, run.totals, run.stop
     state: BronzeState | None = bronze.refresh().state()
     captured = {oid: (schema, name) for oid, (_, schema, name) in state.snapshots.items()}
-    _provide_slot(target, state.frontier, bool(captured), state.system_identity)
+    _provide_slot(bronze, target, state)
     survey = _survey(target, captured, run.expected)
     resync = state.resync
     renamed_back, positional = _renamed_back(bronze, target, survey, captured, run)
@@ -789,23 +793,31 @@ def _unrecorded(catalog: Catalog, then: Catalog | None, record: Mapping) -> bool
     return bool(changes(then, catalog, Catalog.from_record(record.get("catalog"))).followed)
 
 
-def _provide_slot(
-    target: CaptureTarget, frontier: int | None, snapshotted: bool, recorded: Mapping | None
-) -> None:
+def _provide_slot(bronze: Bronze, target: CaptureTarget, state: BronzeState) -> None:
     """The main slot, created if bronze holds nothing yet (a failover slot where
-    ``[source] failover_slot`` wants one); bronze relies on it otherwise."""
+    ``[source] failover_slot`` wants one); bronze relies on it otherwise. A slot lost (dropped,
+    invalidated) while bronze holds something is created again only once no table needs the
+    changes it held (:func:`pgmedallion.capture.slot.starts_afresh`: ``pgmedallion resync
+    --all``); else the loss is a definite error that names that way back."""
     repl = connect_replication(target.conninfo)
     try:
         failover = wants_failover(target.failover_slot, repl.info.server_version)
-        if frontier is not None or snapshotted:
-            # A new slot would start after changes bronze never read.
+        lost = None
+        if state.frontier is not None or state.snapshots:
             try:
                 slot_state(repl, target.slot)
-            except SlotMissing as exc:
-                held = "snapshots" if frontier is None else f"changes up to {format_lsn(frontier)}"
-                raise missing_slot(exc, held, identify_system(repl), recorded) from None
-        state = ensure_slot(repl, target.slot, failover)
-        if failover and state.failover is False:
+            except (SlotMissing, SlotInvalidated) as exc:
+                _recreate_lost_slot(repl, bronze, target, state, exc)
+                lost = exc
+        slot = ensure_slot(repl, target.slot, failover)
+        if lost is not None:
+            # what bronze never read: after its frontier (or, before any stream, its newest
+            # snapshot) and before the new slot
+            since = state.frontier
+            if since is None:
+                since = max(lsn for lsn, _, _ in state.snapshots.values()) + 1
+            bronze.record_gap(since, slot.confirmed_flush_lsn or since, f"{lost.code}: {lost}")
+        if failover and slot.failover is False:
             log.warning(
                 "replication slot %s is not a failover slot: a standby does not keep it, so"
                 " capture cannot go on after a failover (`pgmedallion doctor` says how to make"
@@ -814,6 +826,47 @@ def _provide_slot(
             )
     finally:
         repl.close()
+
+
+def _recreate_lost_slot(
+    repl: psycopg.Connection,
+    bronze: Bronze,
+    target: CaptureTarget,
+    state: BronzeState,
+    lost: SlotMissing | SlotInvalidated,
+) -> None:
+    """Make way for a new slot where the one bronze read through is gone: only when every
+    table is to be snapshotted again (at the new slot, so after everything it missed) and the
+    server's WAL is past bronze's frontier (a new slot's LSNs go on from bronze's). Otherwise
+    raise the loss, naming the way back."""
+    frontier = state.frontier
+    now = current_wal_lsn(repl)
+    snapshots = {oid: lsn for oid, (lsn, _, _) in state.snapshots.items()}
+    if not starts_afresh(snapshots, state.resync, bronze.dropped_tables(), now):
+        held = "snapshots" if frontier is None else f"changes up to {format_lsn(frontier)}"
+        if isinstance(lost, SlotInvalidated):
+            raise SlotInvalidated(
+                f"{lost}, but bronze holds {held} read through it: changes since are lost;"
+                f" {START_OVER}"
+            ) from None
+        raise missing_slot(lost, held, identify_system(repl), state.system_identity) from None
+    if frontier is not None and now < frontier:
+        raise SourceBehind(
+            f"{lost}; every table is to be snapshotted again at a new slot, but the server's WAL"
+            f" position {format_lsn(now)} is before bronze's frontier {format_lsn(frontier)}"
+            " (a standby promoted before it received all bronze read, or another server):"
+            " nothing was written; run again once the server's WAL has passed"
+            f" {format_lsn(frontier)}"
+        )
+    if isinstance(lost, SlotInvalidated):
+        drop_invalidated_slot(repl, target.slot)
+    log.warning(
+        "%s: every table is snapshotted again, so a new slot %s takes its place (changes after"
+        " bronze's frontier %s and before the new snapshots are not read; the gap is recorded)",
+        lost,
+        target.slot,
+        "none" if frontier is None else format_lsn(frontier),
+    )
 
 
 @dataclass(frozen=True)

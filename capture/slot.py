@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import psycopg
@@ -177,6 +177,40 @@ def check_resume_point(state: SlotState, resume_lsn: int) -> None:
         )
 
 
+def starts_afresh(
+    snapshots: Mapping[int, int], pending: Collection[int], dropped: Collection[int], since: int
+) -> bool:
+    """Whether bronze needs no change before ``since`` any more: every captured table
+    (``snapshots``: OID -> its newest snapshot's LSN) is snapshotted at or after ``since``,
+    waits for a new snapshot (``pending``, taken later, at a WAL position past ``since``), or
+    was dropped. Changes bronze never read before ``since`` (a slot dropped, invalidated, not
+    synchronized to a promoted standby, or a server bronze did not read) then change nothing:
+    each table's rows before its snapshot come from the snapshot. The one rule of a lost slot
+    recovered in place (``pgmedallion resync --all``)."""
+    # a snapshot at L holds every transaction committing below L + 1 (its consistent point)
+    return bool(snapshots) and all(
+        lsn + 1 >= since or oid in pending or oid in dropped for oid, lsn in snapshots.items()
+    )
+
+
+def drop_invalidated_slot(repl_conn: psycopg.Connection, slot: str) -> None:
+    """Drop ``slot`` if the server invalidated it (its WAL is gone, so it can never stream
+    again) and it is ours: ``pgoutput`` in this database. Any other slot is left alone."""
+    row = _scalar(
+        repl_conn,
+        sql.SQL(
+            "SELECT to_jsonb(s)::text FROM pg_replication_slots s"
+            " WHERE slot_name = {} AND database = current_database()"
+        ).format(sql.Literal(slot)),
+    )
+    fields = json.loads(row) if row else {}
+    lost = fields.get("invalidation_reason") is not None or fields.get("wal_status") == "lost"
+    if not lost or fields.get("plugin") != PLUGIN:
+        return
+    with server_errors():
+        repl_conn.execute(sql.SQL("DROP_REPLICATION_SLOT {}").format(sql.Identifier(slot)))
+
+
 def release_slot(conn: psycopg.Connection, slot: str, timeout_s: float = 10.0) -> SlotState:
     """Terminate whatever other session streams from ``slot`` and wait until it lets go.
 
@@ -242,7 +276,12 @@ def parse_timeline_history(text: str) -> list[TimelineSwitch]:
     return switches
 
 
-START_OVER = "start this source over (a new source name or bronze table)"
+START_OVER = (
+    "`pgmedallion resync --all` snapshots every table again at a new slot, under the same"
+    " names (the changes in between are not read, and the gap is recorded)"
+)
+"""The way back when bronze can no longer continue through the slot: every table snapshotted
+again makes the changes bronze never read irrelevant (:func:`starts_afresh`)."""
 
 
 def missing_slot(

@@ -238,6 +238,13 @@ def _request_resync(spark, config: Config, tables: list[str]) -> bool:
 
 
 def cmd_resync(config: Config, args: argparse.Namespace) -> int:
+    from pgmedallion.pipeline import ALL_TABLES
+
+    if bool(args.tables) == bool(args.all):
+        print("resync: name the tables, or --all (not both)", file=sys.stderr)
+        return 2
+    if args.all:
+        args.tables = [ALL_TABLES]
     if args.request_only:
         from pgmedallion.capture.run import capture_needs_spark
         from pgmedallion.core.spark import get_spark
@@ -465,7 +472,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="snapshot tables again and rebuild their silver and gold (recovers any error state)",
         parents=[common],
     )
-    resync.add_argument("tables", nargs="+", metavar="TABLE", help="schema.table (or table)")
+    resync.add_argument("tables", nargs="*", metavar="TABLE", help="schema.table (or table)")
+    resync.add_argument(
+        "--all",
+        action="store_true",
+        help="every captured table: also the way back from a lost replication slot (a new slot"
+        " is made, and the gap recorded)",
+    )
     resync.add_argument(
         "--request-only",
         action="store_true",

@@ -369,12 +369,19 @@ class NotCaptured(PipelineError, ValueError):
     stage = "resync"
 
 
+ALL_TABLES = "*"
+"""``resync``'s name for every captured table (``pgmedallion resync --all``)."""
+
+
 def request_resync(spark: SparkSession | None, cfg: Config, names: list[str]) -> list[str]:
     """Ask the next capture to snapshot ``names`` (``schema.table``, or a table name that is
-    unique among the captured tables) again; their silver and gold tables are rebuilt from that
-    snapshot on, and no other table is touched. Returns the qualified names. Raises
-    :class:`NotCaptured`, having written nothing, when a name is not a captured table.
-    ``spark`` None: bronze is read and written without Spark (as capture does)."""
+    unique among the captured tables; :data:`ALL_TABLES`: every table captured and not
+    dropped) again; their silver and gold tables are rebuilt from that snapshot on, and no
+    other table is touched. Every table snapshotted again is also the way back from a lost
+    replication slot: the next capture then makes a new one (``capture.slot.starts_afresh``).
+    Returns the qualified names. Raises :class:`NotCaptured`, having written nothing, when a
+    name is not a captured table. ``spark`` None: bronze is read and written without Spark (as
+    capture does)."""
     from pgmedallion.capture.run import bronze_of, capture_target
 
     if spark is not None:
@@ -382,6 +389,11 @@ def request_resync(spark: SparkSession | None, cfg: Config, names: list[str]) ->
     bronze = bronze_of(spark, capture_target(cfg))
     state = bronze.state()
     captured = {f"{schema}.{name}": oid for oid, (_, schema, name) in state.snapshots.items()}
+    if ALL_TABLES in names:
+        if not captured:
+            raise NotCaptured(f"source {cfg.source.name!r} has captured no table yet")
+        dropped = bronze.dropped_tables()
+        names = [full for full, oid in captured.items() if oid not in dropped]
     by_name: dict[str, list[str]] = {}
     for full in captured:
         by_name.setdefault(full.split(".", 1)[1], []).append(full)

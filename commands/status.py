@@ -16,6 +16,7 @@ from pgmedallion.bronze.store import Bronze
 from pgmedallion.capture.pgoutput import format_lsn
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
+from pgmedallion.core.errors import holds_table
 from pgmedallion.slot_status import slot_report
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ class Status:
     silver: tuple[int, int, datetime | None] | None = None
     tables: list[TableStatus] | None = None
     schema_events: list[str] = field(default_factory=list)
+    gaps: list[tuple[int, int, str]] = field(default_factory=list)
+    """Changes capture never read, ``(from, to, why)``: a lost slot (``Bronze.gaps``)."""
     lakehouse_note: str | None = None
 
 
@@ -144,19 +147,17 @@ def collect_status(
         end = bronze.window_end()
         status.bronze = (end.frontier, end.source_time)
         status.schema_events = _schema_events(bronze)
+        status.gaps = bronze.gaps()
     progress = house.rows("silver", "_progress", f"SELECT * FROM {{t}} WHERE {where}")
     if progress:
         last = max(progress, key=lambda r: r["run"])
         status.silver = (last["run"], last["frontier"], last.get("source_time"))
-    errors = {
-        r["table_oid"]: r["n"]
-        for r in house.rows(
-            "silver",
-            "_errors",
-            f"SELECT table_oid, count(*) AS n FROM {{t}} WHERE {where} GROUP BY table_oid",
-        )
-        or []
-    }
+    errors = house.rows(
+        "silver",
+        "_errors",
+        f"SELECT table_oid, run, lsn, count(*) AS n FROM {{t}} WHERE {where}"
+        " GROUP BY table_oid, run, lsn",
+    )
     gold: dict[int, dict[str, Any]] = {}
     for r in house.rows("gold", "_frontier", f"SELECT * FROM {{t}} WHERE {where}") or []:
         if r["table_oid"] not in gold or gold[r["table_oid"]]["updated_at"] < r["updated_at"]:
@@ -164,13 +165,19 @@ def collect_status(
     tables = house.rows(
         "silver",
         "_tables",
-        f"SELECT table_oid, table_schema, table_name FROM {{t}} WHERE {where}",
+        "SELECT table_oid, table_schema, table_name, snapshot_run, snapshot_lsn FROM {t}"
+        f" WHERE {where}",
     )
     if tables is not None:
         status.tables = []
         for t in sorted(tables, key=lambda t: (t["table_schema"], t["table_name"])):
             g = gold.get(t["table_oid"], {})
-            n_err = errors.get(t["table_oid"], 0)
+            n_err = sum(  # those that hold the table: older ones are history
+                e["n"]
+                for e in errors or []
+                if e["table_oid"] == t["table_oid"]
+                and holds_table(e["run"], e["lsn"], t["snapshot_run"], t["snapshot_lsn"])
+            )
             status.ok = status.ok and n_err == 0
             status.tables.append(
                 TableStatus(
@@ -200,6 +207,11 @@ def format_status(s: Status) -> str:
         frontier, at = s.bronze
         text = format_lsn(frontier) if frontier is not None else "none yet"
         lines.append(f"bronze frontier: {text}{_as_of(at, s.read_at)}")
+    for start, end, why in s.gaps:
+        lines.append(
+            f"bronze gap: changes from {format_lsn(start)} to {format_lsn(end)} were not read"
+            f" ({why}); every table was snapshotted again at or after {format_lsn(end)}"
+        )
     if s.silver is not None:
         run, frontier, at = s.silver
         lines.append(f"silver frontier: {format_lsn(frontier)} (run {run}){_as_of(at, s.read_at)}")
@@ -291,6 +303,8 @@ def _schema_events(bronze: Bronze, newest: int = 10) -> list[str]:
     changes it followed without a new snapshot."""
     lines = []
     for r, payload in bronze.schema_events(newest=5 * newest):
+        if r["table_oid"] is None:
+            continue  # a gap (its own line)
         if r["kind"] == "resync":
             what = payload.get("reason") and f"{payload['reason']}: snapshotted again"
         else:

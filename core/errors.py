@@ -55,3 +55,15 @@ def error_type(code: str) -> type[PipelineError] | None:
             return cls
         pending.extend(cls.__subclasses__())
     return None
+
+
+def holds_table(run: int, lsn: int, snapshot_run: int | None, snapshot_lsn: int | None) -> bool:
+    """Whether a definite error recorded for a table (by silver's run ``run``, at ``lsn``)
+    still holds it: it is not from before the table's newest snapshot (``snapshot_run``, the
+    silver run that rebuilt it from that snapshot, at ``snapshot_lsn``). An older one is history
+    (``pgmedallion resync`` recovered the table), even when silver read it in the same run as
+    the snapshot (a lost slot's error, then ``resync --all``): the snapshot holds the table's
+    rows from before it. Gold's ``no_definite_errors`` and ``status`` count these."""
+    return (snapshot_run is None or run >= snapshot_run) and (
+        lsn is None or snapshot_lsn is None or lsn >= snapshot_lsn
+    )

@@ -142,6 +142,7 @@ def _read_inputs(spark: SparkSession, cfg: Config) -> _Inputs | None:
     ensure_report_tables(spark, cfg)
     tables = read_tables(spark, cfg)
     since = {t.oid: t.snapshot_run for t in tables if t.snapshot_run is not None}
+    snapshots = {t.oid: t.snapshot_lsn for t in tables if t.snapshot_lsn is not None}
     reported = read_reported(spark, cfg)
     silver_runs = progress.touched(min(r.silver_run for r in reported.values())) if reported else []
     existing = gold_table_names(spark, cfg)
@@ -150,7 +151,7 @@ def _read_inputs(spark: SparkSession, cfg: Config) -> _Inputs | None:
         silver_run,
         frontier,
         tables,
-        read_errors(spark, cfg, frontier, since),
+        read_errors(spark, cfg, frontier, since, snapshots),
         read_adjustments(spark, cfg, silver_run, since),
         reported,
         silver_runs,

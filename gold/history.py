@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
+from pgmedallion.core.errors import holds_table
 from pgmedallion.silver.catalog import load_tables
 from pgmedallion.silver.contract import TableInfo
 
@@ -116,27 +117,47 @@ def read_tables(spark: SparkSession, cfg: Config) -> list[TableInfo]:
 
 
 def read_errors(
-    spark: SparkSession, cfg: Config, frontier: int, since: dict[int, int] | None = None
+    spark: SparkSession,
+    cfg: Config,
+    frontier: int,
+    since: dict[int, int] | None = None,
+    snapshots: dict[int, int] | None = None,
 ) -> dict[tuple, ErrorSummary]:
     """Definite errors below the frontier, per ``(table_oid, table_schema, table_name)``;
-    ``since``: table OID -> the silver run that rebuilt it (its errors before are history)."""
+    ``since``: table OID -> the silver run that rebuilt it (its errors before are history);
+    ``snapshots``: table OID -> its snapshot's LSN: errors below it are history too, even of
+    that run (a source-wide error, a lost slot say, that silver reads in the run that also
+    reads the table's new snapshot: the snapshot holds the table's rows from before it)."""
+    floor = snapshots or {}
     local = _local_rows(
         spark, cfg, "_errors", ["table_oid", "table_schema", "table_name", *ERROR_SAMPLE]
     )
     if local is not None:
-        kept = [r for r in local if r["lsn"] is not None and r["lsn"] < frontier]
+        rebuilt = since or {}
+        kept = [
+            r
+            for r in local
+            if r["lsn"] is not None
+            and r["lsn"] < frontier
+            and holds_table(
+                r["run"], r["lsn"], rebuilt.get(r["table_oid"]), floor.get(r["table_oid"])
+            )
+        ]
         return {
             key: ErrorSummary(
                 len(group), min(r["lsn"] for r in group), _sample(group, ERROR_SAMPLE)
             )
-            for key, group in _grouped(
-                _after_rebuild(kept, since), ("table_oid", "table_schema", "table_name")
-            ).items()
+            for key, group in _grouped(kept, ("table_oid", "table_schema", "table_name")).items()
         }
     errors = spark.table(cfg.qualified("silver", "_errors")).filter(
         (F.col("source") == cfg.source.name) & (F.col("lsn") < frontier)
     )
     errors = _since(spark, errors, since)
+    if floor:  # holds_table's LSN half, as a join (its run half is _since)
+        snapped = spark.createDataFrame(list(floor.items()), "table_oid long, _from long")
+        errors = errors.join(F.broadcast(snapped), "table_oid", "left")
+        errors = errors.where(F.col("_from").isNull() | (F.col("lsn") >= F.col("_from")))
+        errors = errors.drop("_from")
     sample = F.struct("lsn", "code", "column_name", "message", "run")
     rows = (
         errors.groupBy("table_oid", "table_schema", "table_name")

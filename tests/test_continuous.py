@@ -59,12 +59,19 @@ class Pipeline:
         )
         self.log = tmp_path / "child.log"
         self.child = Child(spec, self.log)
-        assert self.child.next() == {"step": "armed"}, f"child died, see {self.log}"
+        assert self.child.next() == {"step": "armed"}, self.died()
         self.applied: list[dict] = []
+
+    def died(self) -> str:
+        """The child's exit status and the end of its log (CI keeps no files)."""
+        if not self.child.log.closed:
+            self.child.log.flush()
+        tail = self.log.read_text(errors="replace").splitlines()[-40:]
+        return f"child died ({self.child.proc.poll()}); the end of {self.log}:\n" + "\n".join(tail)
 
     def next_applied(self, timeout_s: float) -> dict:
         line = self.child.next(timeout_s=timeout_s)
-        assert line is not None, f"child died, see {self.log}"
+        assert line is not None, self.died()
         assert line["step"] == "applied", line
         assert line["error"] is None, line
         self.applied.append(line)
@@ -86,9 +93,9 @@ class Pipeline:
         self.child.proc.send_signal(signal.SIGTERM)
         while True:
             line = self.child.next(timeout_s=600)
-            assert line is not None, f"child died, see {self.log}"
+            assert line is not None, self.died()
             if line["step"] == "stopped":
-                assert self.child.end() == 0, f"see {self.log}"
+                assert self.child.end() == 0, self.died()
                 return line
             self.applied.append(line)
 

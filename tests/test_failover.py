@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import subprocess
 import sys
 import time
@@ -292,7 +293,7 @@ def test_a_slot_the_standby_never_had_stops_capture_and_names_the_way_back(pair,
     assert "SlotNotSynchronized" in failed.stderr, failed.stderr
     assert "had no copy of the slot" in failed.stderr
     assert "point [source] back at it" in failed.stderr
-    assert "start this source over" in failed.stderr
+    assert "pgmedallion resync --all" in failed.stderr
     # nothing was written: bronze is as it was, without an error record
     assert _bronze_version(tmp_path) == before
 
@@ -302,6 +303,128 @@ def test_a_slot_the_standby_never_had_stops_capture_and_names_the_way_back(pair,
     back = _ok(_run(config, env, "run", "--stage", "capture"))
     assert "messages, frontier" in back.stdout
     assert _bronze_version(tmp_path) > before
+
+
+@pytest.mark.slow
+def test_a_slot_the_standby_never_had_is_recovered_in_place_on_it(pair, tmp_path):
+    """No old primary to go back to: ``resync --all`` on the promoted standby makes a new slot
+    there, snapshots every table at it, records the gap, and gold is exact."""
+    primary, standby = pair
+    config, env = _lakehouse(tmp_path, primary, "failover_slot = 'off'\n")
+    _ok(_run(config, env, "run"))
+    with psycopg.connect(**primary.conninfo(dbname=DB), autocommit=True) as conn:
+        _workload(conn, 1000)
+    _wait_replayed(primary, standby)
+    _fail_over(primary, standby)
+    _reset_standby_slots(standby)
+    with psycopg.connect(**standby.conninfo(dbname=DB), autocommit=True) as conn:
+        _workload(conn, 2000)
+    _point_at(config, tmp_path, standby, "failover_slot = 'off'\n")
+    failed = _run(config, env, "run")
+    assert failed.returncode == 1 and "SlotNotSynchronized" in failed.stderr, failed.stderr
+
+    _ok(_run(config, env, "resync", "--all"))
+    with psycopg.connect(**standby.conninfo(dbname=DB), autocommit=True) as conn:
+        _workload(conn, 3000)
+    _ok(_run(config, env, "run"))
+    status = _ok(_run(config, env, "status")).stdout
+    assert "bronze gap: changes from" in status, status
+    verify = _ok(_run(config, env, "verify"))
+    assert "verify: OK" in verify.stdout, verify.stdout
+    batches = "SELECT array_agg(DISTINCT id / 1000 ORDER BY id / 1000) FROM items WHERE id >= 1000"
+    assert _scalar(standby, batches) == [1, 2, 3, 100]
+
+
+TIMELINE = "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int"
+"""The server's timeline: the first eight hex digits of its current WAL file's name."""
+
+
+def _pgbench(server: LocalPostgres, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, **server.env(), PGDATABASE=DB)
+    return subprocess.Popen(
+        [str(server.bin_dir / "pgbench"), *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _standby_of(primary: LocalPostgres, root: Path) -> LocalPostgres:
+    """What an operator does after a failover: a new standby of the new primary, through a
+    physical slot of its own named in ``synchronized_standby_slots``."""
+    with psycopg.connect(**primary.conninfo(), autocommit=True) as conn:
+        conn.execute("SELECT pg_create_physical_replication_slot(%s)", (STANDBY_SLOT,))
+        conn.execute(f"ALTER SYSTEM SET synchronized_standby_slots = '{STANDBY_SLOT}'")
+        conn.execute("SELECT pg_reload_conf()")
+    return _make_standby(primary, root)
+
+
+def _wait_slot_synced(primary: LocalPostgres, standby: LocalPostgres) -> None:
+    confirmed = _scalar(
+        primary,
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'shop_slot'",
+    )
+    _wait_for(
+        "the standby's copy of the slot",
+        lambda: _scalar(
+            standby,
+            "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots"
+            " WHERE slot_name = 'shop_slot' AND synced AND failover",
+            confirmed,
+        ),
+    )
+
+
+@pytest.mark.slow
+def test_five_promotions_at_random_moments_under_pgbench_load(pair, tmp_path):
+    """pgbench writes to the primary while runs capture; at a random moment the primary is
+    lost and the standby promoted, five times (a new standby made of each new primary). Gold
+    then equals the last primary: nothing lost, nothing twice (what PostgreSQL itself lost
+    with an asynchronous standby was never captured: ``synchronized_standby_slots``)."""
+    primary, standby = pair
+    servers = [primary, standby]
+    rng = random.Random(48)
+    try:
+        init = _pgbench(primary, "-i", "-q", "-s", "1")
+        assert init.wait(timeout=300) == 0
+        with psycopg.connect(**primary.conninfo(dbname=DB), autocommit=True) as conn:
+            conn.execute(
+                "ALTER PUBLICATION shop_pub ADD TABLE pgbench_accounts, pgbench_branches,"
+                " pgbench_tellers, pgbench_history"
+            )
+        config, env = _lakehouse(tmp_path, primary)
+        _ok(_run(config, env, "run"))
+        _wait_slot_synced(primary, standby)
+        timelines = []
+        for promotion in range(5):
+            load = _pgbench(primary, "-n", "-c", "2", "-j", "1", "-R", "100", "-T", "600")
+            try:
+                time.sleep(rng.uniform(0.5, 3))
+                _ok(_run(config, env, "run"))  # captures under load
+                _wait_slot_synced(primary, standby)
+                time.sleep(rng.uniform(0, 3))  # more changes, not read: the standby's copy
+                _fail_over(primary, standby)
+            finally:
+                load.kill()
+                load.wait()
+            _reset_standby_slots(standby)
+            _point_at(config, tmp_path, standby)
+            after = _ok(_run(config, env, "run"))
+            assert "a promoted standby; capture continues there" in after.stderr, after.stderr
+            timelines.append(_scalar(standby, TIMELINE))
+            primary = standby
+            if promotion < 4:
+                standby = _standby_of(primary, tmp_path / f"standby-{promotion + 2}")
+                servers.append(standby)
+                _wait_slot_synced(primary, standby)
+        assert timelines == [2, 3, 4, 5, 6], timelines
+        verify = _ok(_run(config, env, "verify"))
+        assert "verify: OK" in verify.stdout, verify.stdout
+        assert "public.pgbench_history" in verify.stdout, verify.stdout
+        assert _scalar(primary, "SELECT count(*) FROM pgbench_history") > 0
+    finally:
+        for server in servers[2:]:
+            server.stop("immediate")
 
 
 # The rules on their own, without servers.
@@ -322,7 +445,7 @@ def test_a_later_timeline_is_accepted_only_when_bronze_ends_at_or_before_its_swi
     assert check_system(_identity(2), _identity(1), 0x40001A8, history[:1]) is True
     assert check_system(_identity(3), _identity(1), 0x4000000, history) is True
     assert check_system(_identity(3), _identity(2), 0x5000000, history) is True
-    with pytest.raises(TimelineChanged, match="branched off at 0/40001A8.*start this source"):
+    with pytest.raises(TimelineChanged, match="branched off at 0/40001A8.*resync --all"):
         check_system(_identity(2), _identity(1), 0x40001A9, history[:1])
     with pytest.raises(TimelineChanged, match="does not descend"):
         check_system(_identity(1), _identity(2), 0)
