@@ -73,6 +73,7 @@ def land_stream(
     result: StreamResult | None = None,
     state: BronzeState | None = None,
     unchecked: Callable[[Relation], bool] | None = None,
+    fresh: bool = False,
 ) -> StreamResult:
     """Stream the slot into bronze from bronze's frontier.
 
@@ -84,7 +85,9 @@ def land_stream(
     the caller has just read it (nothing was written since). ``unchecked``: a Relation message
     for which it says True is not landed: the stream ends before it (its transaction is not
     acknowledged, so the next session sends it again) with ``new_tables`` set, for the caller
-    to look at the catalog first.
+    to look at the catalog first. ``fresh``: every captured table was waiting for a new
+    snapshot when this attempt began (they are read from this server: see
+    :func:`_resume_point`).
     """
     options = options or CaptureOptions()
     result = result if result is not None else StreamResult()
@@ -99,7 +102,7 @@ def land_stream(
             if state is None:
                 state = bronze.state()
             slot = release_slot(repl, target.slot)
-            resume, new_server = _resume_point(repl, conn, bronze, state, slot, system)
+            resume, new_server = _resume_point(repl, conn, bronze, state, slot, system, fresh)
             # PostgreSQL 18 skips a dropped publication silently: check it by name first.
             tables = publication_tables(conn, target.publication)
             policies = stream_policies(conn, target, tables, state)
@@ -359,6 +362,7 @@ def _resume_point(
     state: BronzeState,
     slot: SlotState,
     system: SystemIdentity,
+    fresh: bool,
 ) -> tuple[int, bool]:
     """Where the stream starts, and whether its first batch must record the server (a new
     timeline, or after a gap a new server).
@@ -368,9 +372,11 @@ def _resume_point(
     (else :class:`SlotCompacted`). A new bronze starts at the slot's ``confirmed_flush_lsn``.
     Where the changes after the frontier cannot be read (the slot moved past it, or the server
     does not continue bronze's WAL), the stream starts where the slot does instead only once no
-    table needs them (:func:`starts_afresh`: every table snapshotted again at or after that
-    point, ``pgmedallion resync --all``) and the server's WAL is past it; the gap is then
-    recorded in bronze (``Bronze.record_gap``)."""
+    table needs them (``pgmedallion resync --all``) and the server's WAL is past it; the gap is
+    then recorded in bronze (``Bronze.record_gap``). No table needs them when each is
+    snapshotted again at or after that point (:func:`starts_afresh`), and, on a server that
+    does not continue bronze's WAL, only when every table's snapshot was read from it in this
+    attempt (``fresh``): an older one holds another history."""
     frontier = state.frontier
     if frontier is None:
         return slot.confirmed_flush_lsn or 0, False
@@ -378,11 +384,14 @@ def _resume_point(
         moved = _check_recorded_system(repl, state, system)
         check_resume_point(slot, frontier)
         return frontier, moved
-    except (SlotCompacted, TimelineChanged) as exc:
+    except TimelineChanged as exc:
+        lost, afresh = exc, fresh
+    except SlotCompacted as exc:
         lost = exc
+        snapshots = {oid: lsn for oid, (lsn, _, _) in state.snapshots.items()}
+        since = max(frontier, slot.confirmed_flush_lsn or 0)
+        afresh = starts_afresh(snapshots, state.resync, bronze.dropped_tables(), since)
     resume = max(frontier, slot.confirmed_flush_lsn or 0)
-    snapshots = {oid: lsn for oid, (lsn, _, _) in state.snapshots.items()}
-    afresh = starts_afresh(snapshots, state.resync, bronze.dropped_tables(), resume)
     if not afresh or current_wal_lsn(conn) < resume:
         raise lost
     if resume in {to for _, to, _ in bronze.gaps()}:  # recorded where the slot was made

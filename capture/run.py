@@ -567,6 +567,13 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
     state: BronzeState | None = bronze.refresh().state()
     captured = {oid: (schema, name) for oid, (_, schema, name) in state.snapshots.items()}
     _provide_slot(bronze, target, state)
+    # every table waits for a snapshot this attempt takes: the stream may then go on from a
+    # server that does not continue bronze's WAL (resync --all after a lost slot)
+    fresh = starts_afresh(
+        {oid: lsn for oid, (lsn, _, _) in state.snapshots.items()},
+        state.resync,
+        bronze.dropped_tables(),
+    )
     survey = _survey(target, captured, run.expected)
     resync = state.resync
     renamed_back, positional = _renamed_back(bronze, target, survey, captured, run)
@@ -667,6 +674,7 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
         result=totals.stream,
         state=state,
         unchecked=_unchecked_columns(bronze, target, run, watched, survey.shapes),
+        fresh=fresh,
     )
     again = stream.new_tables
     stream.new_tables = False
@@ -842,7 +850,7 @@ def _recreate_lost_slot(
     frontier = state.frontier
     now = current_wal_lsn(repl)
     snapshots = {oid: lsn for oid, (lsn, _, _) in state.snapshots.items()}
-    if not starts_afresh(snapshots, state.resync, bronze.dropped_tables(), now):
+    if not starts_afresh(snapshots, state.resync, bronze.dropped_tables()):
         held = "snapshots" if frontier is None else f"changes up to {format_lsn(frontier)}"
         if isinstance(lost, SlotInvalidated):
             raise SlotInvalidated(

@@ -178,18 +178,24 @@ def check_resume_point(state: SlotState, resume_lsn: int) -> None:
 
 
 def starts_afresh(
-    snapshots: Mapping[int, int], pending: Collection[int], dropped: Collection[int], since: int
+    snapshots: Mapping[int, int],
+    pending: Collection[int],
+    dropped: Collection[int],
+    since: int | None = None,
 ) -> bool:
     """Whether bronze needs no change before ``since`` any more: every captured table
     (``snapshots``: OID -> its newest snapshot's LSN) is snapshotted at or after ``since``,
     waits for a new snapshot (``pending``, taken later, at a WAL position past ``since``), or
-    was dropped. Changes bronze never read before ``since`` (a slot dropped, invalidated, not
-    synchronized to a promoted standby, or a server bronze did not read) then change nothing:
-    each table's rows before its snapshot come from the snapshot. The one rule of a lost slot
-    recovered in place (``pgmedallion resync --all``)."""
+    was dropped. Changes bronze never read before ``since`` (a slot dropped, invalidated, or
+    moved past bronze's frontier) then change nothing: each table's rows before its snapshot
+    come from the snapshot. ``since`` None: a point not known yet (a slot still to be made, or
+    a server whose WAL is not the one bronze's snapshots were read from): only tables waiting
+    for a new snapshot, or dropped, count. The one rule of a lost slot recovered in place
+    (``pgmedallion resync --all``)."""
     # a snapshot at L holds every transaction committing below L + 1 (its consistent point)
     return bool(snapshots) and all(
-        lsn + 1 >= since or oid in pending or oid in dropped for oid, lsn in snapshots.items()
+        (since is not None and lsn + 1 >= since) or oid in pending or oid in dropped
+        for oid, lsn in snapshots.items()
     )
 
 
