@@ -232,6 +232,17 @@ class Bronze(ABC):
         batch_id = self.next_batch_id()
         self.append(buffer.to_arrow(batch_id), batch_id)
 
+    def record_server(self, frontier: int, identity: Mapping[str, Any]) -> None:
+        """Record that the positions from ``frontier`` on are the server ``identity``'s
+        (``{"system_id", "timeline"}``): a ``progress`` record at the unchanged frontier, in a
+        batch of its own (capture adopting a new server after ``resync --all``)."""
+        buffer = RecordBuffer(
+            self.source, "server-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
+        )
+        buffer.add("progress", frontier, payload=json_payload(dict(identity)))
+        batch_id = self.next_batch_id()
+        self.append(buffer.to_arrow(batch_id), batch_id)
+
     def landed_counts(self, batch_id: int) -> dict[str, int]:
         """``schema.table`` -> rows of the snapshot committed as batch ``batch_id`` (a ctid
         range holds as many rows as its largest ``ordinal``)."""

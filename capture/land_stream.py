@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -23,7 +23,7 @@ from pgmedallion.capture.connection import connect, connect_replication
 from pgmedallion.capture.errors import (
     PipelineError,
     SlotCompacted,
-    TimelineChanged,
+    SourceBehind,
 )
 from pgmedallion.capture.options import (
     DELTA_RS_BATCH_BYTES,
@@ -47,12 +47,11 @@ from pgmedallion.capture.slot import (
     SlotState,
     SystemIdentity,
     check_resume_point,
-    check_system,
+    continues_recorded,
     current_wal_lsn,
     identify_system,
     release_slot,
     starts_afresh,
-    timeline_history,
 )
 from pgmedallion.capture.snapshot import (
     PublishedTable,
@@ -73,7 +72,6 @@ def land_stream(
     result: StreamResult | None = None,
     state: BronzeState | None = None,
     unchecked: Callable[[Relation], bool] | None = None,
-    fresh: bool = False,
 ) -> StreamResult:
     """Stream the slot into bronze from bronze's frontier.
 
@@ -85,9 +83,7 @@ def land_stream(
     the caller has just read it (nothing was written since). ``unchecked``: a Relation message
     for which it says True is not landed: the stream ends before it (its transaction is not
     acknowledged, so the next session sends it again) with ``new_tables`` set, for the caller
-    to look at the catalog first. ``fresh``: every captured table was waiting for a new
-    snapshot when this attempt began (they are read from this server: see
-    :func:`_resume_point`).
+    to look at the catalog first.
     """
     options = options or CaptureOptions()
     result = result if result is not None else StreamResult()
@@ -102,7 +98,9 @@ def land_stream(
             if state is None:
                 state = bronze.state()
             slot = release_slot(repl, target.slot)
-            resume, new_server = _resume_point(repl, conn, bronze, state, slot, system, fresh)
+            resume, new_server = _resume_point(
+                repl, conn, bronze, state, slot, system, set(options.tables or ())
+            )
             # PostgreSQL 18 skips a dropped publication silently: check it by name first.
             tables = publication_tables(conn, target.publication)
             policies = stream_policies(conn, target, tables, state)
@@ -362,38 +360,41 @@ def _resume_point(
     state: BronzeState,
     slot: SlotState,
     system: SystemIdentity,
-    fresh: bool,
+    wanted: Collection[str],
 ) -> tuple[int, bool]:
     """Where the stream starts, and whether its first batch must record the server (a new
-    timeline, or after a gap a new server).
+    timeline, or the end of a gap).
 
     Bronze's frontier, on the server bronze recorded (or a later timeline of it, see
-    :func:`_check_recorded_system`), through a slot that still holds the changes from there
-    (else :class:`SlotCompacted`). A new bronze starts at the slot's ``confirmed_flush_lsn``.
-    Where the changes after the frontier cannot be read (the slot moved past it, or the server
-    does not continue bronze's WAL), the stream starts where the slot does instead only once no
-    table needs them (``pgmedallion resync --all``) and the server's WAL is past it; the gap is
-    then recorded in bronze (``Bronze.record_gap``). No table needs them when each is
-    snapshotted again at or after that point (:func:`starts_afresh`), and, on a server that
-    does not continue bronze's WAL, only when every table's snapshot was read from it in this
-    attempt (``fresh``): an older one holds another history."""
+    :func:`_check_recorded_system`; a server that does not continue bronze's WAL was adopted
+    before the snapshots, or is refused: ``capture.run._adopt_server``), through a slot that
+    still holds the changes from there, else :class:`SlotCompacted`. A new bronze starts at the
+    slot's ``confirmed_flush_lsn``. Where the slot moved past the frontier, the stream starts
+    where the slot does instead, once no table needs the changes in between (``pgmedallion
+    resync --all``: every table snapshotted again at or after that point,
+    :func:`starts_afresh`) and the server's WAL is past it; the gap is then recorded in bronze
+    (``Bronze.record_gap``)."""
     frontier = state.frontier
     if frontier is None:
         return slot.confirmed_flush_lsn or 0, False
+    moved = _check_recorded_system(repl, state, system)
     try:
-        moved = _check_recorded_system(repl, state, system)
         check_resume_point(slot, frontier)
         return frontier, moved
-    except TimelineChanged as exc:
-        lost, afresh = exc, fresh
     except SlotCompacted as exc:
         lost = exc
-        snapshots = {oid: lsn for oid, (lsn, _, _) in state.snapshots.items()}
-        since = max(frontier, slot.confirmed_flush_lsn or 0)
-        afresh = starts_afresh(snapshots, state.resync, bronze.dropped_tables(), since)
     resume = max(frontier, slot.confirmed_flush_lsn or 0)
-    if not afresh or current_wal_lsn(conn) < resume:
+    snapshots = {oid: lsn for oid, (lsn, _, _) in state.snapshots.items()}
+    pending = awaited(state, wanted)
+    if not starts_afresh(snapshots, pending, bronze.dropped_tables(), resume):
         raise lost
+    now = current_wal_lsn(conn)
+    if now < resume:
+        raise SourceBehind(
+            f"{lost}; every table is snapshotted again, but the server's WAL position"
+            f" {format_lsn(now)} is before {format_lsn(resume)}: nothing was written; run again"
+            f" once it has passed {format_lsn(resume)}"
+        )
     if resume in {to for _, to, _ in bronze.gaps()}:  # recorded where the slot was made
         log.info("the stream goes on from the new slot's start %s", format_lsn(resume))
         return resume, True
@@ -413,20 +414,25 @@ def _check_recorded_system(
 ) -> bool:
     """Whether the server continues what bronze recorded on a new timeline (a promoted
     standby); :class:`TimelineChanged` if it does not continue it at all."""
-    recorded = state.system_identity
-    if recorded is None:
-        return False
-    then = SystemIdentity(str(recorded["system_id"]), int(recorded["timeline"]), 0, system.database)
-    later = system.system_id == then.system_id and system.timeline > then.timeline
-    history = timeline_history(repl, system.timeline) if later else []
-    moved = check_system(system, then, state.frontier, history)
+    moved = continues_recorded(repl, state.system_identity, state.frontier, system)
     if moved:
         log.warning(
             "server %s is on timeline %d (bronze read timeline %d up to %s, before the switch"
             " point): a promoted standby; capture continues there",
             system.system_id,
             system.timeline,
-            then.timeline,
+            int(state.system_identity["timeline"]),
             format_lsn(state.frontier or 0),
         )
     return moved
+
+
+def awaited(state: BronzeState, wanted: Collection[str] = ()) -> set[int]:
+    """The captured tables waiting for a new snapshot that capture takes (``wanted``: the
+    tables a run is limited to, ``schema.table``; empty: all): :func:`starts_afresh`'s
+    ``pending``. One a run leaves out would keep its old rows under the changes after a gap."""
+    return {
+        oid
+        for oid in state.resync
+        if oid in state.snapshots and (not wanted or ".".join(state.snapshots[oid][1:]) in wanted)
+    }

@@ -113,7 +113,7 @@ from pgmedallion.capture.errors import (
     server_errors,
 )
 from pgmedallion.capture.land_snapshot import land_snapshot
-from pgmedallion.capture.land_stream import land_stream
+from pgmedallion.capture.land_stream import awaited, land_stream
 from pgmedallion.capture.options import (
     CaptureOptions,
     CaptureResult,
@@ -138,6 +138,8 @@ from pgmedallion.capture.schema_changes import (
 )
 from pgmedallion.capture.slot import (
     START_OVER,
+    SlotState,
+    continues_recorded,
     current_wal_lsn,
     drop_invalidated_slot,
     ensure_slot,
@@ -566,14 +568,8 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
     options, totals, stop = run.options, run.totals, run.stop
     state: BronzeState | None = bronze.refresh().state()
     captured = {oid: (schema, name) for oid, (_, schema, name) in state.snapshots.items()}
-    _provide_slot(bronze, target, state)
-    # every table waits for a snapshot this attempt takes: the stream may then go on from a
-    # server that does not continue bronze's WAL (resync --all after a lost slot)
-    fresh = starts_afresh(
-        {oid: lsn for oid, (lsn, _, _) in state.snapshots.items()},
-        state.resync,
-        bronze.dropped_tables(),
-    )
+    if _provide_slot(bronze, target, state, awaited(state, run.options.tables or ())):
+        state = bronze.refresh().state()  # a gap, or a new server, took a batch id
     survey = _survey(target, captured, run.expected)
     resync = state.resync
     renamed_back, positional = _renamed_back(bronze, target, survey, captured, run)
@@ -674,7 +670,6 @@ def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> b
         result=totals.stream,
         state=state,
         unchecked=_unchecked_columns(bronze, target, run, watched, survey.shapes),
-        fresh=fresh,
     )
     again = stream.new_tables
     stream.new_tables = False
@@ -801,12 +796,16 @@ def _unrecorded(catalog: Catalog, then: Catalog | None, record: Mapping) -> bool
     return bool(changes(then, catalog, Catalog.from_record(record.get("catalog"))).followed)
 
 
-def _provide_slot(bronze: Bronze, target: CaptureTarget, state: BronzeState) -> None:
+def _provide_slot(
+    bronze: Bronze, target: CaptureTarget, state: BronzeState, pending: set[int]
+) -> bool:
     """The main slot, created if bronze holds nothing yet (a failover slot where
     ``[source] failover_slot`` wants one); bronze relies on it otherwise. A slot lost (dropped,
     invalidated) while bronze holds something is created again only once no table needs the
-    changes it held (:func:`pgmedallion.capture.slot.starts_afresh`: ``pgmedallion resync
-    --all``); else the loss is a definite error that names that way back."""
+    changes it held (every table ``pending`` a snapshot this run takes:
+    :func:`pgmedallion.capture.slot.starts_afresh`, ``pgmedallion resync --all``); else the
+    loss is a definite error that names that way back. The same for a server that does not
+    continue bronze's WAL (:func:`_adopt_server`). Returns whether it wrote to bronze."""
     repl = connect_replication(target.conninfo)
     try:
         failover = wants_failover(target.failover_slot, repl.info.server_version)
@@ -815,7 +814,7 @@ def _provide_slot(bronze: Bronze, target: CaptureTarget, state: BronzeState) -> 
             try:
                 slot_state(repl, target.slot)
             except (SlotMissing, SlotInvalidated) as exc:
-                _recreate_lost_slot(repl, bronze, target, state, exc)
+                _recreate_lost_slot(repl, bronze, target, state, pending, exc)
                 lost = exc
         slot = ensure_slot(repl, target.slot, failover)
         if lost is not None:
@@ -825,6 +824,7 @@ def _provide_slot(bronze: Bronze, target: CaptureTarget, state: BronzeState) -> 
             if since is None:
                 since = max(lsn for lsn, _, _ in state.snapshots.values()) + 1
             bronze.record_gap(since, slot.confirmed_flush_lsn or since, f"{lost.code}: {lost}")
+        adopted = _adopt_server(repl, bronze, state, pending, slot)
         if failover and slot.failover is False:
             log.warning(
                 "replication slot %s is not a failover slot: a standby does not keep it, so"
@@ -832,8 +832,73 @@ def _provide_slot(bronze: Bronze, target: CaptureTarget, state: BronzeState) -> 
                 " it one)",
                 target.slot,
             )
+        return lost is not None or adopted
     finally:
         repl.close()
+
+
+def _adopt_server(
+    repl: psycopg.Connection,
+    bronze: Bronze,
+    state: BronzeState,
+    pending: set[int],
+    slot: SlotState,
+) -> bool:
+    """A server that does not continue bronze's WAL (another system, a timeline that branched
+    off before bronze's frontier: :class:`TimelineChanged`) is taken as the source when every
+    table waits for a snapshot this run takes from it (``resync --all``) and its WAL is past
+    bronze's frontier: its identity is recorded before the snapshots (a progress record at the
+    frontier, so a run stopped after them still knows it), with the gap. Else the error is
+    raised before anything is read. Returns whether it was adopted."""
+    frontier = state.frontier
+    if frontier is None or state.system_identity is None:
+        return False
+    system = identify_system(repl)
+    try:
+        continues_recorded(repl, state.system_identity, frontier, system)
+        return False
+    except TimelineChanged as exc:
+        lost = exc
+    snapshots = {oid: lsn for oid, (lsn, _, _) in state.snapshots.items()}
+    if not starts_afresh(snapshots, pending, bronze.dropped_tables()):
+        _name_blockers(bronze, state, pending)
+        raise lost
+    now = current_wal_lsn(repl)
+    if now < frontier:
+        raise SourceBehind(
+            f"{lost}; every table is to be snapshotted again, but the server's WAL position"
+            f" {format_lsn(now)} is before bronze's frontier {format_lsn(frontier)}: nothing"
+            f" was written; run again once the server's WAL has passed {format_lsn(frontier)}"
+        )
+    identity = {"system_id": system.system_id, "timeline": system.timeline}
+    bronze.record_server(frontier, identity)
+    resume = max(frontier, slot.confirmed_flush_lsn or 0)
+    if resume not in {to for _, to, _ in bronze.gaps()}:
+        bronze.record_gap(frontier, resume, f"{lost.code}: {lost}")
+    log.warning(
+        "%s; every table is snapshotted again from this server, so capture goes on with it"
+        " (recorded as a gap)",
+        lost,
+    )
+    return True
+
+
+def _name_blockers(bronze: Bronze, state: BronzeState, pending: set[int]) -> None:
+    """Where some tables wait for a new snapshot but not all, say which ones keep the way back
+    closed (a table captured before and left out of ``[source] tables`` is not snapshotted by
+    this run, so ``resync --all`` does not reach it)."""
+    dropped = bronze.dropped_tables()
+    left = sorted(
+        f"{schema}.{name}"
+        for oid, (_, schema, name) in state.snapshots.items()
+        if oid not in pending and oid not in dropped
+    )
+    if pending and left:
+        log.warning(
+            "not every table is to be snapshotted again by this run, so the slot is not made"
+            " anew: %s (add it back to [source] tables, or run `pgmedallion resync --all`)",
+            ", ".join(left),
+        )
 
 
 def _recreate_lost_slot(
@@ -841,6 +906,7 @@ def _recreate_lost_slot(
     bronze: Bronze,
     target: CaptureTarget,
     state: BronzeState,
+    pending: set[int],
     lost: SlotMissing | SlotInvalidated,
 ) -> None:
     """Make way for a new slot where the one bronze read through is gone: only when every
@@ -850,7 +916,8 @@ def _recreate_lost_slot(
     frontier = state.frontier
     now = current_wal_lsn(repl)
     snapshots = {oid: lsn for oid, (lsn, _, _) in state.snapshots.items()}
-    if not starts_afresh(snapshots, state.resync, bronze.dropped_tables()):
+    if not starts_afresh(snapshots, pending, bronze.dropped_tables()):
+        _name_blockers(bronze, state, pending)
         held = "snapshots" if frontier is None else f"changes up to {format_lsn(frontier)}"
         if isinstance(lost, SlotInvalidated):
             raise SlotInvalidated(

@@ -173,7 +173,7 @@ def check_resume_point(state: SlotState, resume_lsn: int) -> None:
     if confirmed is not None and resume_lsn < confirmed:
         raise SlotCompacted(
             f"replication slot {state.name!r} is at {format_lsn(confirmed)}, past the resume "
-            f"point {format_lsn(resume_lsn)}: changes in between are gone"
+            f"point {format_lsn(resume_lsn)}: changes in between are gone; {START_OVER}"
         )
 
 
@@ -316,6 +316,23 @@ def missing_slot(
     return SlotMissing(
         f"{exc}, but bronze holds {held} read through it: changes since are lost; {START_OVER}"
     )
+
+
+def continues_recorded(
+    repl_conn: psycopg.Connection,
+    recorded: Mapping | None,
+    frontier: int | None,
+    found: SystemIdentity,
+) -> bool:
+    """:func:`check_system` against bronze's recorded server (``{"system_id", "timeline"}``),
+    reading the found timeline's history where it is a later one: True on a later timeline
+    that continues bronze's WAL, :class:`TimelineChanged` where the server does not."""
+    if recorded is None:
+        return False
+    then = SystemIdentity(str(recorded["system_id"]), int(recorded["timeline"]), 0, found.database)
+    later = found.system_id == then.system_id and found.timeline > then.timeline
+    history = timeline_history(repl_conn, found.timeline) if later else []
+    return check_system(found, then, frontier, history)
 
 
 def check_system(

@@ -389,11 +389,19 @@ def request_resync(spark: SparkSession | None, cfg: Config, names: list[str]) ->
     bronze = bronze_of(spark, capture_target(cfg))
     state = bronze.state()
     captured = {f"{schema}.{name}": oid for oid, (_, schema, name) in state.snapshots.items()}
-    if ALL_TABLES in names:
-        if not captured:
-            raise NotCaptured(f"source {cfg.source.name!r} has captured no table yet")
+    if ALL_TABLES in names:  # by OID: a name may have held two tables (dropped, made again)
         dropped = bronze.dropped_tables()
-        names = [full for full, oid in captured.items() if oid not in dropped]
+        records = [
+            (oid, schema, name)
+            for oid, (_, schema, name) in state.snapshots.items()
+            if oid not in dropped
+        ]
+        if not records:
+            raise NotCaptured(f"source {cfg.source.name!r} captures no table yet")
+        bronze.request_resync(records, state.frontier or 0)
+        chosen = sorted({f"{schema}.{name}" for _, schema, name in records})
+        log.info("resync requested for every table: %s", ", ".join(chosen))
+        return chosen
     by_name: dict[str, list[str]] = {}
     for full in captured:
         by_name.setdefault(full.split(".", 1)[1], []).append(full)
