@@ -14,9 +14,20 @@ import pytest
 from pgmedallion.capture.slot import starts_afresh
 from pgmedallion.localpg import LocalPostgres
 from tests.conftest import PG15_BIN, SERVERS
-from tests.test_failover import DB, SCHEMA, _lakehouse, _ok, _run, _scalar, _workload
+from tests.test_failover import (
+    DB,
+    SCHEMA,
+    _lakehouse,
+    _ok,
+    _point_at,
+    _run,
+    _scalar,
+    _workload,
+)
 
 SLOT = "shop_slot"
+BATCHES = "SELECT array_agg(DISTINCT id / 1000 ORDER BY id / 1000) FROM items WHERE id >= 1000"
+"""Which workloads (ids from 1000, 2000, ...) the source holds."""
 
 
 @pytest.fixture(params=SERVERS)
@@ -117,8 +128,7 @@ def test_a_dropped_then_an_invalidated_slot_are_recovered_in_place(server, tmp_p
     verify = _ok(_run(config, env, "verify"))
     assert "verify: OK" in verify.stdout, verify.stdout
     # every workload is in gold: before the drop, in the gap, and after each recovery
-    batches = "SELECT array_agg(DISTINCT id / 1000 ORDER BY id / 1000) FROM items WHERE id >= 1000"
-    assert _scalar(server, batches) == [1, 2, 3, 4, 5, 100]
+    assert _scalar(server, BATCHES) == [1, 2, 3, 4, 5, 100]
 
 
 def test_starts_afresh_only_when_no_table_needs_what_the_slot_held():
@@ -135,3 +145,53 @@ def test_starts_afresh_only_when_no_table_needs_what_the_slot_held():
     # no point yet (a slot still to be made): only tables waiting for a snapshot count
     assert not starts_afresh({1: 10**9}, set(), set())
     assert starts_afresh({1: 100, 2: 100}, {1}, {2})
+
+
+@pytest.mark.slow
+def test_another_server_is_taken_as_the_source_by_resync_all(tmp_path):
+    """The source's database moved to another server (a restore, an upgrade: another system
+    identifier, without our slot): the next run refuses it, and ``resync --all`` takes it as
+    the source (its identity recorded: ``TimelineChanged`` no more) once its WAL is past
+    bronze's frontier, under the same names; gold is then exactly the new server's."""
+    servers = [LocalPostgres(tmp_path / name).start() for name in ("old", "new")]
+    old, new = servers
+    try:
+        for server in servers:
+            with psycopg.connect(**server.conninfo(), autocommit=True) as conn:
+                conn.execute(f"CREATE DATABASE {DB}")
+            with psycopg.connect(**server.conninfo(dbname=DB), autocommit=True) as conn:
+                conn.execute(SCHEMA)
+                conn.execute("CREATE TABLE scratch (v text)")
+        config, env = _lakehouse(tmp_path, old, "failover_slot = 'off'\n")
+        _ok(_run(config, env, "run"))
+        with psycopg.connect(**old.conninfo(dbname=DB), autocommit=True) as conn:
+            _workload(conn, 1000)
+        _ok(_run(config, env, "run"))
+        frontier = _scalar(old, "SELECT pg_current_wal_lsn()::text")
+
+        _point_at(config, tmp_path, new, "failover_slot = 'off'\n")
+        env["SHOP_PW"] = new.password
+        with psycopg.connect(**new.conninfo(dbname=DB), autocommit=True) as conn:
+            _workload(conn, 7000)
+        stderr = _failed(_run(config, env, "run"))  # it has no slot of ours
+        assert "SlotMissing" in stderr and "pgmedallion resync --all" in stderr, stderr
+        with psycopg.connect(**new.conninfo(dbname=DB), autocommit=True) as conn:
+            while conn.execute("SELECT pg_current_wal_lsn() <= %s::pg_lsn", (frontier,)).fetchone()[
+                0
+            ]:  # its WAL past bronze's frontier (else SourceBehind)
+                conn.execute("INSERT INTO scratch VALUES ('x')")
+                conn.execute("SELECT pg_switch_wal()")
+        _ok(_run(config, env, "resync", "--all"))
+        with psycopg.connect(**new.conninfo(dbname=DB), autocommit=True) as conn:
+            _workload(conn, 8000)
+        again = _ok(_run(config, env, "run"))
+        assert "TimelineChanged" not in again.stderr, again.stderr
+        status = _ok(_run(config, env, "status")).stdout
+        assert "bronze gap:" in status, status
+        verify = _ok(_run(config, env, "verify"))
+        assert "verify: OK" in verify.stdout, verify.stdout
+        # gold holds the new server's rows only: its workloads, none of the old server's
+        assert _scalar(new, BATCHES) == [7, 8, 100]
+    finally:
+        for server in servers:
+            server.stop("immediate")
