@@ -220,26 +220,21 @@ class Bronze(ABC):
     def record_gap(self, start: int, end: int, why: str) -> None:
         """Record that the changes from ``start`` (bronze's frontier) to ``end`` (where the
         stream goes on) were not read, and ``why``: one ``resync`` record for no table at
-        ``end``, in a batch of its own (every table was snapshotted again at or after it)."""
-        now = datetime.now(UTC)
-        buffer = RecordBuffer(self.source, "gap-" + now.strftime("%Y%m%dT%H%M%S%f"))
-        payload = {
-            "requested_at": now.isoformat(),
-            "reason": why,
-            "gap_from": start,
-        }
-        buffer.add("resync", end, payload=json_payload(payload))
-        batch_id = self.next_batch_id()
-        self.append(buffer.to_arrow(batch_id), batch_id)
+        ``end`` (every table was snapshotted again at or after it)."""
+        payload = {"requested_at": datetime.now(UTC).isoformat(), "reason": why, "gap_from": start}
+        self._record_alone("gap", "resync", end, payload)
 
     def record_server(self, frontier: int, identity: Mapping[str, Any]) -> None:
         """Record that the positions from ``frontier`` on are the server ``identity``'s
-        (``{"system_id", "timeline"}``): a ``progress`` record at the unchanged frontier, in a
-        batch of its own (capture adopting a new server after ``resync --all``)."""
-        buffer = RecordBuffer(
-            self.source, "server-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
-        )
-        buffer.add("progress", frontier, payload=json_payload(dict(identity)))
+        (``{"system_id", "timeline"}``): a ``progress`` record at the unchanged frontier
+        (capture adopting a new server after ``resync --all``)."""
+        self._record_alone("server", "progress", frontier, dict(identity))
+
+    def _record_alone(self, what: str, kind: str, lsn: int, payload: Mapping[str, Any]) -> None:
+        """One ``kind`` record for no table at ``lsn``, in a batch of its own."""
+        run_id = f"{what}-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
+        buffer = RecordBuffer(self.source, run_id)
+        buffer.add(kind, lsn, payload=json_payload(dict(payload)))
         batch_id = self.next_batch_id()
         self.append(buffer.to_arrow(batch_id), batch_id)
 

@@ -23,7 +23,6 @@ from pgmedallion.capture.connection import connect, connect_replication
 from pgmedallion.capture.errors import (
     PipelineError,
     SlotCompacted,
-    SourceBehind,
 )
 from pgmedallion.capture.options import (
     DELTA_RS_BATCH_BYTES,
@@ -51,6 +50,7 @@ from pgmedallion.capture.slot import (
     current_wal_lsn,
     identify_system,
     release_slot,
+    require_wal_past,
     starts_afresh,
 )
 from pgmedallion.capture.snapshot import (
@@ -388,13 +388,7 @@ def _resume_point(
     pending = awaited(state, wanted)
     if not starts_afresh(snapshots, pending, bronze.dropped_tables(), resume):
         raise lost
-    now = current_wal_lsn(conn)
-    if now < resume:
-        raise SourceBehind(
-            f"{lost}; every table is snapshotted again, but the server's WAL position"
-            f" {format_lsn(now)} is before {format_lsn(resume)}: nothing was written; run again"
-            f" once it has passed {format_lsn(resume)}"
-        )
+    require_wal_past(conn, resume, lost)
     if resume in {to for _, to, _ in bronze.gaps()}:  # recorded where the slot was made
         log.info("the stream goes on from the new slot's start %s", format_lsn(resume))
         return resume, True

@@ -106,7 +106,6 @@ from pgmedallion.capture.errors import (
     SlotInvalidated,
     SlotMissing,
     SnapshotWaiting,
-    SourceBehind,
     TableDropped,
     TimelineChanged,
     TransientError,
@@ -145,6 +144,7 @@ from pgmedallion.capture.slot import (
     ensure_slot,
     identify_system,
     missing_slot,
+    require_wal_past,
     slot_state,
     starts_afresh,
     wants_failover,
@@ -863,13 +863,7 @@ def _adopt_server(
     if not starts_afresh(snapshots, pending, bronze.dropped_tables()):
         _name_blockers(bronze, state, pending)
         raise lost
-    now = current_wal_lsn(repl)
-    if now < frontier:
-        raise SourceBehind(
-            f"{lost}; every table is to be snapshotted again, but the server's WAL position"
-            f" {format_lsn(now)} is before bronze's frontier {format_lsn(frontier)}: nothing"
-            f" was written; run again once the server's WAL has passed {format_lsn(frontier)}"
-        )
+    require_wal_past(repl, frontier, lost)
     identity = {"system_id": system.system_id, "timeline": system.timeline}
     bronze.record_server(frontier, identity)
     resume = max(frontier, slot.confirmed_flush_lsn or 0)
@@ -914,7 +908,6 @@ def _recreate_lost_slot(
     server's WAL is past bronze's frontier (a new slot's LSNs go on from bronze's). Otherwise
     raise the loss, naming the way back."""
     frontier = state.frontier
-    now = current_wal_lsn(repl)
     snapshots = {oid: lsn for oid, (lsn, _, _) in state.snapshots.items()}
     if not starts_afresh(snapshots, pending, bronze.dropped_tables()):
         _name_blockers(bronze, state, pending)
@@ -925,14 +918,7 @@ def _recreate_lost_slot(
                 f" {START_OVER}"
             ) from None
         raise missing_slot(lost, held, identify_system(repl), state.system_identity) from None
-    if frontier is not None and now < frontier:
-        raise SourceBehind(
-            f"{lost}; every table is to be snapshotted again at a new slot, but the server's WAL"
-            f" position {format_lsn(now)} is before bronze's frontier {format_lsn(frontier)}"
-            " (a standby promoted before it received all bronze read, or another server):"
-            " nothing was written; run again once the server's WAL has passed"
-            f" {format_lsn(frontier)}"
-        )
+    require_wal_past(repl, frontier, lost)
     if isinstance(lost, SlotInvalidated):
         drop_invalidated_slot(repl, target.slot)
     log.warning(

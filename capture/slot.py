@@ -38,12 +38,14 @@ from psycopg import sql
 from pgmedallion.capture.errors import (
     DefiniteError,
     FailoverUnsupported,
+    PipelineError,
     SlotCompacted,
     SlotInUse,
     SlotInvalidated,
     SlotMissing,
     SlotNotSynchronized,
     SlotPluginMismatch,
+    SourceBehind,
     TimelineChanged,
     server_errors,
 )
@@ -197,6 +199,22 @@ def starts_afresh(
         (since is not None and lsn + 1 >= since) or oid in pending or oid in dropped
         for oid, lsn in snapshots.items()
     )
+
+
+def require_wal_past(repl_conn: psycopg.Connection, point: int | None, lost: PipelineError) -> None:
+    """:class:`SourceBehind` (nothing written) unless the server's WAL position is at or past
+    ``point`` (bronze's frontier, or where the stream is to resume): bronze's LSNs never go
+    back, so a new slot, a new server or a resume past a gap must start after them."""
+    if point is None:
+        return
+    now = current_wal_lsn(repl_conn)
+    if now < point:
+        raise SourceBehind(
+            f"{lost}; every table is to be snapshotted again, but the server's WAL position"
+            f" {format_lsn(now)} is before {format_lsn(point)} (a standby promoted before it"
+            " received all bronze read, or another server): nothing was written; run again"
+            f" once the server's WAL has passed {format_lsn(point)}"
+        )
 
 
 def drop_invalidated_slot(repl_conn: psycopg.Connection, slot: str) -> None:
