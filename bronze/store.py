@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -66,7 +66,7 @@ CopyTask = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 ``copy`` records of those tasks' ctid ranges, in :data:`~pgmedallion.bronze.table.ARROW_SCHEMA`."""
 
 CONTROL_KINDS = ("progress", "rewind", "error", "resync")
-PAYLOAD_KINDS = ("progress", "error", "schema", "schema_change", "resync")
+PAYLOAD_KINDS = ("progress", "error", "schema", "schema_change", "resync", "range", "rewind")
 """The records whose payload a question reads."""
 
 
@@ -196,6 +196,39 @@ class Bronze(ABC):
                 tables[r["table_oid"]] = max(tables.get(r["table_oid"], r["lsn"]), r["lsn"])
         return tables
 
+    def landed_ranges(self, oid: int) -> list[dict[str, Any]]:
+        """The ``range`` records (``lsn``, ``batch_id``, ``part``, decoded ``payload``) of the
+        table's snapshot in progress: those after its newest snapshot (``rewind``), its newest
+        resync request and bronze's newest gap (``record_gap``), oldest first
+        (``capture.ranges.resume_plan`` decides which a new attempt keeps)."""
+        records = self._records()
+        after = max(
+            (
+                r["batch_id"]
+                for r in records
+                if r["kind"] in ("rewind", "resync") and r["table_oid"] == oid
+            ),
+            default=-1,
+        )
+        gap = max(
+            (r["lsn"] for r in records if r["kind"] == "resync" and r["table_oid"] is None),
+            default=-1,
+        )
+        found = [
+            {
+                "lsn": r["lsn"],
+                "batch_id": r["batch_id"],
+                "part": r["part"],
+                "payload": json.loads(self._payload(r) or b"{}"),
+            }
+            for r in records
+            if r["kind"] == "range"
+            and r["table_oid"] == oid
+            and r["batch_id"] > after
+            and r["lsn"] >= gap
+        ]
+        return sorted(found, key=lambda r: (r["batch_id"], r["part"]))
+
     def recorded_errors(self) -> set[tuple[str, int | None, int]]:
         """``(code, table_oid, lsn)`` of every error record."""
         return {
@@ -241,15 +274,21 @@ class Bronze(ABC):
     def landed_counts(self, batch_id: int) -> dict[str, int]:
         """``schema.table`` -> rows of the snapshot committed as batch ``batch_id`` (a ctid
         range holds as many rows as its largest ``ordinal``)."""
-        ranges: dict[tuple[str, str, int], int] = {}
-        for r in self._records():
-            if r["kind"] == "copy" and r["batch_id"] == batch_id:
-                key = (r["table_schema"], r["table_name"], r["part"])
-                ranges[key] = max(ranges.get(key, 0), r["ordinal"])
         counts: dict[str, int] = {}
-        for (schema, name, _), rows in ranges.items():
+        for (_, schema, name, _, _), rows in self.landed_parts([batch_id]).items():
             counts[f"{schema}.{name}"] = counts.get(f"{schema}.{name}", 0) + rows
         return counts
+
+    def landed_parts(self, batches: Collection[int]) -> dict[tuple[int, str, str, int, int], int]:
+        """``(table_oid, schema, name, part, batch_id)`` -> rows, of the ``copy`` records
+        of ``batches`` (a part holds as many rows as its largest ``ordinal``)."""
+        wanted = set(batches)
+        parts: dict[tuple[int, str, str, int, int], int] = {}
+        for r in self._records():
+            if r["kind"] == "copy" and r["batch_id"] in wanted:
+                key = (r["table_oid"], r["table_schema"], r["table_name"], r["part"], r["batch_id"])
+                parts[key] = max(parts.get(key, 0), r["ordinal"])
+        return parts
 
     def snapshot_schemas(
         self, oids: Sequence[int], upto: int | None = None

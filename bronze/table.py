@@ -3,7 +3,7 @@
 Columns (documented in the README):
 
     source       the configured source name
-    kind         copy | wal | rewind | schema | error | progress | resync
+    kind         copy | wal | rewind | schema | error | progress | resync | range
     table_oid    the source table's OID (NULL for Begin/Commit/Truncate messages and progress)
     table_schema, table_name   the source table's schema and name, unquoted
     lsn          wal: the transaction's commit LSN; copy/rewind/schema: the snapshot LSN;
@@ -13,7 +13,8 @@ Columns (documented in the README):
     ordinal      wal: the message's position in its transaction (Begin = 0);
                  copy: the number of rows of its ctid range up to and including this record
                  (so a range holds as many rows as its largest ordinal)
-    part         copy: the ctid range the rows came from
+    part         copy: the ctid range the rows came from, or the key range (a snapshot read
+                 in key ranges, ``capture.ranges``); range: the key range
     payload      copy: consecutive COPY TEXT rows of one ctid range, each ending in a newline,
                  as the server sent them (about 1 MiB per record; :func:`copy_lines` splits
                  them); wal: one pgoutput message; schema: JSON;
@@ -21,6 +22,12 @@ Columns (documented in the README):
                  progress: JSON ``{"system_id", "timeline", "source_time_us"}``: the server the
                  LSNs belong to, and its clock for F (Unix microseconds; see
                  ``capture/replication.py``);
+                 range: JSON ``{"key", "type_oid", "bounds", "schema"}``: one key range of
+                 a snapshot read in key ranges landed, read at ``lsn`` (the boundaries split
+                 the key into ranges; ``schema`` fingerprints what the rows were read with);
+                 rewind: NULL, or for a snapshot read in key ranges JSON ``{"key",
+                 "type_oid", "bounds", "ranges"}``, each range's ``[lsn, batch_id]`` (the
+                 record's own ``lsn`` is then the oldest range's);
                  resync: JSON ``{"requested_at", "reason"?}`` (snapshot this table again:
                  ``pgmedallion resync``, or capture's own decision and its reason, a schema
                  change say; a table whose newest resync record is newer than its newest
@@ -37,7 +44,9 @@ Columns (documented in the README):
 Invariants: every batch is one Delta commit made with ``txnAppId = pgmedallion-<source>`` and
 ``txnVersion = batch_id``, so a retried commit of the same batch is skipped by Delta itself;
 batch ids only grow. A snapshot's copy rows, its rewind and schema records are one commit, so
-a table's snapshot is either wholly in bronze or not at all. The slot is acknowledged only up to
+a table's snapshot is either wholly in bronze or not at all; a snapshot read in key ranges
+lands a wave of ranges per commit, and its schema and rewind records come once every range
+is in (until then its ranges are not read downstream). The slot is acknowledged only up to
 the frontier of a committed progress record.
 
 Error records. A definite error (publication dropped, slot missing, invalidated or compacted,
@@ -56,7 +65,7 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 
-KINDS = ("copy", "wal", "rewind", "schema", "error", "progress", "resync")
+KINDS = ("copy", "wal", "rewind", "schema", "error", "progress", "resync", "range")
 
 BRONZE_DDL = (
     "source STRING NOT NULL, kind STRING NOT NULL, table_oid BIGINT, table_schema STRING, "

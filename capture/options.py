@@ -73,6 +73,10 @@ class CaptureTarget:
     failover_slot: str = "auto"
     """``[source] failover_slot``: ``auto`` | ``on`` | ``off`` (``capture.slot.wants_failover``)."""
 
+    snapshot_range_bytes: int = 32 << 20
+    """``[source] snapshot_range_mb``: a keyed table's snapshot is read in key ranges of about
+    this much heap, each landed on its own, once the table holds two (``capture.ranges``)."""
+
     def on_schema_change(self, table: str) -> str:
         return self.schema_changes.get(table, FOLLOW)
 
@@ -99,6 +103,7 @@ def capture_target(cfg: Config) -> CaptureTarget:
         schema_changes=schema_changes,
         snapshot_wait_s=cfg.source.snapshot_wait_seconds or None,
         failover_slot=cfg.source.failover_slot,
+        snapshot_range_bytes=int(cfg.source.snapshot_range_mb * (1 << 20)),
     )
 
 

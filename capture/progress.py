@@ -58,6 +58,9 @@ class TableProgress:
     rows_estimated: int | None
     done: bool = False
     """True once the snapshot is committed: ``rows_staged`` is then the rows landed."""
+    ranges: tuple[int, int] | None = None
+    """A snapshot read in key ranges (``capture.ranges``): ranges landed (earlier attempts
+    included), of how many."""
 
 
 ProgressCallback = Callable[[Sequence[TableProgress]], None]
@@ -127,14 +130,24 @@ def table_progress(
     names: Mapping[int, str],
     estimates: Mapping[int, int],
     seen: Mapping[tuple[int, int], int] | None,
+    landed: Mapping[int, int] | None = None,
+    ranges: Mapping[int, tuple[int, int]] | None = None,
 ) -> list[TableProgress]:
-    """Per-table progress from the highest count seen per ``(oid, part)``; None: not known."""
-    staged: dict[int, int] = dict.fromkeys(names, 0)
+    """Per-table progress from the highest count seen per ``(oid, part)``; None: not known.
+    ``landed``: rows earlier attempts landed (a snapshot that resumes, ``capture.ranges``);
+    ``ranges``: ranges landed and in all, per table read in key ranges."""
+    landed, ranges = landed or {}, ranges or {}
+    staged: dict[int, int] = {oid: landed.get(oid, 0) for oid in names}
     for (oid, _part), rows in (seen or {}).items():
         if oid in staged:
             staged[oid] += rows
     return [
-        TableProgress(names[oid], None if seen is None else staged[oid], estimates.get(oid))
+        TableProgress(
+            names[oid],
+            None if seen is None and not landed.get(oid) else staged[oid],
+            estimates.get(oid),
+            ranges=ranges.get(oid),
+        )
         for oid in names
     ]
 
@@ -166,6 +179,10 @@ class CopyProgressMonitor:
         self.interval_s = interval_s
         self.supported = server_version >= COPY_PROGRESS_MIN_VERSION
         self.seen: dict[tuple[int, int], int] = {}
+        self.landed: dict[int, int] = {}
+        """Rows of each table that earlier attempts landed (a snapshot that resumes)."""
+        self.ranges: dict[int, tuple[int, int]] = {}
+        """Ranges landed and in all, of each table read in key ranges (updated as they land)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -183,7 +200,13 @@ class CopyProgressMonitor:
 
     def report(self) -> None:
         self.callback(
-            table_progress(self.names, self.estimates, self.seen if self.supported else None)
+            table_progress(
+                self.names,
+                self.estimates,
+                self.seen if self.supported else None,
+                self.landed,
+                self.ranges,
+            )
         )
 
     def poll(self, conn: psycopg.Connection) -> None:
@@ -223,12 +246,19 @@ class RichSnapshotProgress:
 
     def __init__(self) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
 
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
+            TimeRemainingColumn(),
             TextColumn("{task.fields[note]}"),
             console=Console(stderr=True),
         )
@@ -247,6 +277,8 @@ class RichSnapshotProgress:
                 elif total is not None and staged is not None:
                     total = max(total, staged)
                 note = "landed" if update.done else ("" if staged is not None else "copying")
+                if update.ranges is not None:
+                    note = f"{note} ranges {update.ranges[0]}/{update.ranges[1]}".strip()
                 task = self._tasks.get(update.table)
                 if task is None:
                     task = self._tasks[update.table] = self._progress.add_task(

@@ -20,6 +20,8 @@
     failover_slot = "auto"         # auto | on | off: create the slot as a failover slot, which
                                    # a standby keeps a copy of (PostgreSQL 17+; auto: where the
                                    # server has them; on: a server before 17 is an error)
+    snapshot_range_mb = 32         # a large table with an integer or uuid key is snapshotted
+                                   # in key ranges of this size, so a stopped snapshot resumes
 
     [lakehouse]
     state_dir = ".pgmedallion"     # local runs: warehouse, metastore, checkpoints, PostgreSQL
@@ -169,6 +171,9 @@ class SourceConfig:
     failover_slot: str = "auto"
     """``auto`` | ``on`` | ``off`` (``true``/``false`` too): the main slot is created as a
     failover slot (``pgmedallion.capture.slot.wants_failover``)."""
+    snapshot_range_mb: float = 32.0
+    """A table with a one-column integer or uuid key is snapshotted in key ranges of about this
+    many MB of heap, each landed on its own, so an interrupted snapshot resumes (0: never)."""
     hash_key_env: str = "PGMEDALLION_HASH_KEY"
     hash_key_secret_scope: str = ""
     hash_key_secret_key: str = ""

@@ -211,7 +211,7 @@ def _settled(cand: Candidate, rows: pa.Table, rest: list[int]) -> bool:
     """Whether the table's cast rows are all settled and need no rewind (its changes are all
     above its snapshot LSN); else it goes to ``rest``, the per-table path, which casts in full
     (with the errors) and rewinds (``silver.rewind``)."""
-    floor = cand.info.snapshot_lsn
+    floor = cand.info.newest_snapshot_lsn
     rewound = floor is not None and rows.num_rows and pc.min(rows.column(ROW_LSN)).as_py() <= floor
     if pc.any(rows.column(UNSETTLED_COLUMN)).as_py() or rewound:
         rest.append(cand.info.oid)

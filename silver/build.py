@@ -73,7 +73,13 @@ from pgmedallion.silver.first_load import first_snapshot
 from pgmedallion.silver.identity import resolve_previous_images
 from pgmedallion.silver.pgtypes import pg_type_of, spark_type
 from pgmedallion.silver.plan import Plan, control_errors, last_frontier, plan_run, session_bronze
-from pgmedallion.silver.rewind import consolidated, distinct_snapshot, truncated, with_rewinds
+from pgmedallion.silver.rewind import (
+    consolidated,
+    distinct_snapshot,
+    snapshot_floor,
+    truncated,
+    with_rewinds,
+)
 from pgmedallion.silver.window import Decoded, Window, read_once, relids, with_mtype
 from pgmedallion.silver.write import (
     append_diffs,
@@ -171,9 +177,15 @@ def _run_once(spark: SparkSession, cfg: Config) -> tuple[SilverResult, bool]:
     _truncates(r, cfg)
 
     def diffs_of(oid: int) -> TableDiffs:
+        rows = _bronze(spark, n, source)  # (a Spark session from here on)
+        batches = r.tables[oid].snapshot_batches()
+        in_window = (
+            (F.col("batch_id") > plan.b_from) & (F.col("batch_id") <= plan.b_to)
+            if batches is None
+            else F.col("batch_id").isin(batches)
+        )
         copy_rows = (
-            _bronze(spark, n, source)
-            .where((F.col("batch_id") > plan.b_from) & (F.col("batch_id") <= plan.b_to))
+            rows.where(in_window)
             .where(F.col("kind") == "copy")
             .select("table_oid", "lsn", "payload")
         )
@@ -228,9 +240,14 @@ def _read_control(spark: SparkSession, n: Names, r: _Run, cfg: Config, taken: se
     r.gone = catalog.retire(r.tables, dropped, taken)
     left = [info.silver_table for info in r.gone.values()]
     control = [c for c in control if c["table_oid"] not in dropped]
-    r.copied = {c["table_oid"] for c in control if c["kind"] == "copy"}
     left += catalog.apply_schemas(r.tables, control, cfg, taken)
     r.new_snapshots = catalog.apply_rewinds(r.tables, control, r.plan.run)
+    # The copy rows of a snapshot come with its rewind: in the same batch, or (a snapshot read
+    # in key ranges) in the batches its rewind names. Ranges landed while a snapshot is still
+    # under way wait for it.
+    r.copied = {
+        c["table_oid"] for c in control if c["kind"] == "copy" and c["table_oid"] in r.new_snapshots
+    } | {oid for oid in r.new_snapshots if r.tables[oid].snapshot_ranges}
     for name in left:
         # dropped at the source, or renamed (its new snapshot is rebuilt under the new name):
         # a crash before this run's _progress row drops nothing more on the run again
@@ -257,7 +274,11 @@ def _read_wal(
     cold process, against 0.3 s and 0.5 s; measured on a continuous pipeline's bronze), and
     the run may then need no Spark at all."""
     p = r.plan
-    rebuilt = {oid: lsn for oid, lsn in r.new_snapshots.items() if oid in known_before}
+    rebuilt = {
+        oid: lsn
+        for oid, lsn in r.new_snapshots.items()
+        if oid in known_before or r.tables[oid].snapshot_ranges  # (ranges: see capture.ranges)
+    }
     reread_from = min([lsn + 1 for lsn in rebuilt.values()] + [p.f_from])
 
     def in_spark(bronze: DataFrame) -> DataFrame:
@@ -694,9 +715,11 @@ def _run_first_snapshots(
         ):
             rest.append(oid)
             continue
-        where = (
-            f"source = {literal} AND kind = 'copy' AND table_oid = {int(oid)}"
-            f" AND batch_id > {int(r.plan.b_from)} AND batch_id <= {int(r.plan.b_to)}"
+        batches = info.snapshot_batches()
+        where = f"source = {literal} AND kind = 'copy' AND table_oid = {int(oid)} AND " + (
+            f"batch_id > {int(r.plan.b_from)} AND batch_id <= {int(r.plan.b_to)}"
+            if batches is None
+            else f"batch_id IN ({', '.join(str(int(b)) for b in batches)})"
         )
         target = n.table(info.silver_table)
         try:
@@ -843,7 +866,8 @@ def table_run(
 
 
 def _rewound(info: TableInfo, rows: DataFrame, changes: DataFrame) -> DataFrame:
-    return with_rewinds(rows, changes, data_columns(info), ROW_LSN, ROW_DIFF, info.snapshot_lsn)
+    floor = snapshot_floor(info.snapshot_lsn, info.snapshot_ranges)
+    return with_rewinds(rows, changes, data_columns(info), ROW_LSN, ROW_DIFF, floor)
 
 
 def _table_run_whole(
@@ -873,7 +897,7 @@ def _table_run_whole(
             _prior(spark, target, path, ok.schema, [c["name"] for c in info.columns], run)
             if exists
             else None,
-            info.snapshot_lsn,
+            snapshot_floor(info.snapshot_lsn, info.snapshot_ranges),
             truncates,
             identities,
         )

@@ -259,8 +259,11 @@ def apply_rewinds(tables: dict[int, TableInfo], control: list, run: int) -> dict
     new_snapshots: dict[int, int] = {}
     for r in control:
         if r["kind"] == "rewind" and r["table_oid"] in tables:
-            tables[r["table_oid"]].snapshot_lsn = r["lsn"]
-            tables[r["table_oid"]].snapshot_run = run
+            info = tables[r["table_oid"]]
+            info.snapshot_lsn = r["lsn"]
+            info.snapshot_run = run
+            payload = json.loads(r["payload"]) if r.get("payload") else {}
+            info.snapshot_ranges = payload if payload.get("ranges") else None
             new_snapshots[r["table_oid"]] = r["lsn"]
     return new_snapshots
 

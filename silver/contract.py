@@ -123,10 +123,29 @@ class TableInfo:
     are history (``pgmedallion resync``); gold is rebuilt in full from it."""
     source: str = ""
     """The configured source it belongs to."""
+    snapshot_ranges: dict | None = None
+    """In the run that reads a snapshot taken in key ranges (``capture.ranges``): its
+    ``rewind`` record's payload (``key``, ``bounds``, ``ranges``: each range's ``[snapshot LSN,
+    batch id]``); ``snapshot_lsn`` is then the oldest range's. Not kept in ``_tables``."""
 
     @property
     def qualified_name(self) -> str:
         return f"{self.schema}.{self.name}"
+
+    @property
+    def newest_snapshot_lsn(self) -> int | None:
+        """The LSN every range of the table's snapshot is at or below (``snapshot_lsn`` for a
+        snapshot taken at one LSN)."""
+        if self.snapshot_ranges:
+            return max(lsn for lsn, _ in self.snapshot_ranges["ranges"])
+        return self.snapshot_lsn
+
+    def snapshot_batches(self) -> list[int] | None:
+        """The bronze batches holding the copy rows of a snapshot taken in key ranges (None:
+        the snapshot's rows are in its ``rewind`` record's batch)."""
+        if not self.snapshot_ranges:
+            return None
+        return sorted({batch for _, batch in self.snapshot_ranges["ranges"]})
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -258,7 +258,7 @@ def resolve_previous_images(
     names: Sequence[str],
     keys: tuple[int, ...],
     prior: DataFrame | None,
-    floor: int | None,
+    floor: int | Column | None,
     truncates: Sequence[tuple[int, int]] = (),
     identities: Sequence[tuple[int, ...]] | None = None,
 ) -> Images:
@@ -276,7 +276,9 @@ def resolve_previous_images(
     (:class:`_State`).
     """
     data = [quote(n) for n in names]
-    above = F.col(_LSN) > F.lit(-1 if floor is None else floor)
+    above = F.col(_LSN) > (
+        floor if isinstance(floor, Column) else F.lit(-1 if floor is None else floor)
+    )
     changes = typed.where(F.col(KIND).isNotNull() & above)
     base = _previous_rows(typed, changes, names, keys, prior, identities)
     combined = base.select(

@@ -8,7 +8,8 @@ them out again: each such change once more, at LSN 0, with its diff negated. Row
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -18,11 +19,32 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pgmedallion.core.multiset import group_ids, int_column, sum_by
+from pgmedallion.core.naming import quote
 
 
-def rewinds(changes: DataFrame, lsn: str, diff: str, snapshot_lsn: int) -> DataFrame:
-    """The rewinds of a snapshot at ``snapshot_lsn``: the rows of ``changes`` with ``lsn`` in
-    ``(0, snapshot_lsn]``, at ``lsn`` 0 and with ``diff`` negated; other columns as they are."""
+def snapshot_floor(
+    snapshot_lsn: int | None, ranges: Mapping[str, Any] | None
+) -> Column | int | None:
+    """The snapshot LSN a change of the table is judged by: a change at or below it is in the
+    snapshot already. One LSN for a snapshot read at one; for one read in key ranges
+    (``capture.ranges``, ``ranges`` its ``rewind`` payload), the LSN of the range the row's
+    key falls in, as a column (range ``i`` holds ``bounds[i-1] <= key < bounds[i]``: integers
+    and uuids, whose order here is PostgreSQL's)."""
+    if not ranges:
+        return snapshot_lsn
+    key, bounds = F.col(quote(ranges["key"])), ranges["bounds"]
+    lsns = [int(lsn) for lsn, _ in ranges["ranges"]]
+    floor = None
+    for bound, lsn in zip(bounds, lsns, strict=False):
+        floor = (F if floor is None else floor).when(key < F.lit(bound), F.lit(lsn))
+    last = F.lit(lsns[-1])
+    return last if floor is None else floor.otherwise(last)
+
+
+def rewinds(changes: DataFrame, lsn: str, diff: str, snapshot_lsn: int | Column) -> DataFrame:
+    """The rewinds of a snapshot at ``snapshot_lsn`` (an LSN, or a column of the LSN each row
+    is judged by, :func:`snapshot_floor`): the rows of ``changes`` with ``lsn`` in ``(0,
+    snapshot_lsn]``, at ``lsn`` 0 and with ``diff`` negated; other columns as they are."""
     rewound = changes.where((F.col(lsn) > 0) & (F.col(lsn) <= snapshot_lsn))
     return rewound.withColumns({lsn: F.lit(0).cast("bigint"), diff: -F.col(diff)})
 
