@@ -229,6 +229,25 @@ class Bronze(ABC):
         ]
         return sorted(found, key=lambda r: (r["batch_id"], r["part"]))
 
+    def snapshots_under_way(self) -> list[tuple[str, int, int]]:
+        """``(schema.table, ranges landed, ranges in all)`` of each table whose snapshot in key
+        ranges has ranges landed and is not complete (a run stopped during it: the next one
+        reads the other ranges)."""
+        tables = {
+            (r["table_oid"], r["table_schema"], r["table_name"])
+            for r in self._records()
+            if r["kind"] == "range"
+        }
+        out = []
+        for oid, schema, name in sorted(tables, key=lambda t: (t[1], t[2])):
+            landed = self.landed_ranges(oid)
+            if not landed:
+                continue
+            plan = landed[-1]["payload"]
+            parts = {r["part"] for r in landed if r["payload"] == plan}
+            out.append((f"{schema}.{name}", len(parts), len(plan.get("bounds", ())) + 1))
+        return out
+
     def recorded_errors(self) -> set[tuple[str, int | None, int]]:
         """``(code, table_oid, lsn)`` of every error record."""
         return {

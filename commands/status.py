@@ -49,6 +49,8 @@ class Status:
     schema_events: list[str] = field(default_factory=list)
     gaps: list[tuple[int, int, str]] = field(default_factory=list)
     """Changes capture never read, ``(from, to, why)``: a lost slot (``Bronze.gaps``)."""
+    under_way: list[tuple[str, int, int]] = field(default_factory=list)
+    """Snapshots in key ranges a run stopped during: ``(table, ranges landed, in all)``."""
     lakehouse_note: str | None = None
 
 
@@ -148,6 +150,7 @@ def collect_status(
         status.bronze = (end.frontier, end.source_time)
         status.schema_events = _schema_events(bronze)
         status.gaps = bronze.gaps()
+        status.under_way = bronze.snapshots_under_way()
     progress = house.rows("silver", "_progress", f"SELECT * FROM {{t}} WHERE {where}")
     if progress:
         last = max(progress, key=lambda r: r["run"])
@@ -211,6 +214,11 @@ def format_status(s: Status) -> str:
         lines.append(
             f"bronze gap: changes from {format_lsn(start)} to {format_lsn(end)} were not read"
             f" ({why}); every table was snapshotted again at or after {format_lsn(end)}"
+        )
+    for table, landed, ranges in s.under_way:
+        lines.append(
+            f"snapshot under way: {table}: {landed} of {ranges} key ranges landed"
+            f" ({100 * landed // max(ranges, 1)}%); the next run reads the other {ranges - landed}"
         )
     if s.silver is not None:
         run, frontier, at = s.silver

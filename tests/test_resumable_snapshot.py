@@ -123,6 +123,8 @@ def test_a_killed_snapshot_resumes_with_the_ranges_it_landed(db, tmp_path):
     assert killed.returncode == -9, killed.stdout + killed.stderr
     first = _ranges(config)
     assert len(first) == 6, first
+    status = _run(config, env, "status")
+    assert "snapshot under way: public.items: 6 of " in status.stdout, status.stdout
     with psycopg.connect(**db, autocommit=True) as conn:
         _workload(conn, 1)
 
@@ -139,6 +141,7 @@ def test_a_killed_snapshot_resumes_with_the_ranges_it_landed(db, tmp_path):
     done = _run(config, env, "run")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+    assert "snapshot under way" not in _run(config, env, "status").stdout
     ranges = _ranges(config)
     per_table = Counter(r["table_name"] for r in ranges)
     landed = Counter((r["table_name"], r["part"]) for r in ranges)
