@@ -46,6 +46,7 @@ BENCHMARKS: tuple[str, ...] = (
     "tables",
     "rss",
     "load",
+    "resume",
     "freshness",
 )
 """The registered benchmarks, in the order ``python -m benchmarks`` runs them."""

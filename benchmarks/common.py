@@ -268,6 +268,7 @@ def write_pipeline_config(
     password_env: str,
     writer: str,
     engine: str = "auto",
+    source_settings: dict[str, Any] | None = None,
 ) -> Path:
     """A ``pgmedallion.toml`` for whole ``pgmedallion`` processes against the benchmark
     database: its source (the password in ``$password_env``, never in the file), an existing
@@ -287,6 +288,7 @@ def write_pipeline_config(
             f"publication = {json.dumps(publication)}",
             f"slot = {json.dumps(slot)}",
             "create_publication = false",
+            *(f"{k} = {json.dumps(v)}" for k, v in (source_settings or {}).items()),
             "",
             "[lakehouse]",
             f"state_dir = {json.dumps(str(lake))}",

@@ -118,6 +118,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="pgmedallion's [lakehouse] engine (%(default)s; spark: what a Databricks job runs)",
     )
     parser.add_argument(
+        "--snapshot-range-mb",
+        type=float,
+        default=None,
+        help="[source] snapshot_range_mb (default: the configuration's; 0: the snapshot in ctid "
+        "ranges, one commit, as before a snapshot could resume)",
+    )
+    parser.add_argument(
         "--warm",
         action="store_true",
         help="both sides in one long-lived Spark session instead of cold processes (what a "
@@ -175,6 +182,9 @@ def run(args: argparse.Namespace) -> Result:
         password_env=PASSWORD_ENV,
         writer=NAME,
         engine=args.engine,
+        source_settings=(
+            {} if args.snapshot_range_mb is None else {"snapshot_range_mb": args.snapshot_range_mb}
+        ),
     )
     say(f"pgmedallion's engine: {args.engine}")
     gold_schema_dir = lake / "warehouse" / f"{SCHEMAS['gold']}.db"
@@ -636,6 +646,7 @@ def report(
         goal=GOAL_FIRST,
         params={
             "rows": args.rows,
+            "snapshot_range_mb": args.snapshot_range_mb,
             "skip_noop": args.skip_noop,
             "migrations": args.migrations,
             "history": args.history,

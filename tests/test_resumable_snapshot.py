@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psycopg
 import pyarrow.compute as pc
+import pytest
 from deltalake import DeltaTable
 
 from pgmedallion.capture.ranges import RangePlan, range_count, resume_plan, rewind_payload
@@ -197,3 +198,96 @@ def test_the_rewind_record_names_each_range_snapshot_lsn_and_batch():
         "bounds": [10, 20],
         "ranges": [[5, 1], [7, 2], [7, 2]],
     }
+
+
+def _copy_by_snapshot(config: Path, table: str) -> dict[int, tuple[int, int]]:
+    """Snapshot LSN (one per attempt) -> (rows, bytes) of ``table``'s copy records."""
+    path = load_config(config).local_table_path("bronze", "bronze")
+    records = DeltaTable(path).to_pyarrow_table(
+        columns=["kind", "table_name", "lsn", "part", "batch_id", "ordinal", "payload"]
+    )
+    copies = records.filter(
+        pc.and_(
+            pc.equal(records.column("kind"), "copy"), pc.equal(records.column("table_name"), table)
+        )
+    )
+    sizes = pc.binary_length(copies.column("payload")).to_pylist()
+    parts: dict[tuple[int, int, int], int] = {}
+    out: dict[int, list[int]] = {}
+    for r, size in zip(copies.drop_columns(["payload"]).to_pylist(), sizes, strict=True):
+        key = (r["lsn"], r["batch_id"], r["part"])
+        parts[key] = max(parts.get(key, 0), r["ordinal"])
+        out.setdefault(r["lsn"], [0, 0])[1] += size
+    for (lsn, _, _), rows in parts.items():
+        out[lsn][0] += rows
+    return {lsn: (rows, size) for lsn, (rows, size) in out.items()}
+
+
+@pytest.mark.slow
+def test_a_4m_row_snapshot_killed_at_half_and_at_90_percent_reads_each_range_once(db, tmp_path):
+    """Issue 48's trial at its size: 4M rows (about 660 MB of heap, default
+    ``snapshot_range_mb``), killed after the wave that passes half of the ranges and again
+    after the one that passes 90%, rows changed in between; the last run reads only the
+    ranges not landed (rows and bytes), and ``verify`` is exact."""
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE big (id bigint PRIMARY KEY, a int, note text, at timestamptz)")
+        for first in range(1, 4_000_001, 1_000_000):
+            conn.execute(
+                "INSERT INTO big SELECT g, g % 1000, md5(g::text) || lpad(g::text, 8, '0'),"
+                " timestamptz '2024-01-01' + g * interval '1 second'"
+                " FROM generate_series(%s::int8, %s::int8) g",
+                (first, first + 999_999),
+            )
+        conn.execute("VACUUM ANALYZE big")
+        conn.execute("CREATE PUBLICATION rs_pub FOR TABLE big")
+    config, env = _lakehouse(tmp_path, db)
+    config.write_text(config.read_text().replace("snapshot_range_mb = 0.5\n", ""))
+
+    def changes(conn: psycopg.Connection, step: int) -> None:
+        conn.execute("UPDATE big SET a = -a - %s WHERE id %% 997 = 0", (step,))
+        conn.execute("DELETE FROM big WHERE id %% 1009 = %s", (step,))
+        conn.execute(
+            "UPDATE big SET id = id + 10000000 WHERE id BETWEEN %s AND %s", (step, step + 9)
+        )
+        conn.execute(
+            "INSERT INTO big SELECT g, 7, 'late', now() FROM generate_series(%s::int8, %s::int8) g",
+            (20_000_000 + step * 1000, 20_000_000 + step * 1000 + 999),
+        )
+
+    killed = _run(config, env, "run", failpoints="snapshot.range_landed=6")  # 12 ranges
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    ranges = _ranges(config)
+    assert len(ranges) == 12, ranges
+    with psycopg.connect(**db, autocommit=True) as conn:
+        changes(conn, 1)
+    killed = _run(config, env, "run", failpoints="snapshot.range_landed=4")  # 20 ranges
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    assert "12 of 2" in killed.stderr, killed.stderr  # "12 of N key ranges landed before"
+    with psycopg.connect(**db, autocommit=True) as conn:
+        changes(conn, 2)
+    done = _run(config, env, "run")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    ranges = _ranges(config)
+    count = len(ranges)
+    assert 20 < count <= 24, count  # about 660 MB in ranges of 32 MB
+    landed = Counter(r["part"] for r in ranges)
+    assert sorted(landed) == list(range(count)) and set(landed.values()) == {1}, landed
+    attempts = [v for _, v in sorted(_copy_by_snapshot(config, "big").items())]
+    assert len(attempts) == 3, attempts
+    rows = [r for r, _ in attempts]
+    sizes = [b for _, b in attempts]
+    # each range once: the three attempts together read the table once (4M rows, plus the
+    # thousand inserted before the last attempt at most)
+    assert 3_990_000 <= sum(rows) <= 4_001_000, rows
+    # the last attempt read only the ranges the kills left: about (count - 20) of count
+    share = (count - 20) / count
+    assert sizes[2] <= (share + 0.03) * sum(sizes), (sizes, count)
+    assert rows[0] >= 0.45 * sum(rows) and rows[1] >= 0.3 * sum(rows), rows
+
+    with psycopg.connect(**db, autocommit=True) as conn:
+        changes(conn, 3)
+    assert _run(config, env, "run").returncode == 0
+    verified = _run(config, env, "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "verify: OK" in verified.stdout, verified.stdout
