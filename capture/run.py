@@ -7,7 +7,8 @@
        ├─ slot: must exist once bronze holds anything (else SlotMissing), created otherwise
        ├─ tables captured before that no longer exist ──> TableDropped error records
        ├─ published tables without a complete snapshot, or whose resync was requested
-       │   (``pgmedallion resync``) since their last one ──> land_snapshot (one commit)
+       │   (``pgmedallion resync``) since their last one ──> land_snapshot (one commit; a
+       │   large keyed table in key ranges, a commit per wave, resumed where it stopped)
        └─ land_stream from bronze's frontier (or the slot's confirmed_flush_lsn)
             read ─> buffer ─> commit batch (with its progress record) ─> ack(frontier)
             triggered: until pg_current_wal_lsn() seen at the start; continuous: until stopped

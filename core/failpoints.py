@@ -11,6 +11,7 @@ around gold's MERGE). Nothing happens unless the environment variable
 
 The points (``grep -rn 'failpoint("'`` finds them): ``snapshot.copy_chunk`` (per COPY chunk read),
 ``snapshot.before_commit`` (every range's file written, nothing committed),
+``snapshot.range_landed`` (a wave of key ranges committed, ``capture.ranges``),
 ``snapshot.after_commit`` (committed, the table locks still held), ``bronze.before_commit`` and
 ``bronze.after_commit`` (a stream batch, around its commit; after it, not yet acknowledged),
 ``silver.before_append`` and ``silver.after_append`` (around a table's diffs append),
