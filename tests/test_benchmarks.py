@@ -300,6 +300,7 @@ def test_load_runs_end_to_end(bench_env, capsys):
     [record] = records
     assert record["name"] == "load" and record["params"] == {
         "rows": 3000,
+        "snapshot_range_mb": None,
         "skip_noop": True,
         "migrations": False,
         "history": True,
