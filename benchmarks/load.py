@@ -156,15 +156,7 @@ def run(args: argparse.Namespace) -> Result:
         raise ValueError("need --rows >= 100")
     name = table_name(args.rows)
     root = env.state_dir / "load"
-    with env.connect() as conn:
-        drop_slot(conn, SLOT)
-        table = ensure_table(conn, name, args.rows)
-        conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(PUBLICATION)))
-        conn.execute(
-            sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-                sql.Identifier(PUBLICATION), sql.Identifier("public", name)
-            )
-        )
+    table = published_table(env, name, args.rows, PUBLICATION, SLOT)
     say(
         f"table public.{name}: {table['rows']} rows, {table['bytes'] / MB:.1f} MB "
         f"(pg_relation_size), ids {table['min_id']}..{table['max_id']}"
@@ -335,6 +327,21 @@ def _mb(kib: int) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Setup
+
+
+def published_table(env: BenchEnv, name: str, rows: int, publication: str, slot: str) -> dict:
+    """The benchmark table (:func:`ensure_table`) alone in ``publication`` (made anew), with
+    ``slot`` dropped so that the next capture starts from a new one."""
+    with env.connect() as conn:
+        drop_slot(conn, slot)
+        table = ensure_table(conn, name, rows)
+        conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(publication)))
+        conn.execute(
+            sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+                sql.Identifier(publication), sql.Identifier("public", name)
+            )
+        )
+    return table
 
 
 def ensure_table(conn, name: str, rows: int) -> dict[str, int]:

@@ -39,10 +39,9 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 from deltalake import DeltaTable
-from psycopg import sql
 
 from benchmarks.common import MB, BenchEnv, Result, Timing, drop_slot, say, write_pipeline_config
-from benchmarks.load import ensure_table, table_name
+from benchmarks.load import published_table, table_name
 from benchmarks.process import ProcessRun, run_process
 
 NAME = "resume"
@@ -65,15 +64,7 @@ def run(args: argparse.Namespace) -> Result:
     env: BenchEnv = args.env
     name = table_name(args.rows)
     root = env.state_dir / "resume"
-    with env.connect() as conn:
-        drop_slot(conn, SLOT)
-        table = ensure_table(conn, name, args.rows)
-        conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(PUBLICATION)))
-        conn.execute(
-            sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-                sql.Identifier(PUBLICATION), sql.Identifier("public", name)
-            )
-        )
+    table = published_table(env, name, args.rows, PUBLICATION, SLOT)
     say(f"table public.{name}: {table['rows']} rows, {table['bytes'] / MB:.1f} MB")
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)

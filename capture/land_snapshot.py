@@ -63,6 +63,7 @@ from pgmedallion.capture.ranges import (
     sample_bounds,
 )
 from pgmedallion.capture.snapshot import (
+    WHOLE_TABLE,
     PublishedTable,
     TableSchema,
     copy_columns,
@@ -265,28 +266,50 @@ def _write_snapshot(
     run_id: str,
     batch_id: int,
 ) -> None:
-    tasks = []
-    for schema in schemas:
-        columns, hashed = copy_columns(schema)
-        for part, (start, end) in enumerate(
-            worker_ctid_ranges(blocks[schema.oid], workers, version)
-        ):
-            tasks.append(
-                {
-                    "oid": schema.oid,
-                    "schema": schema.schema,
-                    "name": schema.name,
-                    "columns": columns,
-                    "row_filter": (schema.shape or Shape()).row_filter,
-                    "hashed": hashed,
-                    "part": part,
-                    "start": start,
-                    "end": end,
-                }
-            )
+    tasks = [
+        _task(schema, part, ctid_range)
+        for schema in schemas
+        for part, ctid_range in enumerate(worker_ctid_ranges(blocks[schema.oid], workers, version))
+    ]
     meta = RecordBuffer(target.source, run_id)
     for schema in schemas:
         _add_snapshot_records(meta, schema, point.snapshot_lsn)
+    _land(bronze, target, point, run_id, tasks, meta, batch_id, workers)
+
+
+def _task(
+    schema: TableSchema, part: int, ctid_range: tuple[int, int | None], key_range: str | None = None
+) -> dict[str, Any]:
+    """One COPY task of a snapshot: a ctid range of ``schema``, or (``key_range``, SQL) a key
+    range of it (the whole heap)."""
+    columns, hashed = copy_columns(schema)
+    row_filter = (schema.shape or Shape()).row_filter
+    if key_range is not None:
+        row_filter = key_range if row_filter is None else f"({row_filter}) AND {key_range}"
+    return {
+        "oid": schema.oid,
+        "schema": schema.schema,
+        "name": schema.name,
+        "columns": columns,
+        "row_filter": row_filter,
+        "hashed": hashed,
+        "part": part,
+        "start": ctid_range[0],
+        "end": ctid_range[1],
+    }
+
+
+def _land(
+    bronze: Bronze,
+    target: CaptureTarget,
+    point,
+    run_id: str,
+    tasks: list[dict[str, Any]],
+    meta: RecordBuffer,
+    batch_id: int,
+    workers: int,
+) -> None:
+    """Run ``tasks`` and commit their copy rows with ``meta`` as batch ``batch_id``."""
     copy_rows = functools.partial(
         _copy_task_rows,
         tasks=tasks,
@@ -394,23 +417,8 @@ def _write_ranges(
         tasks, meta = [], RecordBuffer(target.source, run_id)
         for schema, index in pieces[start : start + wave]:
             plan = plans[schema.oid]
-            columns, hashed = copy_columns(schema)
-            row_filter = (schema.shape or Shape()).row_filter
             condition = key_condition(plan.key, plan.type_oid, *plan.limits(index))
-            text = condition.as_string(None)
-            tasks.append(
-                {
-                    "oid": schema.oid,
-                    "schema": schema.schema,
-                    "name": schema.name,
-                    "columns": columns,
-                    "row_filter": text if row_filter is None else f"({row_filter}) AND {text}",
-                    "hashed": hashed,
-                    "part": index,
-                    "start": 0,
-                    "end": None,
-                }
-            )
+            tasks.append(_task(schema, index, WHOLE_TABLE, condition.as_string(None)))
             meta.add(
                 "range",
                 point.snapshot_lsn,
@@ -420,18 +428,7 @@ def _write_ranges(
                 part=index,
                 payload=json.dumps(plan.record(), sort_keys=True).encode(),
             )
-        copy_rows = functools.partial(
-            _copy_task_rows,
-            tasks=tasks,
-            conninfo=dict(target.conninfo),
-            snapshot_name=point.snapshot_name,
-            source=target.source,
-            run_id=run_id,
-            snapshot_lsn=point.snapshot_lsn,
-            batch_id=batch_id,
-            hash_key=target.hash_key,
-        )
-        bronze.write_snapshot(len(tasks), copy_rows, meta.to_arrow(batch_id), batch_id, workers)
+        _land(bronze, target, point, run_id, tasks, meta, batch_id, workers)
         batches.append(batch_id)
         for schema, index in pieces[start : start + wave]:
             landed[schema.oid][index] = (point.snapshot_lsn, batch_id)

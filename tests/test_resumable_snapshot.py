@@ -12,7 +12,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from pgmedallion.capture.snapshot import Column
 from pgmedallion.core.config import load_config
 from pgmedallion.core.failpoints import ENV
 from tests.test_cli import source_config
+from tests.test_failover import _run as run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -76,15 +76,8 @@ def _lakehouse(tmp_path: Path, db: dict) -> tuple[Path, dict]:
 
 
 def _run(config: Path, env: dict, *args: str, failpoints: str = "") -> subprocess.CompletedProcess:
-    env = dict(env, **({ENV: failpoints} if failpoints else {}))
-    return subprocess.run(
-        [sys.executable, "-m", "pgmedallion.cli", "-c", str(config), *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=900,
-    )
+    """A whole ``pgmedallion`` process (``failpoints`` armed: it may die of SIGKILL)."""
+    return run_cli(config, dict(env, **({ENV: failpoints} if failpoints else {})), *args)
 
 
 def _ranges(config: Path) -> list[dict]:
