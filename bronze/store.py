@@ -146,7 +146,8 @@ class Bronze(ABC):
 
     def state(self) -> BronzeState:
         """The frontier, the recorded server, the next batch id and the complete snapshots, from
-        the control records (every batch holds one)."""
+        the records other than wal messages (every batch holds one: a stream batch its
+        ``progress`` record, a wave of key ranges its ``range`` records)."""
         records = self._records()
         control = [r for r in records if r["kind"] in CONTROL_KINDS]
         progress = sorted(
@@ -159,7 +160,7 @@ class Bronze(ABC):
                 break
         return _state(
             max((r["lsn"] for r in progress), default=None),
-            max((r["batch_id"] for r in control), default=None),
+            max((r["batch_id"] for r in records), default=None),
             identity,
             [r for r in control if r["kind"] in ("rewind", "resync")],
         )
@@ -198,20 +199,18 @@ class Bronze(ABC):
 
     def landed_ranges(self, oid: int) -> list[dict[str, Any]]:
         """The ``range`` records (``lsn``, ``batch_id``, ``part``, decoded ``payload``) of the
-        table's snapshot in progress: those after its newest snapshot (``rewind``), its newest
-        resync request and bronze's newest gap (``record_gap``), oldest first
-        (``capture.ranges.resume_plan`` decides which a new attempt keeps)."""
+        table's snapshot in progress: those in batches after its newest snapshot (``rewind``),
+        its newest resync request and bronze's newest gap (``record_gap``, a resync record for
+        no table), oldest first (``capture.ranges.resume_plan`` decides which a new attempt
+        keeps)."""
         records = self._records()
         after = max(
             (
                 r["batch_id"]
                 for r in records
-                if r["kind"] in ("rewind", "resync") and r["table_oid"] == oid
+                if (r["kind"] in ("rewind", "resync") and r["table_oid"] == oid)
+                or (r["kind"] == "resync" and r["table_oid"] is None)
             ),
-            default=-1,
-        )
-        gap = max(
-            (r["lsn"] for r in records if r["kind"] == "resync" and r["table_oid"] is None),
             default=-1,
         )
         found = [
@@ -222,10 +221,7 @@ class Bronze(ABC):
                 "payload": json.loads(self._payload(r) or b"{}"),
             }
             for r in records
-            if r["kind"] == "range"
-            and r["table_oid"] == oid
-            and r["batch_id"] > after
-            and r["lsn"] >= gap
+            if r["kind"] == "range" and r["table_oid"] == oid and r["batch_id"] > after
         ]
         return sorted(found, key=lambda r: (r["batch_id"], r["part"]))
 
@@ -239,11 +235,12 @@ class Bronze(ABC):
             if r["kind"] == "range"
         }
         out = []
+        dropped = self.dropped_tables()
         for oid, schema, name in sorted(tables, key=lambda t: (t[1], t[2])):
-            landed = self.landed_ranges(oid)
+            landed = [] if oid in dropped else self.landed_ranges(oid)
             if not landed:
                 continue
-            plan = landed[-1]["payload"]
+            plan = landed[-1]["payload"]  # (the newest plan: capture.ranges.resume_plan)
             parts = {r["part"] for r in landed if r["payload"] == plan}
             out.append((f"{schema}.{name}", len(parts), len(plan.get("bounds", ())) + 1))
         return out

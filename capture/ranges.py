@@ -19,7 +19,9 @@ is a retraction judged by the old key's range and an insertion judged by the new
 Why only these keys. Silver decides which range a key is in, outside PostgreSQL, so it must
 order keys as PostgreSQL does: integers and ``uuid`` (bytewise, as their canonical text sorts)
 are ordered the same everywhere; ``text`` under a collation, composite keys and tables without a
-key are not, and restart their snapshot (read in ctid ranges, landed in one commit).
+key are not, and restart their snapshot (read in ctid ranges, landed in one commit). So does a
+table under REPLICA IDENTITY USING INDEX: a change's old row may carry that index's columns
+only, not the key that names its range.
 
 A range landed earlier is kept while the table's schema (its landed columns, key, catalog
 fingerprint and leaf partitions) is the one it was read with, its boundaries are the plan's,
@@ -91,8 +93,8 @@ class RangePlan:
 
 def range_key(schema: TableSchema) -> Column | None:
     """The column a snapshot of ``schema`` (as it lands) may be read in key ranges of, or None."""
-    if len(schema.primary_key) != 1:
-        return None
+    if len(schema.primary_key) != 1 or schema.replica_identity not in ("d", "f"):
+        return None  # (USING INDEX: a deleted row's old key may be another index's columns)
     (name,) = schema.primary_key
     for column in schema.columns:
         if column.name == name and not column.generated:
@@ -155,21 +157,20 @@ def resume_plan(
     landed: Sequence[Mapping[str, Any]], key: Column, fingerprint_now: str
 ) -> RangePlan | None:
     """The plan of an attempt that finds ``landed`` (the table's ``range`` records since its
-    last snapshot or resync request and after bronze's last gap: ``lsn``, ``batch_id``,
-    ``part`` and the decoded ``payload``): the earlier attempts' boundaries and ranges, when
-    they were read with this key and schema; None to start the table over."""
+    last snapshot or resync request and after bronze's last gap, oldest first: ``lsn``,
+    ``batch_id``, ``part`` and the decoded ``payload``): the newest plan's boundaries and the
+    ranges landed under it, when it was read with this key and schema; None to start the
+    table over."""
     if not landed:
         return None
-    first = landed[0]["payload"]
-    if first.get("key") != key.name or first.get("schema") != fingerprint_now:
+    newest = landed[-1]["payload"]  # an attempt that started over planned anew
+    if newest.get("key") != key.name or newest.get("schema") != fingerprint_now:
         return None
     kept: dict[int, tuple[int, int]] = {}
     for record in landed:
-        payload = record["payload"]
-        if payload != first:
-            return None  # boundaries of two plans: start over
-        kept.setdefault(int(record["part"]), (int(record["lsn"]), int(record["batch_id"])))
-    return RangePlan(key.name, key_type(key), tuple(first["bounds"]), fingerprint_now, kept)
+        if record["payload"] == newest:  # (the ranges of an abandoned plan are not)
+            kept.setdefault(int(record["part"]), (int(record["lsn"]), int(record["batch_id"])))
+    return RangePlan(key.name, key_type(key), tuple(newest["bounds"]), fingerprint_now, kept)
 
 
 def rewind_payload(plan: RangePlan, landed: Mapping[int, tuple[int, int]]) -> bytes:

@@ -521,7 +521,7 @@ def capture_once(
     with stop_on_signals(stop) if options.handle_signals else nullcontext():
         while True:
             run_id = uuid.uuid4().hex
-            landed_before = (totals.stream.frontier, totals.stream.batches, len(totals.snapshotted))
+            landed_before = _landed(bronze, totals)
             try:
                 again = _attempt(bronze, target, run, run_id)
             except DefiniteError as exc:
@@ -529,8 +529,7 @@ def capture_once(
                     record_error(bronze, exc, lsn=error_lsn(bronze), run_id=run_id)
                 raise
             except TransientError as exc:
-                landed = (totals.stream.frontier, totals.stream.batches, len(totals.snapshotted))
-                failures = 1 if landed != landed_before else failures + 1
+                failures = 1 if _landed(bronze, totals) != landed_before else failures + 1
                 delay = retry.delay_s(failures)
                 out_of_time = end_at is not None and time.monotonic() + delay > end_at
                 if failures >= retry.attempts or stop.is_set() or out_of_time:
@@ -562,6 +561,17 @@ def capture_once(
         retries=totals.retries,
         deferred=sorted(set(totals.deferred)),
     )
+
+
+def _landed(bronze: Bronze, totals) -> tuple:
+    """What the run has landed so far: an attempt that adds to it (stream batches, snapshots,
+    a wave of key ranges, ``capture.ranges``) starts the count of failed attempts again."""
+    try:
+        batch = bronze.refresh().next_batch_id()
+    except Exception as exc:  # bronze unreadable now: the stream's counts tell, and the attempt
+        log.debug("capture: bronze's batches not read: %s", exc)  # reports what it met
+        batch = None
+    return (totals.stream.frontier, totals.stream.batches, len(totals.snapshotted), batch)
 
 
 def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> bool:

@@ -178,14 +178,9 @@ def _run_once(spark: SparkSession, cfg: Config) -> tuple[SilverResult, bool]:
 
     def diffs_of(oid: int) -> TableDiffs:
         rows = _bronze(spark, n, source)  # (a Spark session from here on)
-        batches = r.tables[oid].snapshot_batches()
-        in_window = (
-            (F.col("batch_id") > plan.b_from) & (F.col("batch_id") <= plan.b_to)
-            if batches is None
-            else F.col("batch_id").isin(batches)
-        )
+        batches = r.tables[oid].snapshot_batches() if oid in r.copied else []
         copy_rows = (
-            rows.where(in_window)
+            rows.where(F.col("batch_id").isin(batches) if batches else F.lit(False))
             .where(F.col("kind") == "copy")
             .select("table_oid", "lsn", "payload")
         )
@@ -243,8 +238,8 @@ def _read_control(spark: SparkSession, n: Names, r: _Run, cfg: Config, taken: se
     left += catalog.apply_schemas(r.tables, control, cfg, taken)
     r.new_snapshots = catalog.apply_rewinds(r.tables, control, r.plan.run)
     # The copy rows of a snapshot come with its rewind: in the same batch, or (a snapshot read
-    # in key ranges) in the batches its rewind names. Ranges landed while a snapshot is still
-    # under way wait for it.
+    # in key ranges) in the batches its rewind names (TableInfo.snapshot_batches). Ranges of a
+    # snapshot still under way are read by no run until its rewind comes.
     r.copied = {
         c["table_oid"] for c in control if c["kind"] == "copy" and c["table_oid"] in r.new_snapshots
     } | {oid for oid in r.new_snapshots if r.tables[oid].snapshot_ranges}
@@ -715,11 +710,10 @@ def _run_first_snapshots(
         ):
             rest.append(oid)
             continue
-        batches = info.snapshot_batches()
-        where = f"source = {literal} AND kind = 'copy' AND table_oid = {int(oid)} AND " + (
-            f"batch_id > {int(r.plan.b_from)} AND batch_id <= {int(r.plan.b_to)}"
-            if batches is None
-            else f"batch_id IN ({', '.join(str(int(b)) for b in batches)})"
+        batches = info.snapshot_batches() or [-1]  # (an empty table's snapshot: no rows)
+        where = (
+            f"source = {literal} AND kind = 'copy' AND table_oid = {int(oid)}"
+            f" AND batch_id IN ({', '.join(str(int(b)) for b in batches)})"
         )
         target = n.table(info.silver_table)
         try:
@@ -866,8 +860,20 @@ def table_run(
 
 
 def _rewound(info: TableInfo, rows: DataFrame, changes: DataFrame) -> DataFrame:
-    floor = snapshot_floor(info.snapshot_lsn, info.snapshot_ranges)
-    return with_rewinds(rows, changes, data_columns(info), ROW_LSN, ROW_DIFF, floor)
+    return with_rewinds(rows, changes, data_columns(info), ROW_LSN, ROW_DIFF, _floor(info))
+
+
+def _floor(info: TableInfo):
+    """:func:`snapshot_floor` of the table's snapshot, its key column as silver names it now (a
+    rename followed since the snapshot keeps the key's range)."""
+    ranges = info.snapshot_ranges
+    if ranges and ranges["key"] not in {c["name"] for c in info.columns}:
+        if len(info.primary_key) != 1:
+            # the key column went (a migration after every range: one between two attempts
+            # starts the snapshot over), so the changes read without it are past every range
+            return info.newest_snapshot_lsn
+        ranges = {**ranges, "key": info.primary_key[0]}
+    return snapshot_floor(info.snapshot_lsn, ranges)
 
 
 def _table_run_whole(
@@ -897,7 +903,7 @@ def _table_run_whole(
             _prior(spark, target, path, ok.schema, [c["name"] for c in info.columns], run)
             if exists
             else None,
-            snapshot_floor(info.snapshot_lsn, info.snapshot_ranges),
+            _floor(info),
             truncates,
             identities,
         )

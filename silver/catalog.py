@@ -68,6 +68,8 @@ def load_tables(spark: SparkSession, cfg: Config) -> dict[int, TableInfo]:
         "snapshot_run",
         "source",
     ]
+    if "snapshot_ranges" in delta_rs.bookkeeping_columns(spark, n.schema, "_tables"):
+        columns.append("snapshot_ranges")  # (a table made before snapshots resumed has none)
     rows = delta_rs.bookkeeping_rows(
         spark, n.schema, "_tables", columns, {"source": cfg.source.name}
     )
@@ -83,6 +85,7 @@ def load_tables(spark: SparkSession, cfg: Config) -> dict[int, TableInfo]:
             columns=json.loads(r["columns"]),
             snapshot_run=r["snapshot_run"],
             source=r["source"],
+            snapshot_ranges=json.loads(r["snapshot_ranges"]) if r.get("snapshot_ranges") else None,
         )
     return out
 
@@ -138,7 +141,7 @@ def write_tables(
     ddl = (
         "source string, table_oid long, table_schema string, table_name string, "
         "silver_table string, snapshot_lsn long, primary_key array<string>, "
-        "not_null array<string>, columns string, snapshot_run long"
+        "not_null array<string>, columns string, snapshot_run long, snapshot_ranges string"
     )
     # by delta-rs where local (milliseconds; Spark's overwrite of a few rows took 4.6 s in a
     # first run's cold JVM), one commit replacing this source's rows either way
@@ -174,6 +177,9 @@ def _table_rows(source: str, tables: dict[int, TableInfo]) -> list[tuple]:
                 info.not_null,
                 json.dumps(cols, sort_keys=True),
                 info.snapshot_run,
+                None
+                if info.snapshot_ranges is None
+                else json.dumps(info.snapshot_ranges, sort_keys=True),
             )
         )
     return rows
@@ -246,6 +252,7 @@ def apply_schemas(
             silver_table=silver_table,
             snapshot_lsn=old.snapshot_lsn if old else None,
             snapshot_run=old.snapshot_run if old else None,
+            snapshot_ranges=old.snapshot_ranges if old else None,
             primary_key=list(s["primary_key"]),
             not_null=[c["name"] for c in s["columns"] if c["not_null"]],
             columns=cols,  # a table snapshotted again is rebuilt with its columns of now
@@ -262,6 +269,7 @@ def apply_rewinds(tables: dict[int, TableInfo], control: list, run: int) -> dict
             info = tables[r["table_oid"]]
             info.snapshot_lsn = r["lsn"]
             info.snapshot_run = run
+            info.snapshot_batch = r["batch_id"]
             payload = json.loads(r["payload"]) if r.get("payload") else {}
             info.snapshot_ranges = payload if payload.get("ranges") else None
             new_snapshots[r["table_oid"]] = r["lsn"]

@@ -27,7 +27,8 @@ METADATA = (LSN, DIFF, RUN)
 TABLES_DDL = (
     "source STRING NOT NULL, table_oid BIGINT NOT NULL, table_schema STRING, table_name STRING, "
     "silver_table STRING NOT NULL, snapshot_lsn BIGINT, primary_key ARRAY<STRING>, "
-    "not_null ARRAY<STRING>, columns STRING, updated_at TIMESTAMP, snapshot_run BIGINT"
+    "not_null ARRAY<STRING>, columns STRING, updated_at TIMESTAMP, snapshot_run BIGINT, "
+    "snapshot_ranges STRING"
 )
 ERRORS_DDL = (
     "source STRING NOT NULL, table_oid BIGINT, table_schema STRING, table_name STRING, "
@@ -124,9 +125,13 @@ class TableInfo:
     source: str = ""
     """The configured source it belongs to."""
     snapshot_ranges: dict | None = None
-    """In the run that reads a snapshot taken in key ranges (``capture.ranges``): its
-    ``rewind`` record's payload (``key``, ``bounds``, ``ranges``: each range's ``[snapshot LSN,
-    batch id]``); ``snapshot_lsn`` is then the oldest range's. Not kept in ``_tables``."""
+    """A snapshot taken in key ranges (``capture.ranges``): its ``rewind`` record's payload
+    (``key``, ``bounds``, ``ranges``: each range's ``[snapshot LSN, batch id]``);
+    ``snapshot_lsn`` is then the oldest range's, and a change is judged by its key's range
+    (``silver.rewind.snapshot_floor``) in every run until the next snapshot."""
+    snapshot_batch: int | None = None
+    """In the run that reads the table's new snapshot: the bronze batch of its ``rewind``
+    record (not kept in ``_tables``)."""
 
     @property
     def qualified_name(self) -> str:
@@ -140,12 +145,13 @@ class TableInfo:
             return max(lsn for lsn, _ in self.snapshot_ranges["ranges"])
         return self.snapshot_lsn
 
-    def snapshot_batches(self) -> list[int] | None:
-        """The bronze batches holding the copy rows of a snapshot taken in key ranges (None:
-        the snapshot's rows are in its ``rewind`` record's batch)."""
-        if not self.snapshot_ranges:
-            return None
-        return sorted({batch for _, batch in self.snapshot_ranges["ranges"]})
+    def snapshot_batches(self) -> list[int]:
+        """The bronze batches holding the copy rows of the snapshot this run reads: those its
+        ranges name (key ranges), else its ``rewind`` record's batch. Copy rows of any other
+        batch are not this snapshot's (a later snapshot's ranges still landing, say)."""
+        if self.snapshot_ranges:
+            return sorted({batch for _, batch in self.snapshot_ranges["ranges"]})
+        return [] if self.snapshot_batch is None else [self.snapshot_batch]
 
 
 @dataclass(frozen=True)
@@ -194,7 +200,7 @@ def ensure_silver_tables(spark: SparkSession, cfg: Config) -> None:
         return
     current = {
         **{t: set() for t in names},
-        "_tables": {"snapshot_run"},
+        "_tables": {"snapshot_run", "snapshot_ranges"},
         "_progress": {"tables", "source_time"},
         "_plans": {"source_time"},
     }
@@ -235,6 +241,8 @@ def _ensure(spark: SparkSession, n: Names) -> None:
         create_table(spark, lambda sql=sql: spark.sql(sql))
     if "snapshot_run" not in spark.table(n.tables).columns:  # tables made before resync
         spark.sql(f"ALTER TABLE {n.tables} ADD COLUMNS (snapshot_run BIGINT)")
+    if "snapshot_ranges" not in spark.table(n.tables).columns:  # before snapshots resumed
+        spark.sql(f"ALTER TABLE {n.tables} ADD COLUMNS (snapshot_ranges STRING)")
     progress = spark.table(n.progress).columns
     if "tables" not in progress:  # made before runs listed their tables
         spark.sql(f"ALTER TABLE {n.progress} ADD COLUMNS (tables ARRAY<BIGINT>)")

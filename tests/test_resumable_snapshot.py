@@ -189,8 +189,10 @@ def test_a_range_plan_is_kept_only_for_the_same_key_and_schema():
     assert resume_plan(landed, key, "s2") is None  # the schema changed: start over
     other = Column("code", 20, -1, True, "bigint", False)
     assert resume_plan(landed, other, "s1") is None
-    mixed = [*landed, {"lsn": 90, "batch_id": 2, "part": 1, "payload": {**record, "bounds": [5]}}]
-    assert resume_plan(mixed, key, "s1") is None
+    # an attempt that started over (new bounds) is the plan; the abandoned ranges are not kept
+    newer = {**record, "bounds": [5]}
+    mixed = [*landed, {"lsn": 90, "batch_id": 4, "part": 1, "payload": newer}]
+    assert resume_plan(mixed, key, "s1") == RangePlan("id", 20, (5,), "s1", {1: (90, 4)})
     assert resume_plan([], key, "s1") is None
     assert range_count(10 << 20, 32 << 20) == 1  # below two ranges: not in key ranges
     assert range_count(100 << 20, 32 << 20) == 4
