@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
+from pgmedallion.bronze.store import DeltaRsBronze
 from pgmedallion.capture.ranges import RangePlan, range_count, resume_plan, rewind_payload
 from pgmedallion.capture.snapshot import Column
 from pgmedallion.core.config import load_config
@@ -134,6 +135,11 @@ def test_a_killed_snapshot_resumes_with_the_ranges_it_landed(db, tmp_path):
     assert len(first) == 6, first
     status = _run(config, env, "status")
     assert "snapshot under way: public.items: 6 of " in status.stdout, status.stdout
+    # the waves hold no control record, and the next batch id counts them all the same (a
+    # stream batch numbered as one of them would be skipped by Delta as committed)
+    cfg = load_config(config)
+    bronze = DeltaRsBronze(cfg.local_table_path("bronze", "bronze"), "bronze", "rs")
+    assert bronze.state().next_batch_id == max(r["batch_id"] for r in first) + 1
     with psycopg.connect(**db, autocommit=True) as conn:
         _workload(conn, 1)
 
@@ -163,6 +169,11 @@ def test_a_killed_snapshot_resumes_with_the_ranges_it_landed(db, tmp_path):
     # (a whole second read would hold twice the table's 40,000 rows)
     assert 38000 < _copied(config, "items") <= 40000 + 400, _copied(config, "items")
 
+    # the ranges' LSNs stay with the table for the runs after
+    tables = DeltaTable(cfg.local_table_path("silver", "_tables")).to_pyarrow_table().to_pylist()
+    [items] = [t for t in tables if t["table_name"] == "items"]
+    assert len(json.loads(items["snapshot_ranges"])["ranges"]) == per_table["items"]
+
     with psycopg.connect(**db, autocommit=True) as conn:
         _workload(conn, 3)
     again = _run(config, env, "run")
@@ -172,6 +183,43 @@ def test_a_killed_snapshot_resumes_with_the_ranges_it_landed(db, tmp_path):
     assert "verify: OK" in verified.stdout, verified.stdout
     for table in ("items", "tokens", "labels", "plain"):
         assert f"public.{table}" in verified.stdout, verified.stdout
+
+
+def test_changes_read_after_the_run_that_took_the_snapshot_are_judged_by_their_range(db, tmp_path):
+    """Silver takes a snapshot read in key ranges before the stream passes its newest range
+    (capture killed right after the snapshot's last commit, silver run alone): the changes
+    the next run reads, older than the newest range, are judged by each key's range."""
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE other (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO other SELECT g, 'v' FROM generate_series(1, 10) g")
+        conn.execute("CREATE PUBLICATION rs_pub FOR ALL TABLES")
+    config, env = _lakehouse(tmp_path, db)
+    first = _run(config, env, "run")  # bronze's frontier F0, silver's and gold's too
+    assert first.returncode == 0, first.stdout + first.stderr
+    with psycopg.connect(**db, autocommit=True) as conn:  # a table published past F0
+        conn.execute(
+            "CREATE TABLE items (id bigint PRIMARY KEY, name text, qty int, pad text);"
+            "INSERT INTO items SELECT g, 'item ' || g, g % 100, repeat('p', 120)"
+            "  FROM generate_series(1, 20000) g"
+        )
+    killed = _run(config, env, "run", failpoints="snapshot.range_landed=2")
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("UPDATE items SET qty = -qty WHERE id % 3 = 0")  # every range
+        conn.execute("DELETE FROM items WHERE id % 7 = 0")
+        conn.execute("UPDATE items SET id = id + 100000 WHERE id % 101 = 0")
+    # the ranges not landed are read now, then the process dies before the stream goes on
+    killed = _run(config, env, "run", "--stage", "capture", failpoints="snapshot.after_commit")
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    for stage in ("silver", "gold"):  # the snapshot, at frontier F0 (below both ranges' LSNs)
+        alone = _run(config, env, "run", "--stage", stage)
+        assert alone.returncode == 0, alone.stdout + alone.stderr
+    assert "public.items" in alone.stdout, alone.stdout
+    done = _run(config, env, "run")  # the stream: the changes between the two attempts
+    assert done.returncode == 0, done.stdout + done.stderr
+    verified = _run(config, env, "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "verify: OK" in verified.stdout, verified.stdout
 
 
 def test_a_range_plan_is_kept_only_for_the_same_key_and_schema():
