@@ -225,6 +225,10 @@ class Bronze(ABC):
         ]
         return sorted(found, key=lambda r: (r["batch_id"], r["part"]))
 
+    def ranges_landed(self) -> int:
+        """How many key ranges bronze holds, every table's and attempt's (``range`` records)."""
+        return sum(1 for r in self._records() if r["kind"] == "range")
+
     def snapshots_under_way(self) -> list[tuple[str, int, int]]:
         """``(schema.table, ranges landed, ranges in all)`` of each table whose snapshot in key
         ranges has ranges landed and is not complete (a run stopped during it: the next one

@@ -214,6 +214,8 @@ class _Run:
     """Table OID -> the column names of a Relation the stream stopped before because they came
     in another order than the catalog's (renamed since): the next look checks the catalog
     shows that order (:func:`_renamed_back`)."""
+    ranges_at_start: int | None = None
+    """Key ranges in bronze when the current attempt began (``Bronze.ranges_landed``)."""
 
     @property
     def stop(self) -> threading.Event:
@@ -521,7 +523,7 @@ def capture_once(
     with stop_on_signals(stop) if options.handle_signals else nullcontext():
         while True:
             run_id = uuid.uuid4().hex
-            landed_before = _landed(bronze, totals)
+            landed_before = (totals.stream.frontier, totals.stream.batches, len(totals.snapshotted))
             try:
                 again = _attempt(bronze, target, run, run_id)
             except DefiniteError as exc:
@@ -529,7 +531,9 @@ def capture_once(
                     record_error(bronze, exc, lsn=error_lsn(bronze), run_id=run_id)
                 raise
             except TransientError as exc:
-                failures = 1 if _landed(bronze, totals) != landed_before else failures + 1
+                landed = (totals.stream.frontier, totals.stream.batches, len(totals.snapshotted))
+                progressed = landed != landed_before or _landed_waves(bronze, run)
+                failures = 1 if progressed else failures + 1
                 delay = retry.delay_s(failures)
                 out_of_time = end_at is not None and time.monotonic() + delay > end_at
                 if failures >= retry.attempts or stop.is_set() or out_of_time:
@@ -563,21 +567,23 @@ def capture_once(
     )
 
 
-def _landed(bronze: Bronze, totals) -> tuple:
-    """What the run has landed so far: an attempt that adds to it (stream batches, snapshots,
-    a wave of key ranges, ``capture.ranges``) starts the count of failed attempts again."""
+def _landed_waves(bronze: Bronze, run: _Run) -> bool:
+    """Whether the failed attempt landed key ranges (``capture.ranges``): it got further, so
+    the count of failed attempts starts again."""
+    if run.ranges_at_start is None:
+        return False
     try:
-        batch = bronze.refresh().next_batch_id()
-    except Exception as exc:  # bronze unreadable now: the stream's counts tell, and the attempt
-        log.debug("capture: bronze's batches not read: %s", exc)  # reports what it met
-        batch = None
-    return (totals.stream.frontier, totals.stream.batches, len(totals.snapshotted), batch)
+        return bronze.refresh().ranges_landed() > run.ranges_at_start
+    except Exception as exc:  # bronze unreadable now: the attempt's own error is the news
+        log.debug("capture: bronze's ranges not read: %s", exc)
+        return False
 
 
 def _attempt(bronze: Bronze, target: CaptureTarget, run: _Run, run_id: str) -> bool:
     """One attempt: slot, dropped tables, snapshot, stream. True: new tables, go again."""
     options, totals, stop = run.options, run.totals, run.stop
     state: BronzeState | None = bronze.refresh().state()
+    run.ranges_at_start = bronze.ranges_landed()  # (the records state() just read)
     captured = {oid: (schema, name) for oid, (_, schema, name) in state.snapshots.items()}
     if _provide_slot(bronze, target, state, awaited(state, run.options.tables or ())):
         state = bronze.refresh().state()  # a gap, or a new server, took a batch id
