@@ -239,9 +239,10 @@ def decode_and_cast(spark, cfg: Config) -> tuple[int, int, float]:
     Returns (typed rows written, decode and cast errors, seconds). Runs after a silver run,
     which recorded the table's columns in ``_tables``.
     """
+    from pgmedallion.core import delta_rs
     from pgmedallion.silver.cast_rows import cast_diffs, cast_in_one_pass, data_columns
     from pgmedallion.silver.catalog import load_tables
-    from pgmedallion.silver.contract import DIFF_SCHEMA
+    from pgmedallion.silver.contract import DIFF_ARROW
     from pgmedallion.silver.decode import table_diffs
     from pgmedallion.silver.write import create_diff_table as _create_diff_table
 
@@ -257,7 +258,9 @@ def decode_and_cast(spark, cfg: Config) -> tuple[int, int, float]:
         )
         .select("table_oid", "lsn", "payload")
     )
-    empty_wal = spark.createDataFrame([], DIFF_SCHEMA)  # a snapshot-only run decodes no changes
+    empty_wal = spark.createDataFrame(
+        [], delta_rs.spark_types(DIFF_ARROW)
+    )  # a snapshot-only run decodes no changes
     target = "bench_silver_silver.stage_typed"
     spark.sql(f"DROP TABLE IF EXISTS {target}")
     data = data_columns(info)

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from pgmedallion.bronze.store import INDEX_COLUMNS, PAYLOAD_KINDS, Bronze, CopyTask
 from pgmedallion.bronze.table import ARROW_SCHEMA, BRONZE_DDL, STATS_COLUMNS, SealedBatch, app_id
 from pgmedallion.core.delta_rs import application
 from pgmedallion.core.errors import PipelineError, error_type
 from pgmedallion.core.spark import create_table, one_task_per_partition
+from pgmedallion.core.sparkapi import F
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 
 def ensure_bronze_table(spark: SparkSession, table: str, path: str | None = None) -> None:

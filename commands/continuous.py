@@ -44,9 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
-
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING, Any
 
 from pgmedallion.bronze.spark_table import bronze_dir
 from pgmedallion.capture.options import StreamLimits, capture_needs_spark
@@ -59,6 +57,9 @@ from pgmedallion.gold.quality import GoldQualityError
 from pgmedallion.maintain import maintain, touched
 from pgmedallion.pipeline import ensure_schemas, open_lakehouse, run_capture
 from pgmedallion.silver.build import run_silver
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 

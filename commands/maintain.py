@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING
 
 from pgmedallion.core import deletion_vectors, delta_rs
 from pgmedallion.core.config import Config
@@ -29,6 +28,9 @@ from pgmedallion.gold.history import read_reported
 from pgmedallion.gold.history_table import expire, history_name
 from pgmedallion.silver.catalog import load_tables
 from pgmedallion.silver.compact import compact_local, compact_table
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 

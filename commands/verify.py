@@ -25,11 +25,9 @@ import logging
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from pgmedallion.capture.connection import connect
 from pgmedallion.capture.copy_text import decode_copy_row
@@ -48,6 +46,7 @@ from pgmedallion.core.config import Config
 from pgmedallion.core.errors import PipelineError
 from pgmedallion.core.naming import quote
 from pgmedallion.core.spark import one_task_per_partition
+from pgmedallion.core.sparkapi import F, T
 from pgmedallion.gold.as_of import read_as_of
 from pgmedallion.gold.history_table import history_name
 from pgmedallion.gold.table_io import gold_table_names
@@ -56,6 +55,9 @@ from pgmedallion.silver.cast_columns import cast_values
 from pgmedallion.silver.catalog import load_tables, table_exists
 from pgmedallion.silver.contract import Names
 from pgmedallion.silver.pgtypes import pg_type_of
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 

@@ -19,13 +19,15 @@ A rule that looks at one row at a time runs over each partition's batches (``map
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from pgmedallion.core.naming import quote
+from pgmedallion.core.sparkapi import F, T
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
 
 BUCKETS = 64
 BUCKET = "_pgm_bucket"

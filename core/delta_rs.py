@@ -31,7 +31,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 try:  # the `local` extra; a Databricks cluster commits through Spark
-    from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
+    from deltalake import (
+        CommitProperties,
+        DeltaTable,
+        QueryBuilder,
+        Schema,
+        Transaction,
+        write_deltalake,
+    )
     from deltalake.exceptions import DeltaProtocolError
 except ImportError:  # pragma: no cover - exercised only without the extra
     DeltaTable = None
@@ -859,6 +866,48 @@ def plain_type(t: pa.DataType) -> pa.DataType:
     if pa.types.is_map(t):
         return pa.map_(plain_type(t.key_type), t.item_field.with_type(plain_type(t.item_type)))
     return t
+
+
+def arrow_schema(path: str) -> pa.Schema:
+    """The table's columns as Arrow's schema, without Delta's field metadata (a column-mapped
+    table's ids and physical names): what :func:`spark_schema` gives, in Arrow's terms."""
+    return bare_schema(pa.schema(open_table(path).schema().to_arrow()))
+
+
+def bare_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` without field metadata, at any depth."""
+    return pa.schema([_bare(f) for f in schema])
+
+
+def _bare(f: pa.Field) -> pa.Field:
+    t = f.type
+    if pa.types.is_struct(t):
+        t = pa.struct([_bare(c) for c in t])
+    elif pa.types.is_list(t) or pa.types.is_large_list(t):
+        t = pa.list_(_bare(t.value_field))
+    elif pa.types.is_map(t):
+        t = pa.map_(_bare(t.key_field), _bare(t.item_field))
+    return pa.field(f.name, t, f.nullable)
+
+
+def delta_type(t: pa.DataType):
+    """Arrow's ``t`` as a Delta schema names it (JSON: ``"long"``, ``{"type": "array", ...}``)."""
+    return json.loads(Schema.from_arrow(pa.schema([("c", t)])).to_json())["fields"][0]["type"]
+
+
+def arrow_types(schema) -> pa.Schema:
+    """Spark's ``schema`` (a ``StructType``) as Arrow's, timestamps in UTC."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+def spark_types(schema: pa.Schema):
+    """Arrow's ``schema`` as Spark's ``StructType`` (a timestamp without time zone is Spark's
+    ``timestamp_ntz``)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema, prefer_timestamp_ntz=True)
 
 
 def spark_schema(path: str):

@@ -22,7 +22,7 @@ and failing rows land in a companion materialized view ``<dataset>_quality`` wit
 ``dataset, rule, action, passed, failed`` recomputed by every update, the local stand-in for
 Lakeflow's event log. After a local pipeline run those counts are appended, like gold's rule
 results, to the pipeline schema's ``_quality`` table in the one quality format of the project,
-:data:`QUALITY_SCHEMA` (see :func:`quality_rows`).
+:func:`quality_schema` (see :func:`quality_rows`).
 
 Expectations go on materialized views: a streaming table's input cannot be re-read as a batch to
 count it, so ``table`` refuses them locally rather than count nothing.
@@ -34,13 +34,16 @@ import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
+import pyarrow as pa
 
+from pgmedallion.core.delta_rs import spark_types
 from pgmedallion.core.spark import on_databricks
+from pgmedallion.core.sparkapi import F, T
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 WARN, DROP, FAIL = "warn", "drop", "fail"
 _RULES_ATTR = "__pgmedallion_expectations__"
@@ -57,17 +60,17 @@ class Expectation:
         return F.coalesce(F.expr(self.condition), F.lit(False))
 
 
-QUALITY_SCHEMA = T.StructType(
+QUALITY_ARROW = pa.schema(
     [
-        T.StructField("run", T.LongType()),
-        T.StructField("source", T.StringType()),
-        T.StructField("table", T.StringType()),
-        T.StructField("rule", T.StringType()),
-        T.StructField("policy", T.StringType()),
-        T.StructField("failed", T.LongType()),
-        T.StructField("passed", T.LongType()),
-        T.StructField("sample", T.StringType()),
-        T.StructField("checked_at", T.TimestampType()),
+        ("run", pa.int64()),
+        ("source", pa.string()),
+        ("table", pa.string()),
+        ("rule", pa.string()),
+        ("policy", pa.string()),
+        ("failed", pa.int64()),
+        ("passed", pa.int64()),
+        ("sample", pa.string()),
+        ("checked_at", pa.timestamp("us", tz="UTC")),
     ]
 )
 """One rule's outcome on one table (or dataset) in one run: the rows of gold's ``_quality`` and
@@ -76,14 +79,19 @@ expectation (gold's tables: their ``on_error``, fail, quarantine or warn); ``sam
 array of failing rows (``"[]"`` when none are kept); ``checked_at`` UTC."""
 
 
+def quality_schema() -> T.StructType:
+    """:data:`QUALITY_ARROW` as Spark's."""
+    return spark_types(QUALITY_ARROW)
+
+
 def quality_frame(spark: SparkSession, rows: Iterable[tuple]) -> DataFrame:
     """Rows ``(run, source, table, rule, policy, failed, passed, sample, checked_at)`` as a
-    DataFrame of :data:`QUALITY_SCHEMA`, ready to append to a ``_quality`` table."""
-    return spark.createDataFrame(list(rows), QUALITY_SCHEMA)
+    DataFrame of :func:`quality_schema`, ready to append to a ``_quality`` table."""
+    return spark.createDataFrame(list(rows), quality_schema())
 
 
 def quality_rows(counts: DataFrame, *, run: int, source: str, checked_at: datetime) -> DataFrame:
-    """A ``<dataset>_quality`` view's counts (:func:`quality_counts`) in :data:`QUALITY_SCHEMA`:
+    """A ``<dataset>_quality`` view's counts (:func:`quality_counts`) in :func:`quality_schema`:
     ``table`` is the dataset, ``policy`` the rule's action; no sample is kept (``"[]"``)."""
     return counts.select(
         F.lit(run).cast("long").alias("run"),

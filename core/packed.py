@@ -21,14 +21,16 @@ in one shuffle for all the parts.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from pgmedallion.core.naming import quote
+from pgmedallion.core.sparkapi import F, T
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 PART = "_pgm_part"
 PARTS_PER_JOB = 10

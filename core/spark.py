@@ -23,17 +23,18 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from pyspark.errors import AnalysisException
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import types as T
-
-from pgmedallion.core import delta_rs
+from pgmedallion.core import delta_rs, sparkapi
 from pgmedallion.core.config import on_databricks  # noqa: F401 (where callers import it from)
 from pgmedallion.core.delta_rs import application
 from pgmedallion.core.errors import JavaMissing, TransientError
 from pgmedallion.core.naming import quote
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import types as T
 
 log = logging.getLogger(__name__)
 
@@ -419,8 +420,8 @@ def get_spark(
 ) -> SparkSession:
     """Return the SparkSession: Databricks' own, or a local one with Delta and a Hive catalog."""
     if on_databricks():
-        return SparkSession.builder.getOrCreate()
-    active = SparkSession.getActiveSession()
+        return sparkapi.SparkSession.builder.getOrCreate()
+    active = sparkapi.SparkSession.getActiveSession()
     if active is not None:
         return active
     check_java()
@@ -429,7 +430,7 @@ def get_spark(
     state = Path(state_dir).absolute()
     state.mkdir(parents=True, exist_ok=True)
     write_log4j2(state)
-    builder = SparkSession.builder
+    builder = sparkapi.SparkSession.builder
     settings = spark_settings(state, packages=packages)
     archive = class_archive_options(settings["spark.jars"].split(","), _jvm_flags())
     if archive:
@@ -499,7 +500,7 @@ def create_table(spark: SparkSession, create) -> None:
     try:
         create()
         return
-    except AnalysisException as exc:
+    except sparkapi.AnalysisException as exc:
         if exc.getCondition() != "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION":
             raise
         url = urlparse(exc.getMessageParameters().get("tableLocation", ""))

@@ -16,8 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from datetime import datetime
-
-from pyspark.sql import DataFrame, SparkSession
+from typing import TYPE_CHECKING
 
 from pgmedallion.capture.pgoutput import parse_lsn
 from pgmedallion.core.config import Config
@@ -25,6 +24,9 @@ from pgmedallion.core.errors import PipelineError
 from pgmedallion.core.naming import quote
 from pgmedallion.gold.history_table import SUFFIX
 from pgmedallion.gold.versions import END, START, VERSION_COLUMNS
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 _AS_OF = re.compile(
     r"(?P<name>(?:`[^`]+`|[A-Za-z_][\w$]*)(?:\.(?:`[^`]+`|[A-Za-z_][\w$]*))*)"

@@ -44,21 +44,21 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from pgmedallion.core import deletion_vectors, delta_rs, engine, packed
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.naming import quote
 from pgmedallion.core.parallel import concurrently
+from pgmedallion.core.sparkapi import F, T
 from pgmedallion.gold import state as rules_of
 from pgmedallion.gold.history import SAMPLE_ROWS, TAG, Applied, applied_state
 from pgmedallion.gold.on_spark import failed_rules
 from pgmedallion.gold.plan import Table, TableOutcome
+from pgmedallion.gold.pruning import has_map
 from pgmedallion.gold.quality import NO_DEFINITE_ERRORS, QualityRecord, Rule
 from pgmedallion.gold.reports import summary_record
 from pgmedallion.gold.state import DIFF, KEY_ROWS, LSN, MULT, OP, RULES
@@ -66,18 +66,13 @@ from pgmedallion.gold.table import build_mode, ensure_gold, followed_in_place, o
 from pgmedallion.gold.table_io import gold_schema, merge_arrow, merge_by_vectors
 from pgmedallion.silver.write import missing_values
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
 log = logging.getLogger(__name__)
 
 ROW, SAMPLE = "_pgm_row", "_pgm_sample"
 _SHARED = (MULT, LSN, KEY_ROWS, ROW)
-_SHARED_SCHEMA = T.StructType(
-    [
-        T.StructField(MULT, T.LongType()),
-        T.StructField(LSN, T.LongType()),
-        T.StructField(KEY_ROWS, T.LongType()),
-        T.StructField(ROW, T.LongType()),
-    ]
-)
 
 
 @dataclass
@@ -102,43 +97,25 @@ class _Item:
     silver, and silver's rows."""
 
 
-def _has_map(t: T.DataType) -> bool:
-    if isinstance(t, T.MapType):
-        return True
-    if isinstance(t, T.ArrayType):
-        return _has_map(t.elementType)
-    if isinstance(t, T.StructType):
-        return any(_has_map(f.dataType) for f in t.fields)
-    return False
+def _shapes(schema: pa.Schema) -> list[tuple]:
+    """The columns' names and types (field metadata left out by ``delta_rs.arrow_schema``), for
+    comparing a table's columns with the ones it should have."""
+    return [(f.name, f.type) for f in schema]
 
 
-def _shape(t: T.DataType):
-    """A type without its fields' metadata (a column-mapped table's struct fields carry their
-    ids and physical names), for comparing types."""
-    if isinstance(t, T.StructType):
-        return tuple((f.name, _shape(f.dataType), f.nullable) for f in t.fields)
-    if isinstance(t, T.ArrayType):
-        return ("array", _shape(t.elementType), t.containsNull)
-    return t
-
-
-def _shapes(schema: T.StructType) -> list[tuple]:
-    return [(f.name, _shape(f.dataType)) for f in schema.fields]
-
-
-def _followed(t: Table, have: T.StructType, want: T.StructType) -> bool:
+def _followed(t: Table, have: pa.Schema, want: pa.Schema) -> bool:
     """Whether gold's table (``have``) now has silver's columns (``want``), followed in place
     (``gold.table.followed_in_place``: renamed, dropped, added with NULL before ``_lsn``) by a
     metadata commit (``core.deletion_vectors.alter_columns``), where the per-table path would
     do the same through Spark or rebuild the table."""
-    followed = followed_in_place(t.info, [f.name for f in have.fields if f.name != LSN])
+    followed = followed_in_place(t.info, [n for n in have.names if n != LSN])
     if followed is None:
         return _restated(t, have, want)
     renames, drops, added = followed
-    types = {f.name: f.dataType for f in want.fields}
+    types = {f.name: f.type for f in want}
     if any(name not in types for name in added):
         return False
-    add = [(name, types[name].jsonValue()) for name in added]
+    add = [(name, delta_rs.delta_type(types[name])) for name in added]
     done = deletion_vectors.alter_columns(t.path, add, renames, drops, before=LSN)
     if done is None:
         return False
@@ -149,16 +126,16 @@ def _followed(t: Table, have: T.StructType, want: T.StructType) -> bool:
         ", ".join(done.dropped) or "none",
         ", ".join(done.added) or "none",
     )
-    return _shapes(delta_rs.spark_schema(t.path)) == _shapes(want)
+    return _shapes(delta_rs.arrow_schema(t.path)) == _shapes(want)
 
 
-def _restated(t: Table, have: T.StructType, want: T.StructType) -> bool:
+def _restated(t: Table, have: pa.Schema, want: pa.Schema) -> bool:
     """Whether gold's table (``have``) lacked only columns the source added with a value for
     the rows already there (silver restated its rows, ``silver.write.restate_added``) and now
     has them, every row of gold (all from before them) holding that value, in one commit of
     ours (``core.deletion_vectors.restate``), where the per-table path would rebuild the table
     through Spark. Only a table the driver holds."""
-    names = {f.name for f in have.fields}
+    names = set(have.names)
     entries = [c for c in t.info.columns if c["name"] not in names]
     if not entries or _shapes(have) != [s for s in _shapes(want) if s[0] in names]:
         return False
@@ -174,21 +151,21 @@ def _restated(t: Table, have: T.StructType, want: T.StructType) -> bool:
         t.info.qualified_name,
         ", ".join(c["name"] for c in entries),
     )
-    return _shapes(delta_rs.spark_schema(t.path)) == _shapes(want)
+    return _shapes(delta_rs.arrow_schema(t.path)) == _shapes(want)
 
 
 def qualifies(t: Table, exists: bool) -> _Item | None:
     """The table's batch item if its build takes this path (delta-rs reads only)."""
     if not (t.path and delta_rs.usable(t.silver_path)):
         return None
-    if any(_has_map(f.dataType) for f in t.columns):
+    if any(has_map(f.type) for f in t.columns):
         return None
     applied = None
     quarantine = str(Path(t.path).parent / (t.info.silver_table + "__quarantine").lower())
     if exists:
         if not delta_rs.usable(t.path):
             return None
-        have = delta_rs.spark_schema(t.path)
+        have = delta_rs.arrow_schema(t.path)
         want = gold_schema(t.columns)
         differs = _shapes(have) != _shapes(want)
         if differs and delta_rs.usable(quarantine):
@@ -376,23 +353,28 @@ class _TooLarge(Exception):
     """A large table's run with more diffs than the driver takes: the per-table path builds it."""
 
 
-_INTEGERS = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
-
-
 def _narrowing_columns(t: Table) -> list[str]:
     """The key's integer columns (every column is the key of a table without one)."""
-    types = {f.name: f.dataType for f in t.columns}
-    return [k for k in t.key if isinstance(types.get(k), _INTEGERS)]
+    types = {f.name: f.type for f in t.columns}
+    return [k for k in t.key if k in types and pa.types.is_integer(types[k])]
 
 
-_LOCATABLE = (*_INTEGERS, T.StringType, T.DateType, T.TimestampType, T.DecimalType, T.BooleanType)
+def _locatable_type(t: pa.DataType) -> bool:
+    """Integers, strings, dates, timestamps with a time zone, decimals and booleans."""
+    if pa.types.is_timestamp(t):
+        return t.tz is not None
+    return any(
+        test(t)
+        for test in (pa.types.is_integer, pa.types.is_string, pa.types.is_date32)
+        + (pa.types.is_decimal, pa.types.is_boolean)
+    )
 
 
 def _locatable(t: Table) -> bool:
     """Whether a large table's touched keys' rows are found by their key columns' values
     (``deletion_vectors.locate``: a primary key of types a hash join takes exactly)."""
-    types = {f.name: f.dataType for f in t.columns}
-    return t.keyed and all(isinstance(types.get(k), _LOCATABLE) for k in t.key)
+    types = {f.name: f.type for f in t.columns}
+    return t.keyed and all(k in types and _locatable_type(types[k]) for k in t.key)
 
 
 def _nullable(schema: pa.Schema) -> pa.Schema:
@@ -447,9 +429,11 @@ def _rules_in_spark(spark: SparkSession, items: list[_Item]) -> list[tuple[pa.Ta
                     ROW, pa.array(range(rows), pa.int64())
                 )
             )
-            own = [T.StructField(f.name, f.dataType) for f in item.t.columns]
+            own = [T.StructField(f.name, f.dataType) for f in item.t.spark_columns]
             schemas.append(T.StructType(own))
-        frame = packed.frame(spark, tables, schemas, _SHARED_SCHEMA)
+        frame = packed.frame(
+            spark, tables, schemas, T.StructType([T.StructField(c, T.LongType()) for c in _SHARED])
+        )
         parts: list[DataFrame] = []
         for i, item in enumerate(group):
             rows = frame.where(F.col(packed.PART) == i).select(f"_pgm_p{i}.*", *_SHARED)

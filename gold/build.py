@@ -56,8 +56,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from queue import Queue
-
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING
 
 from pgmedallion.core import delta_rs, engine
 from pgmedallion.core.config import Config
@@ -85,6 +84,9 @@ from pgmedallion.gold.reports import ensure_lag_view, ensure_report_tables, writ
 from pgmedallion.gold.table import build_table, untouched_outcome
 from pgmedallion.gold.table_io import gold_table_names, layer_schema, plain_name
 from pgmedallion.silver.contract import TableInfo
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 

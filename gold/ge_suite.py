@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-
-from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
+from typing import TYPE_CHECKING
 
 from pgmedallion.core.config import Config
+from pgmedallion.core.sparkapi import F
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 @dataclass(frozen=True)

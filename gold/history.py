@@ -10,15 +10,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from typing import TYPE_CHECKING
 
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.core.errors import holds_table
+from pgmedallion.core.sparkapi import F
 from pgmedallion.silver.catalog import load_tables
 from pgmedallion.silver.contract import TableInfo
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 TAG = "pgmedallion_gold"  # the key of gold's JSON in its commits' ``userMetadata``
 SAMPLE_ROWS = 5

@@ -38,13 +38,11 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from pgmedallion.core import deletion_vectors, delta_rs, engine
 from pgmedallion.core.by_key import cogrouped
@@ -53,6 +51,7 @@ from pgmedallion.core.multiset import group_ids
 from pgmedallion.core.naming import quote
 from pgmedallion.core.session import real
 from pgmedallion.core.spark import reshape_columns
+from pgmedallion.core.sparkapi import F, T
 from pgmedallion.gold.history import applied_state
 from pgmedallion.gold.quality import row_rules
 from pgmedallion.gold.table_io import create_table, table_exists
@@ -69,6 +68,9 @@ from pgmedallion.gold.versions import (
 )
 from pgmedallion.silver.contract import DIFF, LSN, METADATA, TableInfo
 from pgmedallion.silver.contract import RUN as SILVER_RUN
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 

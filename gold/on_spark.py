@@ -15,18 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
-
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
+from typing import TYPE_CHECKING
 
 from pgmedallion.core.by_key import by_key, cogrouped, mapped
 from pgmedallion.core.naming import quote
+from pgmedallion.core.sparkapi import F, T
 from pgmedallion.gold import state
 from pgmedallion.gold.quality import Rule
 from pgmedallion.gold.state import DIFF, KEY_ROWS, LSN, MULT, OLD_GOLD, OP, RULES, TO_GOLD
 
-_LONG = T.LongType()
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
 
 
 def c(name: str, alias: str | None = None) -> Column:
@@ -52,9 +51,9 @@ def state_of(diffs: DataFrame, columns: Sequence[str], key: Sequence[str], group
     schema = T.StructType(
         [
             *_fields(diffs, columns),
-            T.StructField(MULT, _LONG),
-            T.StructField(LSN, _LONG),
-            T.StructField(KEY_ROWS, _LONG),
+            T.StructField(MULT, T.LongType()),
+            T.StructField(LSN, T.LongType()),
+            T.StructField(KEY_ROWS, T.LongType()),
         ]
     )
     rule = partial(state.state_of, columns=list(columns), key=list(key))
@@ -82,7 +81,7 @@ def tallies(checked: DataFrame, rule_names: Sequence[str]) -> dict:
     names = [state.COUNTED, state.HELD, state.GOLD] + [
         state.rule_count(i) for i in range(len(rule_names))
     ]
-    schema = T.StructType([T.StructField(n, _LONG) for n in names])
+    schema = T.StructType([T.StructField(n, T.LongType()) for n in names])
     parts = mapped(checked, partial(state.tallies, rule_names=list(rule_names)), schema)
     (row,) = parts.agg(*[F.coalesce(F.sum(n), F.lit(0)).alias(n) for n in names]).collect()
     return row.asDict()
@@ -90,7 +89,7 @@ def tallies(checked: DataFrame, rule_names: Sequence[str]) -> dict:
 
 def affected_keys(keys: DataFrame, old: DataFrame, key: Sequence[str]) -> DataFrame:
     """:func:`gold.state.affected_keys` by buckets of the key."""
-    schema = T.StructType([*_fields(keys, key), T.StructField(OLD_GOLD, _LONG)])
+    schema = T.StructType([*_fields(keys, key), T.StructField(OLD_GOLD, T.LongType())])
     rule = partial(state.affected_keys, key=list(key))
     return cogrouped(keys.select(*[c(k) for k in key]), old, key, rule, schema)
 

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
+import pyarrow as pa
 
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
+from pgmedallion.core.sparkapi import F, T
 from pgmedallion.gold.history import Applied, ErrorSummary
 from pgmedallion.gold.on_spark import c
 from pgmedallion.gold.quality import VALUES_ADJUSTED, QualityRecord, row_rules
 from pgmedallion.silver.contract import DIFF, LSN, METADATA, TableInfo
 from pgmedallion.silver.contract import RUN as SILVER_RUN
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 
 @dataclass
@@ -48,7 +51,7 @@ class Table:
     errors: ErrorSummary
     adjusted: ErrorSummary = field(default_factory=ErrorSummary)
     policy: str = ""
-    columns: list[T.StructField] = field(default_factory=list)
+    columns: list[pa.Field] = field(default_factory=list)  # silver's, as Arrow names them
     range_pred: Column | None = None  # touched keys' ranges, on gold's columns
     range_pred_target: Column | None = None  # the same on the MERGE target alias ``t``
     touched: int = 0  # how many keys the run touches
@@ -61,11 +64,11 @@ class Table:
         self.gold = self.cfg.qualified("gold", self.info.silver_table)
         self.quarantine = self.cfg.qualified("gold", self.info.silver_table + "__quarantine")
         schema = (
-            delta_rs.spark_schema(self.silver_path)
+            delta_rs.arrow_schema(self.silver_path)
             if delta_rs.usable(self.silver_path)
-            else self.silver.schema
+            else delta_rs.arrow_types(self.silver.schema)
         )
-        self.columns = [f for f in schema.fields if f.name not in METADATA]
+        self.columns = [f for f in schema if f.name not in METADATA]
         self.names = [f.name for f in self.columns]
         self.keyed = bool(self.info.primary_key)
         self.key = list(self.info.primary_key) if self.keyed else self.names
@@ -90,6 +93,11 @@ class Table:
             "rows": rows,
             "key": list(self.info.primary_key),
         }
+
+    @cached_property
+    def spark_columns(self) -> list[T.StructField]:
+        """:attr:`columns` as Spark names them."""
+        return delta_rs.spark_types(pa.schema(self.columns)).fields
 
     @cached_property
     def silver(self) -> DataFrame:

@@ -12,16 +12,19 @@ touched keys are broadcast (``small``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
+import pyarrow as pa
 
 from pgmedallion.core.naming import quote
+from pgmedallion.core.sparkapi import F, T
 from pgmedallion.gold.history import Reported
 from pgmedallion.gold.on_spark import c
 from pgmedallion.gold.plan import Table
 from pgmedallion.silver.contract import TableInfo
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
 
 ROWS_PER_FILE = 1_000_000  # a full build's file size, in rows
 BROADCAST_KEYS = 1_000_000  # up to this many touched keys, joins with gold broadcast them
@@ -29,13 +32,6 @@ BROADCAST_KEYS = 1_000_000  # up to this many touched keys, joins with gold broa
 # the touched keys' hashes (see ``key_filter``), of this many bits per key.
 KEY_FILTER_KEYS = 100_000
 KEY_FILTER_BITS = 8
-_RANGE_TYPES = (
-    T.NumericType,
-    T.StringType,
-    T.DateType,
-    T.TimestampType,
-    T.TimestampNTZType,
-)
 
 
 def untouched(
@@ -58,10 +54,21 @@ def untouched(
     )
 
 
-def comparable(columns: Sequence[T.StructField], key: Sequence[str]) -> bool:
+def comparable(columns: Sequence[pa.Field], key: Sequence[str]) -> bool:
     """Whether rows can be grouped and joined on ``key`` (maps cannot)."""
-    types = {f.name: f.dataType for f in columns}
-    return not any("map<" in types[k].simpleString() for k in key)
+    types = {f.name: f.type for f in columns}
+    return not any(has_map(types[k]) for k in key)
+
+
+def has_map(t: pa.DataType) -> bool:
+    """Whether ``t`` is or holds a map."""
+    if pa.types.is_map(t):
+        return True
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return has_map(t.value_type)
+    if pa.types.is_struct(t):
+        return any(has_map(f.type) for f in t)
+    return False
 
 
 def clustered(rows: DataFrame, t: Table, count: int) -> DataFrame:
@@ -127,8 +134,14 @@ def key_ranges(t: Table, keys: DataFrame) -> tuple[Column, Column, int]:
     columns the same way. When the run touches at most ``KEY_FILTER_KEYS`` keys, it also holds
     ``key_filter``'s bitmap test.
     """
-    types = {f.name: f.dataType for f in t.columns}
-    cols = [k for k in t.key if isinstance(types[k], _RANGE_TYPES)][:3]
+    types = {f.name: f.dataType for f in t.spark_columns}
+    cols = [
+        k
+        for k in t.key
+        if isinstance(
+            types[k], (T.NumericType, T.StringType, T.DateType, T.TimestampType, T.TimestampNTZType)
+        )
+    ][:3]
     aggs = [F.count(F.lit(1)).alias("n")]
     for i, k in enumerate(cols):
         aggs += [

@@ -7,10 +7,10 @@ quarantine (see ``gold/build.py``).
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+from typing import TYPE_CHECKING
 
 from pgmedallion.core.naming import quote
+from pgmedallion.core.sparkapi import F
 from pgmedallion.gold.history import Applied
 from pgmedallion.gold.on_spark import c
 from pgmedallion.gold.plan import Table
@@ -26,6 +26,9 @@ from pgmedallion.gold.table_io import (
     tagged_commit,
 )
 from pgmedallion.silver.contract import RUN as SILVER_RUN
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
 def quarantine_rows(t: Table, checked: DataFrame) -> DataFrame:

@@ -9,36 +9,41 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
+import pyarrow as pa
 
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
-from pgmedallion.core.expectations import QUALITY_SCHEMA, quality_frame
+from pgmedallion.core.expectations import QUALITY_ARROW, quality_frame
 from pgmedallion.core.session import unstarted
 from pgmedallion.core.spark import create_table, first_time, forget
+from pgmedallion.core.sparkapi import F
 from pgmedallion.gold.history import SAMPLE_ROWS, ErrorSummary
 from pgmedallion.gold.on_spark import c, tallies
 from pgmedallion.gold.plan import TableOutcome
 from pgmedallion.gold.quality import QualityRecord, Rule
 from pgmedallion.gold.state import COUNTED, GOLD, HELD, RULES, TO_GOLD, rule_count
 
-FRONTIER_SCHEMA = T.StructType(
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+
+FRONTIER_ARROW = pa.schema(
     [
-        T.StructField("source", T.StringType()),
-        T.StructField("table_oid", T.LongType()),
-        T.StructField("table_schema", T.StringType()),
-        T.StructField("table_name", T.StringType()),
-        T.StructField("gold_table", T.StringType()),
-        T.StructField("frontier", T.LongType()),
-        T.StructField("silver_run", T.LongType()),
-        T.StructField("rows", T.LongType()),
-        T.StructField("updated_at", T.TimestampType()),
-        T.StructField("source_time", T.TimestampType()),
+        ("source", pa.string()),
+        ("table_oid", pa.int64()),
+        ("table_schema", pa.string()),
+        ("table_name", pa.string()),
+        ("gold_table", pa.string()),
+        ("frontier", pa.int64()),
+        ("silver_run", pa.int64()),
+        ("rows", pa.int64()),
+        ("updated_at", pa.timestamp("us", tz="UTC")),
+        ("source_time", pa.timestamp("us", tz="UTC")),
     ]
 )
+"""``_frontier``: a gold table's frontier, one row per table."""
 
 
 def summary_record(table: str, rule: str, policy: str, summary: ErrorSummary) -> QualityRecord:
@@ -105,7 +110,7 @@ def ensure_report_tables(spark: SparkSession, cfg: Config) -> None:
     current = {"_frontier": {"source_time"}, "_quality": set()}
     if delta_rs.local_tables_current(spark, cfg.schema("gold"), current):
         return
-    schemas = {"_frontier": FRONTIER_SCHEMA, "_quality": QUALITY_SCHEMA}
+    schemas = {"_frontier": FRONTIER_ARROW, "_quality": QUALITY_ARROW}
     if delta_rs.create_layer_unregistered(spark, cfg.schema("gold"), schemas):
         return  # a first run before Spark: put in the catalog when it starts
     try:
@@ -120,9 +125,9 @@ def _ensure_report_tables(spark: SparkSession, cfg: Config) -> None:
     spark.sql(f"CREATE SCHEMA IF NOT EXISTS {cfg.qualified('gold', '')}")
     from delta.tables import DeltaTable
 
-    for name, schema in (("_frontier", FRONTIER_SCHEMA), ("_quality", QUALITY_SCHEMA)):
+    for name, columns in (("_frontier", FRONTIER_ARROW), ("_quality", QUALITY_ARROW)):
         builder = DeltaTable.createIfNotExists(spark).tableName(cfg.qualified("gold", name))
-        create_table(spark, builder.addColumns(schema).execute)
+        create_table(spark, builder.addColumns(delta_rs.spark_types(columns)).execute)
     if "source_time" not in _columns(spark, cfg, "_frontier"):  # made before the column was
         spark.sql(
             f"ALTER TABLE {cfg.qualified('gold', '_frontier')} ADD COLUMNS (source_time TIMESTAMP)"
@@ -191,9 +196,9 @@ def write_frontier(
     # else through Spark. (A DataFrameWriterV2 overwrite: the V1 saveAsTable overwrite also
     # asks the Hive metastore to alter the table, which it refuses.)
     source = cfg.source.name.replace("'", "''")
-    if _local_write(spark, cfg, "_frontier", frontier, FRONTIER_SCHEMA, f"source = '{source}'"):
+    if _local_write(spark, cfg, "_frontier", frontier, FRONTIER_ARROW, f"source = '{source}'"):
         return
-    spark.createDataFrame(frontier, FRONTIER_SCHEMA).writeTo(
+    spark.createDataFrame(frontier, delta_rs.spark_types(FRONTIER_ARROW)).writeTo(
         cfg.qualified("gold", "_frontier")
     ).overwrite(F.col("source") == F.lit(cfg.source.name))
 
@@ -211,7 +216,7 @@ def write_quality(
         for o in outcomes
         for r in o.quality
     ]
-    if quality and not _local_write(spark, cfg, "_quality", quality, QUALITY_SCHEMA):
+    if quality and not _local_write(spark, cfg, "_quality", quality, QUALITY_ARROW):
         quality_frame(spark, quality).write.format("delta").mode("append").saveAsTable(
             cfg.qualified("gold", "_quality")
         )
@@ -222,14 +227,14 @@ def _local_write(
     cfg: Config,
     name: str,
     rows: list[tuple],
-    schema: T.StructType,
+    schema: pa.Schema,
     replace_where: str | None = None,
 ) -> bool:
     """``rows`` written to gold's report table ``name`` by delta-rs (a few milliseconds where
     Spark's write of a few rows takes a second or two); False where it cannot be (not a local
     table): then the caller writes through Spark."""
     path = delta_rs.table_dir(delta_rs.schema_dir(spark, cfg.schema("gold")), name)
-    names = schema.fieldNames()
+    names = schema.names
     records = [{k: _utc(v) for k, v in zip(names, row, strict=True)} for row in rows]
     return delta_rs.write_records(path, records, names, replace_where=replace_where) is not None
 

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-
-from pgmedallion.core import delta_rs
+from pgmedallion.core import delta_rs, sparkapi
 from pgmedallion.core.config import Config
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.spark import drop_table, reshape_columns
+from pgmedallion.core.sparkapi import F
 from pgmedallion.gold.history import Applied, ErrorSummary, Reported, applied_state
 from pgmedallion.gold.on_spark import (
     affected_keys,
@@ -48,6 +46,9 @@ from pgmedallion.gold.table_io import (
     tagged_commit,
 )
 from pgmedallion.silver.contract import TableInfo
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,7 @@ def build_table(
     checked = (
         checked.localCheckpoint()
         if affected is not None
-        else checked.persist(StorageLevel.MEMORY_AND_DISK)
+        else checked.persist(sparkapi.StorageLevel.MEMORY_AND_DISK)
     )
     try:
         name = info.qualified_name
@@ -211,7 +212,7 @@ def _follow_in_place(t: Table) -> None:
     if followed is None:
         return
     renames, drops, added = followed
-    types = {f.name: f.dataType for f in t.columns}
+    types = {f.name: f.dataType for f in t.spark_columns}
     if any(n not in types or "timestamp_ntz" in types[n].simpleString() for n in added):
         return  # Spark adds a timestamp_ntz column only to a table with that feature: rebuilt
     reshape_columns(t.spark, t.gold, renames, drops, [(n, types[n]) for n in added], LSN)
@@ -280,7 +281,7 @@ def incremental_state(t: Table, applied: Applied) -> tuple[DataFrame, DataFrame,
     updates = t.updates(applied.silver_run)
     if t.local:  # in memory already: no checkpoints, no file pruning
         keys = updates.select(*[c(k) for k in t.key]).distinct()
-        gold = delta_rs.read(spark, t.path, gold_schema(t.columns))
+        gold = delta_rs.read(spark, t.path, delta_rs.spark_types(gold_schema(t.columns)))
     else:
         # Checkpointed: the touched keys are read several times below, silver once.
         keys = updates.select(*[c(k) for k in t.key]).distinct().localCheckpoint()

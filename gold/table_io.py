@@ -11,23 +11,25 @@ import json
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from pgmedallion.core import deletion_vectors, delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.core.naming import COLUMN_MAPPING, quote
 from pgmedallion.core.spark import create_table as create_managed
+from pgmedallion.core.sparkapi import F, T
 from pgmedallion.gold.history import TAG
 from pgmedallion.gold.on_spark import c
 from pgmedallion.gold.plan import Table
 from pgmedallion.gold.pruning import small
 from pgmedallion.gold.state import DELETE, INSERT, LSN, MULT, OP, RULES, UPSERT
 from pgmedallion.silver.contract import RUN as SILVER_RUN
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -78,18 +80,20 @@ def plain_name(cfg: Config, layer: str, name: str) -> str:
 def create_table(
     spark: SparkSession,
     name: str,
-    schema: T.StructType,
+    schema: T.StructType | pa.Schema,
     *,
     local: tuple[str, str] | None = None,
 ) -> None:
     """Gold table ``name`` with ``schema`` and gold's properties; ``local``: its schema and
     table name, for a creation by delta-rs before Spark starts
     (``delta_rs.create_unregistered``)."""
-    from delta.tables import DeltaTable
-
     if local is not None:
         if delta_rs.create_unregistered(spark, *local, schema, GOLD_PROPERTIES) is not None:
             return
+    from delta.tables import DeltaTable
+
+    if isinstance(schema, pa.Schema):
+        schema = delta_rs.spark_types(schema)
 
     builder = DeltaTable.createIfNotExists(spark).tableName(name).addColumns(schema)
     for key, value in GOLD_PROPERTIES.items():
@@ -97,29 +101,31 @@ def create_table(
     create_managed(spark, builder.execute)
 
 
-def _nullable(fields: Sequence[T.StructField]) -> list[T.StructField]:
-    return [T.StructField(f.name, f.dataType, True) for f in fields]
+def _nullable(fields: Sequence[pa.Field]) -> list[pa.Field]:
+    return [f.with_nullable(True) for f in fields]
 
 
-def gold_schema(columns: Sequence[T.StructField]) -> T.StructType:
-    return T.StructType([*_nullable(columns), T.StructField(LSN, T.LongType())])
+def gold_schema(columns: Sequence[pa.Field]) -> pa.Schema:
+    """A gold table's columns: silver's (``Table.columns``), then ``_lsn``."""
+    return pa.schema([*_nullable(columns), pa.field(LSN, pa.int64())])
 
 
-def quarantine_schema(columns: Sequence[T.StructField]) -> T.StructType:
-    return T.StructType(
+def quarantine_schema(columns: Sequence[pa.Field]) -> pa.Schema:
+    """A gold table's quarantine's columns."""
+    return pa.schema(
         [
             *_nullable(columns),
-            T.StructField(LSN, T.LongType()),
-            T.StructField(MULT, T.LongType()),
-            T.StructField(RULES, T.ArrayType(T.StringType())),
-            T.StructField(SILVER_RUN, T.LongType()),
+            pa.field(LSN, pa.int64()),
+            pa.field(MULT, pa.int64()),
+            pa.field(RULES, pa.list_(pa.string())),
+            pa.field(SILVER_RUN, pa.int64()),
         ]
     )
 
 
-def same_columns(spark: SparkSession, name: str, schema: T.StructType) -> bool:
+def same_columns(spark: SparkSession, name: str, schema: pa.Schema) -> bool:
     have = [(f.name, f.dataType) for f in spark.table(name).schema.fields]
-    return have == [(f.name, f.dataType) for f in schema.fields]
+    return have == [(f.name, f.dataType) for f in delta_rs.spark_types(schema).fields]
 
 
 def key_match(key: Sequence[str]) -> Column:

@@ -12,7 +12,7 @@ files, start the run, stream its events) with three differences:
 
 After the run, the expectation counts of every ``<dataset>_quality`` view that this run
 refreshed are appended to ``<schema>._quality`` in the project's one quality format
-(``core.expectations.QUALITY_SCHEMA``), with ``run`` one more than the table's largest (the
+(``core.expectations.quality_schema``), with ``run`` one more than the table's largest (the
 count of recorded runs of this pipeline), and printed as ``pgmedallion-quality {json}`` lines for
 the runner (``runner.PipelineRun.quality``).
 
@@ -33,7 +33,7 @@ from typing import Any, cast
 from pyspark.sql import SparkSession
 from pyspark.sql.connect.client.core import PlanObservedMetrics
 
-from pgmedallion.core.expectations import QUALITY_SCHEMA, quality_rows
+from pgmedallion.core.expectations import quality_rows, quality_schema
 from pgmedallion.core.naming import quote
 from pgmedallion.marts.runner import QUALITY_PREFIX
 
@@ -66,7 +66,7 @@ def record_quality(
     now = datetime.now(UTC).replace(tzinfo=None)
     rows = quality_rows(
         reduce(lambda a, b: a.unionByName(b), counts), run=run, source=source, checked_at=now
-    ).select(*QUALITY_SCHEMA.fieldNames())
+    ).select(*quality_schema().fieldNames())
     collected = rows.collect()
     rows.write.format("delta").mode("append").saveAsTable(target)
     return [

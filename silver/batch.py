@@ -35,17 +35,17 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from pgmedallion.core import deletion_vectors, delta_rs, engine, packed
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.naming import quote
 from pgmedallion.core.parallel import concurrently
+from pgmedallion.core.sparkapi import F
 from pgmedallion.silver.cast_columns import UNSETTLED_COLUMN, plain_cast
 from pgmedallion.silver.cast_rows import ROW_DIFF, ROW_LSN, cast_base, typed_columns
 from pgmedallion.silver.changes import PLAIN, RETRACT
@@ -64,6 +64,9 @@ from pgmedallion.silver.kernel import cast_rows
 from pgmedallion.silver.rewind import consolidated_rows
 from pgmedallion.silver.write import diffs_app
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
 log = logging.getLogger(__name__)
 
 _CAST_SHARED = (ROW_LSN, ROW_DIFF, ORDINAL, KIND, COLUMNS, UNSETTLED_COLUMN)
@@ -77,7 +80,7 @@ class TooLarge(Exception):
 class Candidate:
     info: TableInfo
     wal: Callable[[], DataFrame]
-    """The table's decoded changes of the window (``CHANGE_SCHEMA``), as Spark's."""
+    """The table's decoded changes of the window (``CHANGE_ARROW``), as Spark's."""
     rows: pa.Table | None
     """The same in the driver (``CHANGE_ARROW``), when the window was read there."""
     path: str

@@ -42,12 +42,10 @@ import copy
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from pgmedallion.bronze.spark_table import bronze_dir
 from pgmedallion.capture.pgoutput import MSG_COMMIT, decode, format_lsn
@@ -57,6 +55,7 @@ from pgmedallion.core.config import Config
 from pgmedallion.core.naming import quote
 from pgmedallion.core.parallel import concurrently
 from pgmedallion.core.spark import drop_table, reshape_columns
+from pgmedallion.core.sparkapi import F, T
 from pgmedallion.silver import batch, catalog
 from pgmedallion.silver.cast_rows import (
     ROW_DIFF,
@@ -94,6 +93,9 @@ from pgmedallion.silver.write import (
     write_relations,
     written,
 )
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["SilverResult", "run_silver", "table_run"]
 
@@ -285,8 +287,8 @@ def _read_wal(
     small = _small_window(spark, cfg, n, reread_from, p.f_to, p.b_to)
     if small is None:
         return Window(None, lambda: in_spark(_bronze(spark, n, cfg.source.name)))
-    rows, schema = small
-    spark_rows = lambda: in_spark(delta_rs.frame(spark, rows, schema))  # noqa: E731
+    rows, path = small
+    spark_rows = lambda: in_spark(delta_rs.frame(spark, rows, delta_rs.spark_schema(path)))  # noqa: E731
     chosen = read_once(rows)
     if chosen.num_rows < rows.num_rows:
         log.info(
@@ -302,9 +304,9 @@ def _read_wal(
 
 def _small_window(
     spark: SparkSession, cfg: Config, n: Names, f_from: int, f_to: int, b_to: int
-) -> tuple[pa.Table, T.StructType] | None:
+) -> tuple[pa.Table, str] | None:
     """Bronze's wal rows of ``[f_from, f_to)`` in batches up to ``b_to`` read by delta-rs (with
-    ``mtype``) and bronze's schema, if bronze is local and the driver holds them (at most
+    ``mtype``) and bronze's path, if bronze is local and the driver holds them (at most
     ``[lakehouse] driver_rows`` rows and :data:`_SMALL_WINDOW_BYTES`; None: Spark scans
     bronze)."""
     path = bronze_dir(spark, cfg)
@@ -323,9 +325,8 @@ def _small_window(
         (size,) = delta_rs.query(path, sql).to_pylist()
         if (size["b"] or 0) > _SMALL_WINDOW_BYTES:
             return None
-        schema = delta_rs.spark_schema(path)
-        rows = delta_rs.read_arrow(path, [f.name for f in schema.fields], where)
-        return with_mtype(rows), schema
+        rows = delta_rs.read_arrow(path, delta_rs.arrow_schema(path).names, where)
+        return with_mtype(rows), path
     except Exception as exc:  # e.g. a reader feature delta-rs lacks: Spark scans bronze
         log.info("silver: bronze's window read through Spark (delta-rs: %s)", exc)
         return None

@@ -13,29 +13,21 @@ depends only on its texts.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from pgmedallion.core.naming import quote
+from pgmedallion.core.sparkapi import F, T
 from pgmedallion.silver.kernel import cast_rows
 from pgmedallion.silver.pgtypes import PgType, spark_type
 
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
 CAST_ERRORS_COLUMN = "_cast_errors"
-CAST_ERROR_TYPE = T.ArrayType(
-    T.StructType(
-        [
-            T.StructField("column_name", T.StringType()),
-            T.StructField("raw", T.StringType()),
-            T.StructField("message", T.StringType()),
-        ]
-    ),
-    containsNull=False,
-)
 UNSETTLED_COLUMN = "_pgm_unsettled"
 
 _ERROR_ARROW = pa.list_(
@@ -68,11 +60,13 @@ def cast_values(df: DataFrame, values_col: str, columns: Sequence[tuple[str, PgT
     clashes = sorted({name for name in outputs if outputs.count(name) > 1})
     if clashes:
         raise ValueError(f"cast_values would produce duplicate columns: {clashes}")
+    from pyspark.sql.pandas.types import from_arrow_type
+
     typed = [T.StructField(name, spark_type(t), True) for name, t in columns]
     fields: list[T.StructField] = []
     for field in df.schema.fields:
         fields.extend(typed if field.name == values_col else [_nullable(field)])
-    fields.append(T.StructField(CAST_ERRORS_COLUMN, CAST_ERROR_TYPE, False))
+    fields.append(T.StructField(CAST_ERRORS_COLUMN, from_arrow_type(_ERROR_ARROW), False))
     cast = _Cast(values_col, tuple(columns), df.columns, plain=False)
     return _positional(df).mapInArrow(cast, T.StructType(fields))
 

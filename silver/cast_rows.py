@@ -15,12 +15,12 @@ import dataclasses
 import functools
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from pyspark import StorageLevel
-from pyspark.sql import DataFrame, Observation
-from pyspark.sql import functions as F
 
+from pgmedallion.core import sparkapi
+from pgmedallion.core.sparkapi import F
 from pgmedallion.silver.cast_columns import (
     CAST_ERRORS_COLUMN,
     UNSETTLED_COLUMN,
@@ -33,6 +33,9 @@ from pgmedallion.silver.errors import CastError, ErrorRecord
 from pgmedallion.silver.identity import COLUMNS, KIND, ORDINAL
 from pgmedallion.silver.kernel import adjustment, cast_rows, merged_adjustments
 from pgmedallion.silver.pgtypes import PgType, pg_type_of
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, Observation
 
 
 def typed_columns(info: TableInfo) -> list[tuple[str, PgType]]:
@@ -121,7 +124,7 @@ def cast_diffs(info: TableInfo, diffs: TableDiffs, changes: bool = False) -> Cas
     plain = staged is not None
     if staged is None:  # some type has no plain value: every row takes the full cast
         staged = base.withColumn(UNSETTLED_COLUMN, F.lit(True))
-    staged = staged.persist(StorageLevel.MEMORY_AND_DISK)
+    staged = staged.persist(sparkapi.StorageLevel.MEMORY_AND_DISK)
     parts = [staged.where(~F.col(UNSETTLED_COLUMN)).select(*_out(info, changes))] if plain else []
     cached, errors = [staged], []
     unsettled = _cast_unsettled(info, diffs, staged.where(F.col(UNSETTLED_COLUMN)), changes)
@@ -134,7 +137,8 @@ def cast_diffs(info: TableInfo, diffs: TableDiffs, changes: bool = False) -> Cas
         kept = ("values", ROW_LSN, ROW_DIFF, *(_CHANGE_COLUMNS if changes else ()))
         empty = base.where(F.lit(False)).select(*kept)
         parts.append(cast_values(empty, "values", columns).select(*_out(info, changes)))
-    return CastRows(functools.reduce(DataFrame.unionByName, parts), errors, cached, adjusted)
+    union = functools.reduce(sparkapi.DataFrame.unionByName, parts)
+    return CastRows(union, errors, cached, adjusted)
 
 
 def _cast_unsettled(
@@ -155,7 +159,7 @@ def _cast_unsettled(
     cached: list[DataFrame] = []
     kept = ("values", ROW_LSN, ROW_DIFF, *(_CHANGE_COLUMNS if changes else ()))
     texts = unsettled.where(F.col(_CODE).isNull()).select(*kept)
-    full = cast_values(texts, "values", columns).persist(StorageLevel.MEMORY_AND_DISK)
+    full = cast_values(texts, "values", columns).persist(sparkapi.StorageLevel.MEMORY_AND_DISK)
     cached.append(full)
     errors += _cast_errors(info, full)
     rows = full.where(F.size(CAST_ERRORS_COLUMN) == 0).select(*_out(info, changes))
@@ -234,7 +238,7 @@ class OnePass:
                 counted = None
         if counted == 0:
             return None
-        unsettled = self.unsettled.persist(StorageLevel.MEMORY_AND_DISK)
+        unsettled = self.unsettled.persist(sparkapi.StorageLevel.MEMORY_AND_DISK)
         cast = _cast_unsettled(self.info, self.diffs, unsettled)
         if cast is None:
             unsettled.unpersist()
@@ -257,7 +261,7 @@ def cast_in_one_pass(info: TableInfo, diffs: TableDiffs) -> OnePass | None:
     if wal is None or copy is None:
         return None
     staged = wal.unionByName(copy, allowMissingColumns=True)
-    observation = Observation(f"pgm_unsettled_{uuid.uuid4().hex}")
+    observation = sparkapi.Observation(f"pgm_unsettled_{uuid.uuid4().hex}")
     observed = staged.observe(observation, F.count_if(F.col(UNSETTLED_COLUMN)).alias("unsettled"))
 
     def settled(df: DataFrame) -> DataFrame:

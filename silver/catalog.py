@@ -13,10 +13,9 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from pgmedallion.capture.pgoutput import MSG_RELATION, MSG_TRUNCATE, Relation, Truncate, decode
 from pgmedallion.capture.schema_changes import (
@@ -31,12 +30,16 @@ from pgmedallion.capture.schema_changes import (
 )
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
+from pgmedallion.core.sparkapi import F
 from pgmedallion.silver.changes import LayoutIndex, TableColumn, plan_columns, with_fill
 from pgmedallion.silver.contract import Names, TableInfo
 from pgmedallion.silver.decode import message_type
 from pgmedallion.silver.errors import ErrorRecord, SchemaIncompatible
 from pgmedallion.silver.pgtypes import INTEGER_TYPES, arrow_type, pg_type_of, type_string
 from pgmedallion.silver.policies import with_policies
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 Relations = dict[int, list[tuple[int, int, Relation]]]
 """relid -> ``(lsn, ordinal, Relation)``, every Relation message of the table silver read."""

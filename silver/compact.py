@@ -25,17 +25,19 @@ from __future__ import annotations
 
 import logging
 from functools import partial
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from pgmedallion.core import delta_rs, engine
 from pgmedallion.core.by_key import by_key
 from pgmedallion.core.multiset import DIFF, LSN, MULT, consolidate
 from pgmedallion.core.naming import quote
+from pgmedallion.core.sparkapi import F, T
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 

@@ -2,21 +2,24 @@
 
 ``_tables``, ``_errors``, ``_progress``, ``_plans``, ``_relations`` and ``_adjustments`` (see
 ``silver/__init__.py``) are created here; :class:`Names` holds their qualified names.
-``DIFF_SCHEMA`` is a decoded row of a table (snapshot or change) before the cast, and
-``CHANGE_SCHEMA`` the same for a decoded change with what :mod:`silver.changes` says of it.
+``DIFF_ARROW`` is a decoded row of a table (snapshot or change) before the cast, and
+``CHANGE_ARROW`` the same for a decoded change with what :mod:`silver.changes` says of it
+(``core.delta_rs.spark_types`` names either as Spark does).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from pyspark.sql import SparkSession
-from pyspark.sql import types as T
 
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.core.spark import create_table, first_time, forget
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 LSN, DIFF, RUN = "_lsn", "_diff", "_run"
 """The columns silver adds to each table's own: the change's commit LSN (0: the snapshot), its
@@ -66,18 +69,6 @@ RELATIONS_DDL = (
     "payload BINARY NOT NULL, run BIGINT NOT NULL"
 )
 
-DIFF_SCHEMA = T.StructType(
-    [
-        T.StructField("table_oid", T.LongType()),
-        T.StructField("lsn", T.LongType()),
-        T.StructField("ordinal", T.LongType()),
-        T.StructField("diff", T.LongType()),
-        T.StructField("values", T.ArrayType(T.StringType())),
-        T.StructField("code", T.StringType()),
-        T.StructField("message", T.StringType()),
-        T.StructField("raw", T.StringType()),
-    ]
-)
 DIFF_ARROW = pa.schema(
     [
         ("table_oid", pa.int64()),
@@ -90,18 +81,11 @@ DIFF_ARROW = pa.schema(
         ("raw", pa.string()),
     ]
 )
-CHANGE_SCHEMA = T.StructType(
-    [
-        *DIFF_SCHEMA.fields,
-        T.StructField("kind", T.IntegerType()),
-        T.StructField("columns", T.ArrayType(T.IntegerType())),
-    ]
-)
-"""A decoded change's diff rows: ``DIFF_SCHEMA`` plus what :mod:`silver.changes` says of a row
-(``kind``: PLAIN, RETRACT or FILL, and its ``columns``)."""
 CHANGE_ARROW = pa.schema(
     [*DIFF_ARROW, pa.field("kind", pa.int32()), pa.field("columns", pa.list_(pa.int32()))]
 )
+"""A decoded change's diff rows: ``DIFF_ARROW`` plus what :mod:`silver.changes` says of a row
+(``kind``: PLAIN, RETRACT or FILL, and its ``columns``)."""
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Decoding: bronze's records of a run -> diff rows (``DIFF_SCHEMA``), before the cast.
+"""Decoding: bronze's records of a run -> diff rows (``DIFF_ARROW``), before the cast.
 
 Changes (pgoutput Insert/Update/Delete) are decoded by Python workers over Arrow batches
 (:func:`decode_changes`, with :mod:`silver.changes`); COPY records too (:func:`decode_copy`,
@@ -10,13 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark import StorageLevel
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from pgmedallion.bronze.table import copy_lines
 from pgmedallion.capture.copy_text import CopyDecodeError, decode_copy_row
@@ -28,11 +26,16 @@ from pgmedallion.capture.pgoutput import (
     MSG_UPDATE,
     decode,
 )
+from pgmedallion.core import delta_rs, sparkapi
 from pgmedallion.core.by_key import by_key
+from pgmedallion.core.sparkapi import F
 from pgmedallion.silver.changes import LayoutIndex, change_diffs
-from pgmedallion.silver.contract import CHANGE_ARROW, CHANGE_SCHEMA, DIFF_ARROW, DIFF_SCHEMA
+from pgmedallion.silver.contract import CHANGE_ARROW, DIFF_ARROW
 from pgmedallion.silver.copy_arrow import copy_values
 from pgmedallion.silver.errors import InvalidCopyInput, SilverError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
 def message_type(message: bytes) -> str:
@@ -185,13 +188,13 @@ _LINE_COLUMNS = ("lsn", "diff", "values", "code", "message", "raw")
 
 
 def snapshot_diffs(copy_rows: DataFrame, copy_widths: dict[int, tuple[int, int]]) -> DataFrame:
-    """``table_oid, lsn, payload`` copy records -> diff rows (``DIFF_SCHEMA``), at LSN 0, of
+    """``table_oid, lsn, payload`` copy records -> diff rows (``DIFF_ARROW``), at LSN 0, of
     the tables of ``copy_widths`` (OID -> columns of its COPY rows, columns of its silver
     rows), decoded in Spark's Python workers (:func:`decode_copy`)."""
     followed = copy_rows.where(F.col("table_oid").isin(list(copy_widths)))
     widths = dict(copy_widths)
     return followed.select("table_oid", "lsn", "payload").mapInArrow(
-        lambda it: decode_copy(it, widths), DIFF_SCHEMA
+        lambda it: decode_copy(it, widths), delta_rs.spark_types(DIFF_ARROW)
     )
 
 
@@ -200,9 +203,9 @@ class TableDiffs:
     """One table's diff rows of a run, before the cast (see :func:`table_diffs`)."""
 
     wal: DataFrame
-    """``DIFF_SCHEMA`` rows of the table's decoded changes (good ones only)."""
+    """``DIFF_ARROW`` rows of the table's decoded changes (good ones only)."""
     copy: DataFrame
-    """``DIFF_SCHEMA`` rows of its COPY records: good ones and decode errors (``code`` set)."""
+    """``DIFF_ARROW`` rows of its COPY records: good ones and decode errors (``code`` set)."""
 
     @property
     def rows(self) -> DataFrame:
@@ -224,8 +227,8 @@ CHANGE_TYPES = [message_type(m) for m in (MSG_INSERT, MSG_UPDATE, MSG_DELETE)]
 
 
 def decoded_changes(wal: DataFrame, layouts: dict[int, tuple[LayoutIndex, int]]) -> DataFrame:
-    """The window's Insert/Update/Delete messages decoded (``CHANGE_SCHEMA``), persisted."""
+    """The window's Insert/Update/Delete messages decoded (``CHANGE_ARROW``), persisted."""
     changes = wal.where(F.col("mtype").isin(CHANGE_TYPES)).select("lsn", "ordinal", "payload")
-    return changes.mapInArrow(lambda it: decode_changes(it, layouts), CHANGE_SCHEMA).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
+    return changes.mapInArrow(
+        lambda it: decode_changes(it, layouts), delta_rs.spark_types(CHANGE_ARROW)
+    ).persist(sparkapi.StorageLevel.MEMORY_AND_DISK)

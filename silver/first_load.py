@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import SparkSession
-from pyspark.sql import types as T
 
 from pgmedallion.core import delta_rs, engine
 from pgmedallion.core.failpoints import failpoint
@@ -42,9 +41,12 @@ from pgmedallion.silver.contract import TableInfo
 from pgmedallion.silver.copy_arrow import copy_values
 from pgmedallion.silver.errors import CastError, ErrorRecord
 from pgmedallion.silver.kernel import Rows, cast_rows, merged_adjustments
-from pgmedallion.silver.pgtypes import spark_type
+from pgmedallion.silver.pgtypes import arrow_type
 from pgmedallion.silver.rewind import consolidated_rows, distinct_snapshot
 from pgmedallion.silver.write import create_diff_table, diffs_app
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +81,14 @@ class FirstLoad:
     """``(column, code, count, first_lsn, sample)``: values a declared rule adjusted."""
 
 
-def diff_schema(info: TableInfo) -> T.StructType:
+def diff_schema(info: TableInfo) -> pa.Schema:
     """The silver table's columns as the per-table path creates them."""
-    data = [T.StructField(name, spark_type(t), True) for name, t in typed_columns(info)]
-    return T.StructType(
+    return pa.schema(
         [
-            *data,
-            T.StructField("_lsn", T.LongType(), True),
-            T.StructField("_diff", T.LongType(), True),
-            T.StructField("_run", T.LongType(), False),
+            *(pa.field(name, arrow_type(t)) for name, t in typed_columns(info)),
+            pa.field("_lsn", pa.int64()),
+            pa.field("_diff", pa.int64()),
+            pa.field("_run", pa.int64(), nullable=False),
         ]
     )
 

@@ -38,20 +38,21 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
+from pgmedallion.core import sparkapi
 from pgmedallion.core.by_key import by_key
 from pgmedallion.core.multiset import MULT, consolidate, positive
 from pgmedallion.core.naming import quote
+from pgmedallion.core.sparkapi import F, T
 from pgmedallion.silver.changes import FILL, PLAIN, RETRACT
 from pgmedallion.silver.contract import DIFF, LSN
 from pgmedallion.silver.errors import MissingToast, UnknownPreviousRow
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
 
 
 @dataclass(frozen=True)
@@ -277,7 +278,7 @@ def resolve_previous_images(
     """
     data = [quote(n) for n in names]
     above = F.col(_LSN) > (
-        floor if isinstance(floor, Column) else F.lit(-1 if floor is None else floor)
+        floor if isinstance(floor, sparkapi.Column) else F.lit(-1 if floor is None else floor)
     )
     changes = typed.where(F.col(KIND).isNotNull() & above)
     base = _previous_rows(typed, changes, names, keys, prior, identities)
@@ -307,7 +308,7 @@ def resolve_previous_images(
         return _resolve_arrow(table, names, keys, truncates, by_row)
 
     resolved = combined.groupBy(F.lit(0).alias("_pgm_group")).applyInArrow(run, schema)
-    resolved = resolved.persist(StorageLevel.MEMORY_AND_DISK)
+    resolved = resolved.persist(sparkapi.StorageLevel.MEMORY_AND_DISK)
     errors = [
         (r[0], r[1], r[2])
         for r in resolved.where(F.col(_CODE).isNotNull()).select(_LSN, _CODE, _MESSAGE).collect()

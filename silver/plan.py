@@ -13,9 +13,7 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-
-from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
+from typing import TYPE_CHECKING
 
 from pgmedallion.bronze.engines import DeltaRsBronze, delta_rs_unusable
 from pgmedallion.bronze.spark_table import SparkBronze, bronze_dir
@@ -23,9 +21,13 @@ from pgmedallion.bronze.store import Bronze
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.core.errors import PipelineError
+from pgmedallion.core.sparkapi import F
 from pgmedallion.silver.contract import Names
 from pgmedallion.silver.errors import ErrorRecord
 from pgmedallion.silver.write import append
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 

@@ -9,17 +9,18 @@ them out again: each such change once more, at LSN 0, with its diff negated. Row
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from pgmedallion.core.multiset import group_ids, int_column, sum_by
 from pgmedallion.core.naming import quote
+from pgmedallion.core.sparkapi import F, T
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
 
 
 def snapshot_floor(

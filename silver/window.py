@@ -18,17 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark import StorageLevel
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from pgmedallion.capture.pgoutput import MSG_COMMIT
-from pgmedallion.core import delta_rs
+from pgmedallion.core import delta_rs, sparkapi
+from pgmedallion.core.sparkapi import F
 from pgmedallion.silver.changes import RETRACT, LayoutIndex
-from pgmedallion.silver.contract import CHANGE_ARROW, CHANGE_SCHEMA
+from pgmedallion.silver.contract import CHANGE_ARROW
 from pgmedallion.silver.decode import (
     CHANGE_TYPES,
     chosen_reads,
@@ -36,6 +35,9 @@ from pgmedallion.silver.decode import (
     decoded_changes,
     message_type,
 )
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 _COMMIT = message_type(MSG_COMMIT)
 
@@ -81,7 +83,7 @@ class Window:
 
     def df(self) -> DataFrame:
         if self._df is None:
-            self._df = self.to_df().persist(StorageLevel.MEMORY_AND_DISK)
+            self._df = self.to_df().persist(sparkapi.StorageLevel.MEMORY_AND_DISK)
         return self._df
 
     def messages(self, types: tuple[str, ...]) -> list[dict]:
@@ -94,7 +96,7 @@ class Window:
         return picked.select(names).to_pylist()
 
     def decoded(self, layouts: dict[int, tuple[LayoutIndex, int]], spark) -> Decoded:
-        """Its Insert/Update/Delete messages decoded (``CHANGE_SCHEMA``)."""
+        """Its Insert/Update/Delete messages decoded (``CHANGE_ARROW``)."""
         if self.arrow is None:
             return Decoded(None, lambda: decoded_changes(self.df(), layouts), spark)
         rows = self.arrow.filter(pc.is_in(self.arrow.column("mtype"), pa.array(CHANGE_TYPES)))
@@ -123,8 +125,8 @@ class Decoded:
             if self.arrow is None:
                 frame = self.to_df()
             else:
-                frame = delta_rs.frame(self.spark, self.arrow, CHANGE_SCHEMA)
-            self._df = frame.persist(StorageLevel.MEMORY_AND_DISK)
+                frame = delta_rs.frame(self.spark, self.arrow, delta_rs.spark_types(CHANGE_ARROW))
+            self._df = frame.persist(sparkapi.StorageLevel.MEMORY_AND_DISK)
         return self._df
 
     def good(self) -> DataFrame:

@@ -10,21 +10,23 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, Observation, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
-from pgmedallion.core import deletion_vectors, delta_rs, engine
+from pgmedallion.core import deletion_vectors, delta_rs, engine, sparkapi
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.naming import COLUMN_MAPPING, quote
 from pgmedallion.core.spark import create_table
+from pgmedallion.core.sparkapi import F, T
 from pgmedallion.silver.cast_columns import CAST_ERRORS_COLUMN, cast_values
 from pgmedallion.silver.contract import Names, TableInfo
 from pgmedallion.silver.errors import ErrorRecord
 from pgmedallion.silver.kernel import cast_rows
 from pgmedallion.silver.pgtypes import pg_type_of
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 UNSETTLED_APP_SUFFIX = "-late"
 """The ``txnAppId`` suffix of a table's append of its unsettled rows. The text is the one runs
@@ -83,7 +85,7 @@ def append_diffs(
     its rows never pass through the driver, however many there are. A new column (schema
     evolution) is added by the same write."""
     app = diffs_app(source, unsettled)
-    observation = Observation(f"pgm_rows_{uuid.uuid4().hex}")
+    observation = sparkapi.Observation(f"pgm_rows_{uuid.uuid4().hex}")
     writer = (
         df.observe(observation, F.count(F.lit(1)).alias("rows"))
         .writeTo(table)
@@ -126,18 +128,20 @@ def written(spark: SparkSession, target: str, run: int, counts: list[int | None]
 def create_diff_table(
     spark: SparkSession,
     table: str,
-    schema: T.StructType,
+    schema: T.StructType | pa.Schema,
     *,
     local: tuple[str, str] | None = None,
 ) -> None:
     """A table's diffs table, with column mapping by name (any PostgreSQL name works).
     ``local``: its schema and name, for a creation by delta-rs before Spark starts
     (``delta_rs.create_unregistered``)."""
-    from delta.tables import DeltaTable
-
     if local is not None:
         if delta_rs.create_unregistered(spark, *local, schema, COLUMN_MAPPING) is not None:
             return
+    from delta.tables import DeltaTable
+
+    if isinstance(schema, pa.Schema):
+        schema = delta_rs.spark_types(schema)
 
     builder = (
         DeltaTable.createIfNotExists(spark)

@@ -11,7 +11,8 @@ import random
 
 import pyarrow as pa
 
-from pgmedallion.silver.contract import DIFF_SCHEMA
+from pgmedallion.core import delta_rs
+from pgmedallion.silver.contract import DIFF_ARROW
 from pgmedallion.silver.copy_arrow import copy_values
 from pgmedallion.silver.decode import _decode_lines
 from pgmedallion.silver.decode import decode_copy as _decode_copy
@@ -167,5 +168,5 @@ def test_the_arrow_path_decodes_what_the_reference_decodes():
 
 def test_diff_schema_is_the_output(spark):
     df = spark.createDataFrame([(1, 1, b"a\tb\n")], RECORDS)
-    assert snapshot_diffs(df, {1: (2, 2)}).schema == DIFF_SCHEMA
+    assert snapshot_diffs(df, {1: (2, 2)}).schema == delta_rs.spark_types(DIFF_ARROW)
     assert snapshot_diffs(df, {}).count() == 0

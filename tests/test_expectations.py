@@ -12,7 +12,7 @@ from pyspark.sql import Row
 from pgmedallion.core.expectations import (
     DROP,
     FAIL,
-    QUALITY_SCHEMA,
+    QUALITY_ARROW,
     WARN,
     Expectation,
     apply_expectations,
@@ -97,7 +97,7 @@ def test_decorators_stack_rules_in_order():
 
 def test_quality_counts_become_rows_of_the_shared_quality_format(spark, rows):
     """A dataset's counts land in the columns of gold's ``_quality`` (one format for both)."""
-    assert gold_reports.QUALITY_SCHEMA is QUALITY_SCHEMA
+    assert gold_reports.QUALITY_ARROW is QUALITY_ARROW
     rules = [Expectation("qty_positive", "qty > 0", WARN), Expectation("id", "id > 0", FAIL)]
     at = datetime(2026, 1, 2, 3, 4, 5)
     got = quality_rows(quality_counts(rows, "t", rules), run=7, source="shop", checked_at=at)

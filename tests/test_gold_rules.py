@@ -158,7 +158,8 @@ def item_of(table: dict, where) -> _Item:
     write_deltalake(gold_path, gold, mode="overwrite")
     t = SimpleNamespace(
         names=NAMES,
-        columns=COLUMNS,
+        columns=list(ARROW),
+        spark_columns=COLUMNS,
         key=pk or NAMES,
         keyed=bool(pk),
         info=SimpleNamespace(primary_key=pk),

@@ -84,9 +84,13 @@ def _lakehouse(db: dict, tmp_path: Path, name: str, schema: str, tables: str):
     return config, env, dict(env, JAVA_HOME=str(tmp_path / "no-java-here"))
 
 
-def _run(config: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+def _run(config: Path, env: dict, *args: str, pyspark: bool = True) -> subprocess.CompletedProcess:
+    """``pgmedallion`` with ``args``; without ``pyspark``, in a process where PySpark, Delta's
+    Spark package and py4j cannot be imported (``tests/nospark_child.py``), which fails if any
+    of them was loaded."""
+    command = ["-m", "pgmedallion.cli"] if pyspark else [str(REPO / "tests" / "nospark_child.py")]
     return subprocess.run(
-        [sys.executable, "-m", "pgmedallion.cli", "-c", str(config), *args],
+        [sys.executable, *command, "-c", str(config), *args],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -316,7 +320,7 @@ def test_a_table_of_every_kind_of_type_runs_without_spark(db, tmp_path):
     with config.open("a") as f:
         f.write('[tables."public.zoo".columns]\nprice = "double"\n')
 
-    first = _run(config, no_java, "run")
+    first = _run(config, no_java, "run", pyspark=False)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "starting Spark" not in first.stderr, first.stderr
     assert "public.zoo: snapshot of 200 rows read in the driver" in first.stderr, first.stderr
@@ -328,7 +332,7 @@ def test_a_table_of_every_kind_of_type_runs_without_spark(db, tmp_path):
         conn.execute("DELETE FROM zoo WHERE id = 3")
         # the two updates' new rows are silver's values too (the delete's is its key alone)
         expected += conn.execute(rounded + " AND id IN (1, 2)").fetchone()[0]
-    again = _run(config, no_java, "run")
+    again = _run(config, no_java, "run", pyspark=False)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "starting Spark" not in again.stderr, again.stderr
     assert "gold: public.zoo: 199 rows" in again.stdout, again.stdout

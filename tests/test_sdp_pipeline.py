@@ -9,7 +9,7 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import Row
 
-from pgmedallion.core.expectations import QUALITY_SCHEMA
+from pgmedallion.core.expectations import quality_schema
 from pgmedallion.marts.runner import run_pipeline
 from tests.conftest import STATE
 
@@ -60,7 +60,7 @@ def test_streaming_table_and_materialized_view_twice(spark):
         (1, "tiny", "event_summary", "small_value", "warn", 1, 2),
     ]
     table = _read(spark, state, "_quality")
-    assert table.schema.fieldNames() == QUALITY_SCHEMA.fieldNames()
+    assert table.schema.fieldNames() == quality_schema().fieldNames()
     assert sorted(tuple(r)[:7] for r in table.collect()) == recorded
 
     # The second run on the same state reads only the new source rows into the streaming table.
