@@ -63,6 +63,15 @@ class CatalogColumn:
     type's output text (``attmissingval``); None where it is not known here (a catalog
     recorded before capture read it, or a column a policy or the publication withholds, whose
     value must not reach bronze)."""
+    base_type_oid: int = 0
+    element_type_oid: int = 0
+    category: str = ""
+    dims: int = 0
+    domain_typmod: int = -1
+    """What the type is, as ``capture.snapshot.Column`` says it (a domain's base type and
+    modifier, an array's element type and declared dimensions): what a Relation message does
+    not carry, for a column added since the snapshot. Defaults in a catalog recorded before
+    capture read them."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +160,25 @@ class Changes:
         return "; ".join(reasons)
 
 
+BASE_TYPE_SQL = (
+    "WITH RECURSIVE chain(oid, depth) AS (SELECT {start}, 0 UNION ALL"
+    " SELECT d.typbasetype, chain.depth + 1 FROM chain JOIN pg_type d ON d.oid = chain.oid"
+    " WHERE d.typtype = 'd') SELECT oid FROM chain ORDER BY depth DESC LIMIT 1"
+)
+"""A subquery for the type ``{start}`` after following its chain of domains to the end."""
+
+DOMAIN_TYPMOD_SQL = (
+    "WITH RECURSIVE chain(oid, typmod, depth) AS (SELECT {start}, d0.typtypmod, 0"
+    " FROM pg_type d0 WHERE d0.oid = {start} UNION ALL"
+    " SELECT d.typbasetype, b.typtypmod, chain.depth + 1 FROM chain"
+    " JOIN pg_type d ON d.oid = chain.oid JOIN pg_type b ON b.oid = d.typbasetype"
+    " WHERE d.typtype = 'd' AND chain.typmod < 0)"
+    " SELECT typmod FROM chain ORDER BY depth DESC LIMIT 1"
+)
+"""A subquery for the type modifier a domain ``{start}`` declares (``numeric(10,2)``): the
+first along its chain of domains; -1 where none does."""
+
+
 def catalog_of(conn: psycopg.Connection, oids: Sequence[int]) -> dict[int, Catalog]:
     """The catalog fingerprint of each existing table among ``oids``, as ``conn`` sees it (in
     a snapshot's transaction: as of the snapshot)."""
@@ -175,8 +203,18 @@ def catalog_of(conn: psycopg.Connection, oids: Sequence[int]) -> dict[int, Catal
                 " a.attgenerated::text,"
                 # the missing value as its type's output text (the array holds one element)
                 " CASE WHEN a.atthasmissing AND NOT a.attisdropped"
-                "  THEN (a.attmissingval::text::text[])[1] END"
-                " FROM pg_attribute a WHERE a.attrelid = ANY(ARRAY[{0}]::oid[]) AND a.attnum > 0"
+                "  THEN (a.attmissingval::text::text[])[1] END,"
+                # the type as the snapshot reads it (a dropped column's type is 0: none)
+                " CASE WHEN t.typtype = 'd' THEN b.oid::int8 ELSE 0 END,"
+                " CASE WHEN b.typcategory = 'A' THEN e.oid::int8 ELSE 0 END,"
+                " coalesce(b.typcategory::text, ''), a.attndims::int,"
+                " CASE WHEN t.typtype = 'd' THEN (" + DOMAIN_TYPMOD_SQL.format(start="t.oid") + ")"
+                " ELSE -1 END"
+                " FROM pg_attribute a LEFT JOIN pg_type t ON t.oid = a.atttypid"
+                " LEFT JOIN LATERAL (" + BASE_TYPE_SQL.format(start="t.oid") + ") base ON true"
+                " LEFT JOIN pg_type b ON b.oid = base.oid"
+                " LEFT JOIN LATERAL (" + BASE_TYPE_SQL.format(start="b.typelem") + ") e ON true"
+                " WHERE a.attrelid = ANY(ARRAY[{0}]::oid[]) AND a.attnum > 0"
                 " ORDER BY a.attrelid, a.attnum"
             ).format(wanted)
         ).fetchall()

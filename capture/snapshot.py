@@ -72,7 +72,7 @@ from pgmedallion.capture.published import (
     Shape,
     check_protected_present,
 )
-from pgmedallion.capture.schema_changes import Catalog, catalog_of
+from pgmedallion.capture.schema_changes import BASE_TYPE_SQL, DOMAIN_TYPMOD_SQL, Catalog, catalog_of
 
 log = logging.getLogger(__name__)
 
@@ -308,25 +308,6 @@ def publication_tables(conn: psycopg.Connection, publication: str) -> list[Publi
     return [PublishedTable(int(oid), schema, name) for oid, schema, name in rows]
 
 
-_BASE_TYPE = (
-    "WITH RECURSIVE chain(oid, depth) AS (SELECT {start}, 0 UNION ALL"
-    " SELECT d.typbasetype, chain.depth + 1 FROM chain JOIN pg_type d ON d.oid = chain.oid"
-    " WHERE d.typtype = 'd') SELECT oid FROM chain ORDER BY depth DESC LIMIT 1"
-)
-"""A subquery for the type ``{start}`` after following its chain of domains to the end."""
-
-_DOMAIN_TYPMOD = (
-    "WITH RECURSIVE chain(oid, typmod, depth) AS (SELECT {start}, d0.typtypmod, 0"
-    " FROM pg_type d0 WHERE d0.oid = {start} UNION ALL"
-    " SELECT d.typbasetype, b.typtypmod, chain.depth + 1 FROM chain"
-    " JOIN pg_type d ON d.oid = chain.oid JOIN pg_type b ON b.oid = d.typbasetype"
-    " WHERE d.typtype = 'd' AND chain.typmod < 0)"
-    " SELECT typmod FROM chain ORDER BY depth DESC LIMIT 1"
-)
-"""A subquery for the type modifier a domain ``{start}`` declares (``numeric(10,2)``): the
-first along its chain of domains; -1 where none does."""
-
-
 def publishes_stored_generated(conn: psycopg.Connection, publication: str) -> bool:
     """Whether ``publication`` sends stored generated columns (PostgreSQL 18+)."""
     if conn.info.server_version < 180000:
@@ -366,12 +347,12 @@ def table_schema_at_snapshot(
                 " CASE WHEN t.typtype = 'd' THEN b.oid::int8 ELSE 0 END,"
                 " CASE WHEN b.typcategory = 'A' THEN e.oid::int8 ELSE 0 END,"
                 " b.typcategory::text, a.attndims::int,"
-                " CASE WHEN t.typtype = 'd' THEN (" + _DOMAIN_TYPMOD.format(start="t.oid") + ")"
+                " CASE WHEN t.typtype = 'd' THEN (" + DOMAIN_TYPMOD_SQL.format(start="t.oid") + ")"
                 " ELSE -1 END"
                 " FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
-                " CROSS JOIN LATERAL (" + _BASE_TYPE.format(start="t.oid") + ") base"
+                " CROSS JOIN LATERAL (" + BASE_TYPE_SQL.format(start="t.oid") + ") base"
                 " JOIN pg_type b ON b.oid = base.oid"
-                " CROSS JOIN LATERAL (" + _BASE_TYPE.format(start="b.typelem") + ") e"
+                " CROSS JOIN LATERAL (" + BASE_TYPE_SQL.format(start="b.typelem") + ") e"
                 " WHERE a.attrelid = {}::oid AND a.attnum > 0"
                 " AND NOT a.attisdropped ORDER BY a.attnum"
             ).format(oid_literal)

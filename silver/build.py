@@ -70,7 +70,7 @@ from pgmedallion.silver.decode import TableDiffs, message_type, table_diffs, wal
 from pgmedallion.silver.errors import ErrorRecord, SchemaIncompatible, TableTruncated
 from pgmedallion.silver.first_load import first_snapshot
 from pgmedallion.silver.identity import resolve_previous_images
-from pgmedallion.silver.pgtypes import pg_type_of, spark_type
+from pgmedallion.silver.pgtypes import arrow_type, pg_type_of, spark_type
 from pgmedallion.silver.plan import Plan, control_errors, last_frontier, plan_run, session_bronze
 from pgmedallion.silver.rewind import (
     consolidated,
@@ -348,11 +348,11 @@ def _read_relations(
     bronze = session_bronze(spark, cfg, n)
     upto = r.plan.b_to  # the window's records: a redo after a crash decides the same
     followed = bronze.followed_catalogs(sorted(r.tables), upto)
-    missing = catalog.missing_values(followed, r.tables)
+    recorded = catalog.recorded_columns(followed, r.tables)
     snapshots = bronze.snapshot_schemas(sorted(followed), upto) if followed else {}
     r.followed = catalog.followed_columns(followed, snapshots, r.tables, cfg, r.copied)
     layouts, copy_widths, errors = catalog.plan_layouts(
-        r.tables, relations, cfg, r.plan.f_from, missing, r.followed, r.new_snapshots
+        r.tables, relations, cfg, r.plan.f_from, recorded, r.followed, r.new_snapshots
     )
     for oid, f in sorted(r.followed.items()):
         if f.problem:  # a new snapshot makes it exact (see _request_resync)
@@ -673,7 +673,7 @@ def _add_columns(r: _Run, oids: list[int], paths: dict[int, str | None]) -> None
         new = [c for c in info.columns if c["name"].lower() not in have]
         if not new:
             continue
-        types = [(c["name"], spark_type(pg_type_of(c)).jsonValue()) for c in new]
+        types = [(c["name"], delta_rs.delta_type(arrow_type(pg_type_of(c)))) for c in new]
         done = deletion_vectors.alter_columns(path, types)
         if done is not None and done.added:
             log.info("silver: %s: column(s) %s added", info.qualified_name, ", ".join(done.added))

@@ -382,22 +382,22 @@ def plan_layouts(
     relations: Relations,
     cfg: Config,
     f_from: int,
-    missing: Mapping[int, Mapping[str, tuple[int, str]]] | None = None,
+    recorded: Mapping[int, Mapping[str, CatalogColumn]] | None = None,
     follow: Mapping[int, Followed] | None = None,
     rebuilt: Mapping[int, int] | None = None,
 ) -> tuple[Layouts, dict[int, tuple[int, int]], list[ErrorRecord]]:
     """Each table's Relations laid out against its columns (new columns added to the table):
     the layouts, the COPY widths (OID -> (COPY columns, silver columns)), and a
     ``SchemaIncompatible`` error for each Relation in the window silver cannot follow.
-    ``missing``: OID -> column name -> (type OID, the value rows from before the column read),
-    from capture's catalog record of the table (:func:`missing_values`); ``follow``: OID -> the
+    ``recorded``: OID -> column name -> the column as capture's newest catalog record of the
+    table says (:func:`recorded_columns`); ``follow``: OID -> the
     drops and renames since the table's snapshot (:func:`followed_columns`), applied first;
     ``rebuilt``: OID -> snapshot LSN of the tables snapshotted in this run (their changes after
     it are read again, so their Relations after it may add columns)."""
     layouts: Layouts = {}
     copy_widths: dict[int, tuple[int, int]] = {}
     errors: list[ErrorRecord] = []
-    missing = missing or {}
+    recorded = recorded or {}
     follow = follow or {}
     for oid, info in tables.items():
         copy_width = len(info.columns)
@@ -407,7 +407,7 @@ def plan_layouts(
             cfg,
             f_from,
             errors,
-            missing.get(oid, {}),
+            recorded.get(oid, {}),
             follow.get(oid),
             min(f_from, (rebuilt or {})[oid] + 1) if oid in (rebuilt or {}) else f_from,
         )
@@ -444,20 +444,20 @@ def unfollowed(
     return out
 
 
-def missing_values(
+def recorded_columns(
     followed: Mapping[int, tuple[int, dict]], tables: Mapping[int, TableInfo]
-) -> dict[int, dict[str, tuple[int, str]]]:
-    """OID -> column -> (type OID, value) of the columns added with a value for the rows
-    already there, as capture's newest catalog record since the table's snapshot says
-    (``followed``: ``Bronze.followed_catalogs``, OID -> (snapshot LSN, catalog))."""
+) -> dict[int, dict[str, CatalogColumn]]:
+    """OID -> name -> live column, as capture's newest catalog record since the table's
+    snapshot says (``followed``: ``Bronze.followed_catalogs``, OID -> (snapshot LSN,
+    catalog)): for a column added since, what the stream does not say (the value rows from
+    before it read, a domain's modifier, an array's dimensions)."""
     out = {}
     for oid, (snapshot_lsn, record) in followed.items():
         info = tables.get(oid)
         catalog = Catalog.from_record(record)
         if info is None or catalog is None or info.snapshot_lsn != snapshot_lsn:
             continue
-        types = {c.name: c.type_oid for c in catalog.columns if not c.dropped}
-        out[oid] = {name: (types[name], v) for name, v in catalog.missing_values().items()}
+        out[oid] = {c.name: c for c in catalog.columns if not c.dropped}
     return out
 
 
@@ -725,13 +725,30 @@ def _follow(info: TableInfo, f: Followed) -> None:
         }
 
 
+def _recorded_type(recorded: Mapping[str, CatalogColumn], name: str, type_oid: int) -> dict:
+    """What capture's catalog record says of the type of column ``name``, added since the
+    snapshot as ``type_oid`` (a domain's base type and modifier, an array's element type and
+    dimensions, which a Relation message does not carry); nothing where it does not know the
+    column with that type."""
+    known = recorded.get(name)
+    if known is None or known.type_oid != type_oid:
+        return {}
+    return {
+        "base_type_oid": known.base_type_oid,
+        "element_type_oid": known.element_type_oid,
+        "category": known.category,
+        "dims": known.dims,
+        "domain_typmod": known.domain_typmod,
+    }
+
+
 def _table_layouts(
     info: TableInfo,
     relations: list,
     cfg: Config,
     f_from: int,
     errors: list[ErrorRecord],
-    missing: Mapping[str, tuple[int, str]],
+    recorded: Mapping[str, CatalogColumn],
     follow: Followed | None,
     adds_from: int,
 ) -> tuple[LayoutIndex, int]:
@@ -744,7 +761,10 @@ def _table_layouts(
     entries = {c["name"]: c for c in info.columns}
 
     def target_type(col: TableColumn) -> pa.DataType:
-        entry = entries.get(col.name, {"type_oid": col.type_oid})
+        entry = entries.get(col.name) or {
+            "type_oid": col.type_oid,
+            **_recorded_type(recorded, col.name, col.type_oid),
+        }
         return arrow_type(pg_type_of(column_entry({**entry, "typmod": col.typmod})))
 
     final, rel_layouts = plan_columns(
@@ -767,9 +787,11 @@ def _table_layouts(
     for c in final:
         if c.name not in known:
             entry = _new_column(c.name, c.type_oid, c.typmod, policy)
-            type_oid, value = missing.get(c.name, (None, None))
-            if type_oid == c.type_oid:  # (capture records no value for a withheld column)
-                entry["missing"] = value
+            entry.update(_recorded_type(recorded, c.name, c.type_oid))
+            column = recorded.get(c.name)
+            if column is not None and column.type_oid == c.type_oid and column.has_missing:
+                if column.missing is not None:  # (none recorded for a withheld column)
+                    entry["missing"] = column.missing
             info.columns.append(entry)
     rel_layouts = with_fill(rel_layouts, [c.get("missing") for c in info.columns])
     index = LayoutIndex(

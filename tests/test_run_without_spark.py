@@ -337,18 +337,28 @@ def test_a_table_of_every_kind_of_type_runs_without_spark(db, tmp_path):
     assert "starting Spark" not in again.stderr, again.stderr
     assert "gold: public.zoo: 199 rows" in again.stdout, again.stdout
 
+    # Columns a migration adds while captured: pgoutput gives neither a domain's modifier nor
+    # an array's dimensions; capture's look at the catalog does.
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("ALTER TABLE zoo ADD COLUMN d2 money2, ADD COLUMN grid2 int4[][]")
+        conn.execute("UPDATE zoo SET d2 = id * 0.5, grid2 = ARRAY[[id, 1], [2, NULL]] WHERE id < 6")
+        expected += conn.execute(rounded + " AND id < 6").fetchone()[0]  # their n again
+    migrated = _run(config, no_java, "run", pyspark=False)
+    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+    assert "starting Spark" not in migrated.stderr, migrated.stderr
+    assert "gold: public.zoo: 199 rows" in migrated.stdout, migrated.stdout
+
     # a domain over numeric(10,2) keeps its scale; int4[][] is an array of arrays
     typed = _run(
         config,
         env,
         "sql",
-        "SELECT typeof(d) AS d_type, typeof(grid) AS grid_type, d, grid FROM pgm_gold.public_zoo"
-        " WHERE id = 4",
+        "SELECT typeof(d) AS d_type, typeof(grid) AS grid_type, d, grid, typeof(d2), "
+        "typeof(grid2), d2, grid2 FROM pgm_gold.public_zoo WHERE id = 4",
     )
     assert typed.returncode == 0, typed.stdout + typed.stderr
-    assert "decimal(10,2) | array<array<int>> | 1.00 | [[4, None], [-4, 3]]" in typed.stdout, (
-        typed.stdout
-    )
+    want = "decimal(10,2) | array<array<int>> | 1.00 | [[4, None], [-4, 3]] | decimal(10,2) |"
+    assert want + " array<array<int>> | 2.00 | [[4, 1], [2, None]]" in typed.stdout, typed.stdout
     adjusted = _run(
         config, env, "sql", "SELECT code, sum(count) FROM pgm_silver._adjustments GROUP BY code"
     )
