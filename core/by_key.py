@@ -65,7 +65,18 @@ def bucket(df: DataFrame, key: Sequence[str]) -> Column:
 
 def by_key(df: DataFrame, key: Sequence[str], rule: Rule, schema: T.StructType | str) -> DataFrame:
     """``rule`` applied to the rows of each bucket of keys; its rows have ``schema``."""
-    return df.groupBy(bucket(df, key).alias(BUCKET)).applyInArrow(_drop_bucket(rule), schema)
+    bucketed, names = _bucketed(df, key)
+    return bucketed.groupBy(BUCKET).applyInArrow(_drop_bucket(rule, names), schema)
+
+
+def _bucketed(df: DataFrame, key: Sequence[str]) -> tuple[DataFrame, list[str]]:
+    """``df``'s columns named by position, and each row's bucket; ``df``'s column names.
+
+    PySpark's ``applyInArrow`` names each input column by parsing its name, which fails for
+    a name such as ``back`tick`` (PostgreSQL allows any); the rule gets them back by name."""
+    names = list(df.columns)
+    cols = [F.col(quote(n)).alias(f"_pgm_c{i}") for i, n in enumerate(names)]
+    return df.select(*cols, bucket(df, key).alias(BUCKET)), names
 
 
 def cogrouped(
@@ -77,33 +88,43 @@ def cogrouped(
 ) -> DataFrame:
     """``rule(left rows, right rows)`` for each bucket of keys either side has."""
     # Both sides' key columns have the same types, so equal keys hash alike.
-    groups = [side.groupBy(bucket(side, key).alias(BUCKET)) for side in (left, right)]
-    return groups[0].cogroup(groups[1]).applyInArrow(_drop_buckets(rule), schema)
+    (lhs, left_names), (rhs, right_names) = _bucketed(left, key), _bucketed(right, key)
+    grouped = lhs.groupBy(BUCKET).cogroup(rhs.groupBy(BUCKET))
+    return grouped.applyInArrow(_drop_buckets(rule, left_names, right_names), schema)
 
 
 def mapped(df: DataFrame, rule: Rule, schema: T.StructType) -> DataFrame:
     """``rule`` applied to each batch of rows (a rule that looks at one row at a time)."""
 
+    names = list(df.columns)  # named by position on the way in (see _bucketed)
+    positional = df.select(*[F.col(quote(n)).alias(f"_pgm_c{i}") for i, n in enumerate(names)])
+
     def apply(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            yield from rule(pa.Table.from_batches([batch])).to_batches()
+            rows = pa.Table.from_batches([batch]).rename_columns(names)
+            yield from rule(rows).to_batches()
 
-    return df.mapInArrow(apply, schema)
-
-
-def _without_bucket(table: pa.Table) -> pa.Table:
-    return table.drop_columns([BUCKET]) if BUCKET in table.column_names else table
+    return positional.mapInArrow(apply, schema)
 
 
-def _drop_bucket(rule: Rule) -> Rule:
+def _without_bucket(table: pa.Table, names: list[str]) -> pa.Table:
+    """A bucket's rows with the bucket left out and their columns named again."""
+    if BUCKET in table.column_names:
+        table = table.drop_columns([BUCKET])
+    return table.rename_columns(names)
+
+
+def _drop_bucket(rule: Rule, names: list[str]) -> Rule:
     def apply(table: pa.Table) -> pa.Table:
-        return rule(_without_bucket(table))
+        return rule(_without_bucket(table, names))
 
     return apply
 
 
-def _drop_buckets(rule: Callable[[pa.Table, pa.Table], pa.Table]):
-    def apply(left: pa.Table, right: pa.Table) -> pa.Table:
-        return rule(_without_bucket(left), _without_bucket(right))
+def _drop_buckets(
+    rule: Callable[[pa.Table, pa.Table], pa.Table], left: list[str], right: list[str]
+):
+    def apply(lhs: pa.Table, rhs: pa.Table) -> pa.Table:
+        return rule(_without_bucket(lhs, left), _without_bucket(rhs, right))
 
     return apply

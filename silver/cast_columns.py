@@ -12,7 +12,7 @@ depends only on its texts.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -100,6 +100,15 @@ def plain_cast(
     ]
     cast = _Cast(values_col, tuple(columns), df.columns, plain=True)
     return _positional(df).mapInArrow(cast, T.StructType(fields))
+
+
+def plain_cast_batch(
+    values_col: str, columns: Sequence[tuple[str, PgType]], order: list[str]
+) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
+    """:func:`plain_cast`'s work on one Arrow batch whose columns are ``order`` (by position),
+    for a ``mapInArrow`` that computes that batch itself (``silver.cast_rows``: COPY records
+    decoded and cast in one pass through the Python workers)."""
+    return _Cast(values_col, tuple(columns), order, plain=True).cast
 
 
 def _positional(df: DataFrame) -> DataFrame:

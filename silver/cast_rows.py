@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,9 +27,10 @@ from pgmedallion.silver.cast_columns import (
     UNSETTLED_COLUMN,
     cast_values,
     plain_cast,
+    plain_cast_batch,
 )
 from pgmedallion.silver.contract import TableInfo
-from pgmedallion.silver.decode import TableDiffs
+from pgmedallion.silver.decode import TableDiffs, decode_copy
 from pgmedallion.silver.errors import CastError, ErrorRecord
 from pgmedallion.silver.identity import COLUMNS, KIND, ORDINAL
 from pgmedallion.silver.kernel import adjustment, cast_rows, merged_adjustments
@@ -257,7 +259,7 @@ def cast_in_one_pass(info: TableInfo, diffs: TableDiffs) -> OnePass | None:
     """
     columns = typed_columns(info)
     wal = plain_cast(cast_base(diffs.wal), "values", columns)
-    copy = plain_cast(cast_base(diffs.copy), "values", columns)
+    copy = _plain_copy(diffs, columns)
     if wal is None or copy is None:
         return None
     staged = wal.unionByName(copy, allowMissingColumns=True)
@@ -275,6 +277,25 @@ def cast_in_one_pass(info: TableInfo, diffs: TableDiffs) -> OnePass | None:
         observation,
         staged.where(F.col(UNSETTLED_COLUMN)),
     )
+
+
+def _plain_copy(diffs: TableDiffs, columns: list[tuple[str, PgType]]) -> DataFrame | None:
+    """``plain_cast(cast_base(diffs.copy))``: the snapshot's COPY records decoded
+    (``silver.decode.decode_copy``) and cast in the same ``mapInArrow``, so each batch passes
+    through Spark's Python workers once, not once to decode and again to cast."""
+    base = cast_base(diffs.copy)
+    plain = plain_cast(base, "values", columns)
+    if plain is None or diffs.records is None:
+        return plain
+    cast = plain_cast_batch("values", columns, base.columns)
+    widths = dict(diffs.widths or {})
+    decoded = ["values", "lsn", "diff", "code", "raw", "message"]  # cast_base's, in its order
+
+    def decode_and_cast(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in decode_copy(batches, widths):
+            yield cast(pa.RecordBatch.from_arrays([batch.column(n) for n in decoded], decoded))
+
+    return diffs.records.mapInArrow(decode_and_cast, plain.schema)
 
 
 def _cast_errors(info: TableInfo, typed: DataFrame) -> list[ErrorRecord]:

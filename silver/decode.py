@@ -206,6 +206,11 @@ class TableDiffs:
     """``DIFF_ARROW`` rows of the table's decoded changes (good ones only)."""
     copy: DataFrame
     """``DIFF_ARROW`` rows of its COPY records: good ones and decode errors (``code`` set)."""
+    records: DataFrame | None = None
+    """Its COPY records themselves (``table_oid, lsn, payload``), which :attr:`copy` decodes
+    (None: not known here)."""
+    widths: dict[int, tuple[int, int]] | None = None
+    """:func:`decode_copy`'s widths for :attr:`records`."""
 
     @property
     def rows(self) -> DataFrame:
@@ -218,8 +223,12 @@ def table_diffs(
     """Table ``oid``'s diff rows of a run: its decoded changes (from ``wal_good``, good rows
     only) and its COPY records (from ``copy_rows``: ``table_oid, lsn, payload``) decoded."""
     own = copy_rows.where(F.col("table_oid") == oid)
+    widths = {oid: copy_width}
     return TableDiffs(
-        wal_good.where(F.col("table_oid") == oid), snapshot_diffs(own, {oid: copy_width})
+        wal_good.where(F.col("table_oid") == oid),
+        snapshot_diffs(own, widths),
+        own.select("table_oid", "lsn", "payload"),
+        widths,
     )
 
 
