@@ -178,6 +178,23 @@ DOMAIN_TYPMOD_SQL = (
 """A subquery for the type modifier a domain ``{start}`` declares (``numeric(10,2)``): the
 first along its chain of domains; -1 where none does."""
 
+TYPE_FACTS_SQL = (
+    " CASE WHEN t.typtype = 'd' THEN b.oid::int8 ELSE 0 END,"
+    " CASE WHEN b.typcategory = 'A' THEN e.oid::int8 ELSE 0 END,"
+    " coalesce(b.typcategory::text, ''), a.attndims::int,"
+    " CASE WHEN t.typtype = 'd' THEN (" + DOMAIN_TYPMOD_SQL.format(start="t.oid") + ") ELSE -1 END"
+)
+"""What a column ``a`` of ``pg_attribute`` is, beyond its type OID and modifier (with
+:data:`TYPE_JOINS_SQL`): the base type of a domain, the element type of an array (both resolved
+through domains), the base type's category, the declared dimensions and a domain's modifier;
+``capture.snapshot.Column`` and :class:`CatalogColumn` hold them in this order."""
+TYPE_JOINS_SQL = (
+    " LEFT JOIN pg_type t ON t.oid = a.atttypid"
+    " LEFT JOIN LATERAL (" + BASE_TYPE_SQL.format(start="t.oid") + ") base ON true"
+    " LEFT JOIN pg_type b ON b.oid = base.oid"
+    " LEFT JOIN LATERAL (" + BASE_TYPE_SQL.format(start="b.typelem") + ") e ON true"
+)
+
 
 def catalog_of(conn: psycopg.Connection, oids: Sequence[int]) -> dict[int, Catalog]:
     """The catalog fingerprint of each existing table among ``oids``, as ``conn`` sees it (in
@@ -205,16 +222,10 @@ def catalog_of(conn: psycopg.Connection, oids: Sequence[int]) -> dict[int, Catal
                 " CASE WHEN a.atthasmissing AND NOT a.attisdropped"
                 "  THEN (a.attmissingval::text::text[])[1] END,"
                 # the type as the snapshot reads it (a dropped column's type is 0: none)
-                " CASE WHEN t.typtype = 'd' THEN b.oid::int8 ELSE 0 END,"
-                " CASE WHEN b.typcategory = 'A' THEN e.oid::int8 ELSE 0 END,"
-                " coalesce(b.typcategory::text, ''), a.attndims::int,"
-                " CASE WHEN t.typtype = 'd' THEN (" + DOMAIN_TYPMOD_SQL.format(start="t.oid") + ")"
-                " ELSE -1 END"
-                " FROM pg_attribute a LEFT JOIN pg_type t ON t.oid = a.atttypid"
-                " LEFT JOIN LATERAL (" + BASE_TYPE_SQL.format(start="t.oid") + ") base ON true"
-                " LEFT JOIN pg_type b ON b.oid = base.oid"
-                " LEFT JOIN LATERAL (" + BASE_TYPE_SQL.format(start="b.typelem") + ") e ON true"
-                " WHERE a.attrelid = ANY(ARRAY[{0}]::oid[]) AND a.attnum > 0"
+                + TYPE_FACTS_SQL
+                + " FROM pg_attribute a"
+                + TYPE_JOINS_SQL
+                + " WHERE a.attrelid = ANY(ARRAY[{0}]::oid[]) AND a.attnum > 0"
                 " ORDER BY a.attrelid, a.attnum"
             ).format(wanted)
         ).fetchall()

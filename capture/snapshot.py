@@ -72,7 +72,7 @@ from pgmedallion.capture.published import (
     Shape,
     check_protected_present,
 )
-from pgmedallion.capture.schema_changes import BASE_TYPE_SQL, DOMAIN_TYPMOD_SQL, Catalog, catalog_of
+from pgmedallion.capture.schema_changes import TYPE_FACTS_SQL, TYPE_JOINS_SQL, Catalog, catalog_of
 
 log = logging.getLogger(__name__)
 
@@ -343,17 +343,10 @@ def table_schema_at_snapshot(
         columns = conn.execute(
             sql.SQL(
                 "SELECT a.attname, a.atttypid::int8, a.atttypmod, a.attnotnull,"
-                " format_type(a.atttypid, a.atttypmod), " + left_out + ","
-                " CASE WHEN t.typtype = 'd' THEN b.oid::int8 ELSE 0 END,"
-                " CASE WHEN b.typcategory = 'A' THEN e.oid::int8 ELSE 0 END,"
-                " b.typcategory::text, a.attndims::int,"
-                " CASE WHEN t.typtype = 'd' THEN (" + DOMAIN_TYPMOD_SQL.format(start="t.oid") + ")"
-                " ELSE -1 END"
-                " FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
-                " CROSS JOIN LATERAL (" + BASE_TYPE_SQL.format(start="t.oid") + ") base"
-                " JOIN pg_type b ON b.oid = base.oid"
-                " CROSS JOIN LATERAL (" + BASE_TYPE_SQL.format(start="b.typelem") + ") e"
-                " WHERE a.attrelid = {}::oid AND a.attnum > 0"
+                " format_type(a.atttypid, a.atttypmod), " + left_out + "," + TYPE_FACTS_SQL
+                " FROM pg_attribute a"
+                + TYPE_JOINS_SQL
+                + " WHERE a.attrelid = {}::oid AND a.attnum > 0"
                 " AND NOT a.attisdropped ORDER BY a.attnum"
             ).format(oid_literal)
         ).fetchall()
