@@ -343,8 +343,11 @@ def table_schema_at_snapshot(
         columns = conn.execute(
             sql.SQL(
                 "SELECT a.attname, a.atttypid::int8, a.atttypmod, a.attnotnull,"
-                " format_type(a.atttypid, a.atttypmod), " + left_out + "," + TYPE_FACTS_SQL
-                " FROM pg_attribute a"
+                " format_type(a.atttypid, a.atttypmod), "
+                + left_out
+                + ","
+                + TYPE_FACTS_SQL
+                + " FROM pg_attribute a"
                 + TYPE_JOINS_SQL
                 + " WHERE a.attrelid = {}::oid AND a.attnum > 0"
                 " AND NOT a.attisdropped ORDER BY a.attnum"
