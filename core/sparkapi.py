@@ -35,7 +35,12 @@ class _Module:
         self._name = name
 
     def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):  # copy, pickle, hasattr probes: nothing to import for them
+            raise AttributeError(attr)
         return getattr(importlib.import_module(self._name), attr)
+
+    def __reduce__(self) -> tuple:
+        return (_Module, (self._name,))  # a worker function that names F or T pickles
 
     def __repr__(self) -> str:
         return f"<{self._name}, imported on first use>"

@@ -287,8 +287,8 @@ def _read_wal(
     small = _small_window(spark, cfg, n, reread_from, p.f_to, p.b_to)
     if small is None:
         return Window(None, lambda: in_spark(_bronze(spark, n, cfg.source.name)))
-    rows, path = small
-    spark_rows = lambda: in_spark(delta_rs.frame(spark, rows, delta_rs.spark_schema(path)))  # noqa: E731
+    rows, schema = small
+    spark_rows = lambda: in_spark(delta_rs.frame(spark, rows, delta_rs.spark_types(schema)))  # noqa: E731
     chosen = read_once(rows)
     if chosen.num_rows < rows.num_rows:
         log.info(
@@ -304,9 +304,9 @@ def _read_wal(
 
 def _small_window(
     spark: SparkSession, cfg: Config, n: Names, f_from: int, f_to: int, b_to: int
-) -> tuple[pa.Table, str] | None:
+) -> tuple[pa.Table, pa.Schema] | None:
     """Bronze's wal rows of ``[f_from, f_to)`` in batches up to ``b_to`` read by delta-rs (with
-    ``mtype``) and bronze's path, if bronze is local and the driver holds them (at most
+    ``mtype``) and bronze's columns, if bronze is local and the driver holds them (at most
     ``[lakehouse] driver_rows`` rows and :data:`_SMALL_WINDOW_BYTES`; None: Spark scans
     bronze)."""
     path = bronze_dir(spark, cfg)
@@ -325,8 +325,8 @@ def _small_window(
         (size,) = delta_rs.query(path, sql).to_pylist()
         if (size["b"] or 0) > _SMALL_WINDOW_BYTES:
             return None
-        rows = delta_rs.read_arrow(path, delta_rs.arrow_schema(path).names, where)
-        return with_mtype(rows), path
+        schema = delta_rs.arrow_schema(path)
+        return with_mtype(delta_rs.read_arrow(path, schema.names, where)), schema
     except Exception as exc:  # e.g. a reader feature delta-rs lacks: Spark scans bronze
         log.info("silver: bronze's window read through Spark (delta-rs: %s)", exc)
         return None

@@ -10,12 +10,19 @@ from __future__ import annotations
 import random
 
 import pyarrow as pa
+from chispa import assert_df_equality
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from pgmedallion.core import delta_rs
+from pgmedallion.silver.cast_columns import UNSETTLED_COLUMN, plain_cast
+from pgmedallion.silver.cast_rows import _plain_copy, cast_base
 from pgmedallion.silver.contract import DIFF_ARROW
 from pgmedallion.silver.copy_arrow import copy_values
-from pgmedallion.silver.decode import _decode_lines
+from pgmedallion.silver.decode import TableDiffs, _decode_lines
 from pgmedallion.silver.decode import decode_copy as _decode_copy
+from pgmedallion.silver.decode import snapshot_diffs as decode_snapshot
+from pgmedallion.silver.pgtypes import PgType
 from tests.silver_helpers import encode_copy_row, snapshot_diffs
 
 RECORDS = "table_oid bigint, lsn bigint, payload binary"
@@ -168,5 +175,42 @@ def test_the_arrow_path_decodes_what_the_reference_decodes():
 
 def test_diff_schema_is_the_output(spark):
     df = spark.createDataFrame([(1, 1, b"a\tb\n")], RECORDS)
-    assert snapshot_diffs(df, {1: (2, 2)}).schema == delta_rs.spark_types(DIFF_ARROW)
+    written = T.StructType(
+        [
+            *(T.StructField(n, T.LongType()) for n in ("table_oid", "lsn", "ordinal", "diff")),
+            T.StructField("values", T.ArrayType(T.StringType())),
+            *(T.StructField(n, T.StringType()) for n in ("code", "message", "raw")),
+        ]
+    )
+    assert delta_rs.spark_types(DIFF_ARROW) == written
+    decoded = snapshot_diffs(df, {1: (2, 2)})
+    assert decoded.schema == written
+    assert [r["values"] for r in decoded.collect()] == [["a", "b"]]
     assert snapshot_diffs(df, {}).count() == 0
+
+
+def test_copy_records_decoded_and_cast_in_one_pass_as_in_two(spark):
+    """The Spark engine decodes a snapshot's COPY records and casts them in one ``mapInArrow``
+    (``silver.cast_rows._plain_copy``): the same rows, settled or not, as decoding in one and
+    casting in another (``plain_cast`` of ``cast_base``), decode errors included."""
+    lines = [
+        b"1\tone\t1.50\n",
+        b"2\t\\N\t12.345\n",  # rounded to numeric(5,2): adjusted, so unsettled
+        b"x\tbad int\t1\n",  # a cast error: unsettled
+        b"4\tfour\t4\n5\tfive\t5.5\n",
+        b"6\ttoo few\n",  # another number of fields: a decode error
+    ]
+    records = spark.createDataFrame([(7, 0, line) for line in lines], RECORDS)
+    widths = {7: (3, 3)}
+    diffs = TableDiffs(
+        spark.createDataFrame([], delta_rs.spark_types(DIFF_ARROW)),
+        decode_snapshot(records, widths),
+        records,
+        widths,
+    )
+    columns = [("i", PgType(23)), ("t", PgType(25)), ("n", PgType(1700, (5 << 16 | 2) + 4))]
+    fused = _plain_copy(diffs, columns)
+    two = plain_cast(cast_base(diffs.copy), "values", columns)
+    assert fused.schema == two.schema
+    assert_df_equality(fused, two, ignore_row_order=True)
+    assert fused.where(F.col(UNSETTLED_COLUMN)).count() == 3
