@@ -304,10 +304,16 @@ def resolve_previous_images(
 
     by_row = identities is not None
 
-    def run(table: pa.Table) -> pa.Table:
-        return _resolve_arrow(table, names, keys, truncates, by_row)
+    # applyInArrow parses its input columns' names (``back`tick`` fails): named by position
+    order = list(combined.columns)
+    positional = combined.select(
+        *[F.col(quote(n)).alias(f"_pgm_c{i}") for i, n in enumerate(order)]
+    )
 
-    resolved = combined.groupBy(F.lit(0).alias("_pgm_group")).applyInArrow(run, schema)
+    def run(table: pa.Table) -> pa.Table:
+        return _resolve_arrow(table.rename_columns(order), names, keys, truncates, by_row)
+
+    resolved = positional.groupBy(F.lit(0).alias("_pgm_group")).applyInArrow(run, schema)
     resolved = resolved.persist(sparkapi.StorageLevel.MEMORY_AND_DISK)
     errors = [
         (r[0], r[1], r[2])
