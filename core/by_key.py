@@ -69,14 +69,20 @@ def by_key(df: DataFrame, key: Sequence[str], rule: Rule, schema: T.StructType |
     return bucketed.groupBy(BUCKET).applyInArrow(_drop_bucket(rule, names), schema)
 
 
-def _bucketed(df: DataFrame, key: Sequence[str]) -> tuple[DataFrame, list[str]]:
-    """``df``'s columns named by position, and each row's bucket; ``df``'s column names.
+def by_position(df: DataFrame, *more: Column) -> tuple[DataFrame, list[str]]:
+    """``df``'s columns named by position (and ``more``), and their names.
 
-    PySpark's ``applyInArrow`` names each input column by parsing its name, which fails for
-    a name such as ``back`tick`` (PostgreSQL allows any); the rule gets them back by name."""
+    PySpark's ``applyInArrow`` and ``mapInArrow`` name each input column by parsing its name,
+    which fails for a name such as ``back`tick`` (PostgreSQL allows any); a rule renames the
+    Arrow columns it gets back to the names."""
     names = list(df.columns)
     cols = [F.col(quote(n)).alias(f"_pgm_c{i}") for i, n in enumerate(names)]
-    return df.select(*cols, bucket(df, key).alias(BUCKET)), names
+    return df.select(*cols, *more), names
+
+
+def _bucketed(df: DataFrame, key: Sequence[str]) -> tuple[DataFrame, list[str]]:
+    """:func:`by_position`, with each row's bucket."""
+    return by_position(df, bucket(df, key).alias(BUCKET))
 
 
 def cogrouped(
@@ -96,8 +102,7 @@ def cogrouped(
 def mapped(df: DataFrame, rule: Rule, schema: T.StructType) -> DataFrame:
     """``rule`` applied to each batch of rows (a rule that looks at one row at a time)."""
 
-    names = list(df.columns)  # named by position on the way in (see _bucketed)
-    positional = df.select(*[F.col(quote(n)).alias(f"_pgm_c{i}") for i, n in enumerate(names)])
+    positional, names = by_position(df)
 
     def apply(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from pgmedallion.core import sparkapi
-from pgmedallion.core.by_key import by_key
+from pgmedallion.core.by_key import by_key, by_position
 from pgmedallion.core.multiset import MULT, consolidate, positive
 from pgmedallion.core.naming import quote
 from pgmedallion.core.sparkapi import F, T
@@ -305,10 +305,7 @@ def resolve_previous_images(
     by_row = identities is not None
 
     # applyInArrow parses its input columns' names (``back`tick`` fails): named by position
-    order = list(combined.columns)
-    positional = combined.select(
-        *[F.col(quote(n)).alias(f"_pgm_c{i}") for i, n in enumerate(order)]
-    )
+    positional, order = by_position(combined)
 
     def run(table: pa.Table) -> pa.Table:
         return _resolve_arrow(table.rename_columns(order), names, keys, truncates, by_row)
