@@ -16,3 +16,10 @@ def concurrently(fn: Callable[[Any], Any], items: list, workers: int) -> list:
         futures = [pool.submit(fn, i) for i in items]
         wait(futures)
     return [f.result() for f in futures]
+
+
+def side_by_side(*calls: Callable[[], Any], threads: bool = True) -> list:
+    """Each of ``calls``' results, in order, the calls made in threads where ``threads``: a
+    few independent small reads through Spark (each mostly waiting: a Delta snapshot, a job's
+    scheduling) then overlap."""
+    return concurrently(lambda call: call(), list(calls), len(calls) if threads else 1)

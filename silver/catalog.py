@@ -296,14 +296,21 @@ def window_messages(rows: list) -> tuple[list[tuple[int, int, bytes]], list[tupl
     return relations, truncates
 
 
-def known_relations(
-    spark: SparkSession, n: Names, source: str, run: int, window: list[tuple[int, int, bytes]]
-) -> Relations:
-    """Every Relation message of the source: those earlier runs kept and the window's."""
+def earlier_relations(
+    spark: SparkSession, n: Names, source: str, run: int
+) -> list[tuple[int, int, bytes]]:
+    """The Relation messages of the source that runs before ``run`` kept."""
     rows = delta_rs.bookkeeping_rows(
         spark, n.schema, "_relations", ["lsn", "ordinal", "payload", "run"], {"source": source}
     )
-    earlier = [(r["lsn"], r["ordinal"], bytes(r["payload"])) for r in rows if r["run"] < run]
+    return [(r["lsn"], r["ordinal"], bytes(r["payload"])) for r in rows if r["run"] < run]
+
+
+def known_relations(
+    earlier: list[tuple[int, int, bytes]], window: list[tuple[int, int, bytes]]
+) -> Relations:
+    """Every Relation message of the source: those earlier runs kept
+    (:func:`earlier_relations`) and the window's."""
     relations: Relations = defaultdict(list)
     seen = set()
     for lsn, ordinal, payload in earlier + window:

@@ -79,7 +79,7 @@ def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
         )
     # one read for both ends: a capture committing meanwhile (``run --continuous``) must not
     # give a batch window that ends past the batch holding the frontier read
-    end = session_bronze(spark, cfg, n).window_end()
+    end = session_bronze(spark, cfg, n, fresh=True).window_end()
     frontier = f_prev if end.frontier is None else max(end.frontier, f_prev)
     batch = b_prev if end.batch is None else max(end.batch, b_prev)
     if frontier == f_prev and batch == b_prev:
@@ -94,10 +94,16 @@ def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
     return Plan(run, f_prev, frontier, b_prev, batch, source_time=at)
 
 
-def session_bronze(spark: SparkSession, cfg: Config, n: Names) -> Bronze:
+def session_bronze(spark: SparkSession, cfg: Config, n: Names, *, fresh: bool = False) -> Bronze:
     """Bronze as the session's catalog has it: read by delta-rs where it is a local directory
     (its control records in milliseconds; one reader per process, so each data file is read
-    once however many runs a long-lived process makes), else through Spark."""
+    once however many runs a long-lived process makes), else through Spark.
+
+    Through Spark, a read of the control records is a job (1-2 s in a cold process), and a run
+    asks three questions of them (its window's end, its control records, the catalogs it
+    follows): the records read when the run is planned (``fresh``) answer the run's later
+    questions. They hold every batch of the run's window: bronze's batches commit in order, so
+    a batch the plan's read did not see comes after the window's last."""
     path = bronze_dir(spark, cfg)
     if delta_rs.usable(path) and delta_rs_unusable(path) is None:
         key = (path, n.bronze, cfg.source.name)
@@ -105,10 +111,17 @@ def session_bronze(spark: SparkSession, cfg: Config, n: Names) -> Bronze:
             return _READERS[key].reopen()
         _READERS[key] = DeltaRsBronze(path, n.bronze, cfg.source.name)
         return _READERS[key]
-    return SparkBronze(spark, n.bronze, cfg.source.name)
+    key = (delta_rs.application(spark), n.bronze, cfg.source.name)
+    reader = _SPARK_READERS.get(key)
+    if reader is None:
+        reader = _SPARK_READERS[key] = SparkBronze(spark, n.bronze, cfg.source.name)
+    elif fresh:
+        reader.refresh()
+    return reader
 
 
 _READERS: dict[tuple[str, str, str], DeltaRsBronze] = {}
+_SPARK_READERS: dict[tuple[str, str, str], SparkBronze] = {}
 
 
 def last_frontier(spark: SparkSession, n: Names, source: str) -> int:
