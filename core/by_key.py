@@ -21,8 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 
+from pgmedallion.core.multiset import group_ids
 from pgmedallion.core.naming import quote
 from pgmedallion.core.sparkapi import F, T
 
@@ -67,6 +69,45 @@ def by_key(df: DataFrame, key: Sequence[str], rule: Rule, schema: T.StructType |
     """``rule`` applied to the rows of each bucket of keys; its rows have ``schema``."""
     bucketed, names = _bucketed(df, key)
     return bucketed.groupBy(BUCKET).applyInArrow(_drop_bucket(rule, names), schema)
+
+
+def by_key_ranges(
+    df: DataFrame, key: Sequence[str], rule: Rule, schema: T.StructType | str, ranges: int
+) -> DataFrame:
+    """``rule`` applied to ``df``'s rows cut into ``ranges`` ranges of ``key`` (Spark samples
+    the keys for the bounds) and sorted by key within each, whole keys at a time: a range's
+    batches stream through one Python worker, and the rows of the last key of a batch wait
+    for the next (Spark's sort puts rows its equality calls equal side by side, and
+    :func:`pgmedallion.core.multiset.group_ids` groups by that equality). The result stays
+    in those ranges, each in key order where ``rule`` keeps its input's order: what a
+    clustered write wants, with no second shuffle. ``key``'s columns must be orderable (no map)."""
+    ordered = [F.col(quote(k)) for k in key]
+    ranged = df.repartitionByRange(max(1, ranges), *ordered).sortWithinPartitions(*ordered)
+    positional, names = by_position(ranged)
+
+    def apply(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        waiting = None
+        for batch in batches:
+            rows = pa.Table.from_batches([batch]).rename_columns(names)
+            if waiting is not None:
+                rows = pa.concat_tables([waiting, rows])
+            cut = _last_key_start(rows, key)
+            if cut:
+                yield from rule(rows.slice(0, cut)).to_batches()
+            waiting = rows.slice(cut)
+        if waiting is not None and waiting.num_rows:
+            yield from rule(waiting).to_batches()
+
+    return positional.mapInArrow(apply, schema)
+
+
+def _last_key_start(rows: pa.Table, key: Sequence[str]) -> int:
+    """The first row of the last key's rows in ``rows`` (sorted by ``key``; 0 when it holds
+    one key)."""
+    ids = group_ids([rows.column(k) for k in key], rows.num_rows)
+    if not len(ids):
+        return 0
+    return int(np.argmax(ids == ids[-1]))
 
 
 def by_position(df: DataFrame, *more: Column) -> tuple[DataFrame, list[str]]:

@@ -6,6 +6,7 @@ unchanged, to one bucket of keys at a time (``pgmedallion.core.by_key``), so a l
 small one are judged by one definition::
 
     diffs ──by_key(state_of)──> state ──failed_rules (SQL)──mapped(judge)──> checked
+      (a full build of a keyed table: by_key_ranges, so that its rows come out clustered)
     checked ──mapped(tallies)──sum──> counts
     checked, affected ──cogrouped(merge_operations)──> MERGE source   (increment)
     checked ──mapped(gold_rows)──> gold's rows                        (full build)
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
-from pgmedallion.core.by_key import by_key, cogrouped, mapped
+from pgmedallion.core.by_key import by_key, by_key_ranges, cogrouped, mapped
 from pgmedallion.core.naming import quote
 from pgmedallion.core.sparkapi import F, T
 from pgmedallion.gold import state
@@ -46,8 +47,15 @@ def _ordered(rule, names: Sequence[str]):
     return apply
 
 
-def state_of(diffs: DataFrame, columns: Sequence[str], key: Sequence[str], group: Sequence[str]):
-    """:func:`gold.state.state_of` by buckets of ``group`` (the key, or every column)."""
+def state_of(
+    diffs: DataFrame,
+    columns: Sequence[str],
+    key: Sequence[str],
+    group: Sequence[str],
+    ranges: int | None = None,
+):
+    """:func:`gold.state.state_of` by buckets of ``group`` (the key, or every column), or, with
+    ``ranges``, by that many ranges of ``group`` (its rows clustered for the write)."""
     schema = T.StructType(
         [
             *_fields(diffs, columns),
@@ -57,6 +65,8 @@ def state_of(diffs: DataFrame, columns: Sequence[str], key: Sequence[str], group
         ]
     )
     rule = partial(state.state_of, columns=list(columns), key=list(key))
+    if ranges is not None:
+        return by_key_ranges(diffs, group, _ordered(rule, schema.names), schema, ranges)
     return by_key(diffs, group, _ordered(rule, schema.names), schema)
 
 

@@ -58,6 +58,7 @@ class Table:
     path: str | None = None  # the gold table's local directory (delta-rs commits), if any
     silver_path: str | None = None  # the silver table's, likewise
     local: bool = False  # a small local table: its rows are read by delta-rs, see ``updates``
+    ranges: int | None = None  # a full build's key ranges (``pruning.key_ranges_of``), if any
 
     def __post_init__(self) -> None:
         self.policy = self.cfg.policy(self.info.qualified_name).on_error

@@ -82,6 +82,19 @@ def clustered(rows: DataFrame, t: Table, count: int) -> DataFrame:
     )
 
 
+def key_ranges_of(t: Table, diffs: DataFrame) -> int | None:
+    """How many key ranges a full build of ``t`` computes its state in, so that its rows come
+    out as :func:`clustered` writes them (a range per file, in key order) without shuffling
+    them again; None where they are not clustered, or where a key column is nested (Spark's
+    order of nested values with floats may part values its equality joins)."""
+    if not t.keyed or not comparable(t.columns, t.key):
+        return None
+    types = {f.name: f.type for f in t.columns}
+    if any(pa.types.is_nested(types[k]) for k in t.key):
+        return None
+    return max(1, -(-diffs.count() // ROWS_PER_FILE))
+
+
 def small(t: Table, df: DataFrame) -> DataFrame:
     """``df`` marked for a broadcast join when the run touches few keys.
 

@@ -30,7 +30,7 @@ from pgmedallion.gold.on_spark import (
     state_of,
 )
 from pgmedallion.gold.plan import Table, TableOutcome, plan
-from pgmedallion.gold.pruning import clustered, comparable, key_ranges, small
+from pgmedallion.gold.pruning import clustered, comparable, key_ranges, key_ranges_of, small
 from pgmedallion.gold.quality import NO_DEFINITE_ERRORS, VALUES_ADJUSTED, QualityRecord, row_rules
 from pgmedallion.gold.quarantine import write_quarantine
 from pgmedallion.gold.reports import count_rules, summary_record
@@ -104,11 +104,13 @@ def build_table(
     if mode == "unchanged":
         untouched = [QualityRecord(info.qualified_name, r.name, t.policy, 0, 0) for r in t.rules]
         return outcome(t, applied, mode, [errors_record, *untouched])
-    state, affected, quarantine_old, old_rows = (
-        (state_of(t.updates(None), t.names, info.primary_key, t.key), None, 0, 0)
-        if mode == "full"
-        else incremental_state(t, applied)
-    )
+    if mode == "full":
+        diffs = t.updates(None)
+        t.ranges = key_ranges_of(t, diffs)
+        state = state_of(diffs, t.names, info.primary_key, t.key, t.ranges)
+        affected, quarantine_old, old_rows = None, 0, 0
+    else:
+        state, affected, quarantine_old, old_rows = incremental_state(t, applied)
     checked = check(state, t.rules, t.policy)
     checked = (
         checked.localCheckpoint()
@@ -246,7 +248,8 @@ def _write_gold(
             return
     with tagged_commit(t.spark, meta, t.app_id, version):
         if affected is None:
-            new = clustered(gold_rows(checked, t.names), t, rows_to_gold)
+            new = gold_rows(checked, t.names)  # clustered already where t.ranges
+            new = new if t.ranges is not None else clustered(new, t, rows_to_gold)
             new.writeTo(t.gold).overwrite(F.lit(True))
         else:
             merge_gold(t, merge_operations(checked, affected, t.key, t.names))
