@@ -21,6 +21,7 @@ from pgmedallion.core.sparkapi import F, T
 from pgmedallion.gold.history import Reported
 from pgmedallion.gold.on_spark import c
 from pgmedallion.gold.plan import Table
+from pgmedallion.gold.state import DIFF
 from pgmedallion.silver.contract import TableInfo
 
 if TYPE_CHECKING:
@@ -83,7 +84,8 @@ def clustered(rows: DataFrame, t: Table, count: int) -> DataFrame:
 
 
 def key_ranges_of(t: Table, diffs: DataFrame) -> int | None:
-    """How many key ranges a full build of ``t`` computes its state in, so that its rows come
+    """How many key ranges a full build of ``t`` (its silver ``diffs``) computes its state in,
+    one per :data:`ROWS_PER_FILE` rows of the state, so that its rows come
     out as :func:`clustered` writes them (a range per file, in key order) without shuffling
     them again; None where they are not clustered, or where a key column is nested (Spark's
     order of nested values with floats may part values its equality joins)."""
@@ -92,7 +94,8 @@ def key_ranges_of(t: Table, diffs: DataFrame) -> int | None:
     types = {f.name: f.type for f in t.columns}
     if any(pa.types.is_nested(types[k]) for k in t.key):
         return None
-    return max(1, -(-diffs.count() // ROWS_PER_FILE))
+    (rows,) = diffs.agg(F.coalesce(F.sum(F.col(DIFF)), F.lit(0))).first()
+    return max(1, -(-int(rows) // ROWS_PER_FILE))  # (the diffs' sum: the rows the state holds)
 
 
 def small(t: Table, df: DataFrame) -> DataFrame:

@@ -225,7 +225,7 @@ def _request_resync(spark: SparkSession, cfg: Config, n: Names, r: _Run) -> tupl
     wanted = catalog.unfollowed(r.tables, r.layout_errors, cfg)
     if not wanted:
         return ()
-    bronze = session_bronze(spark, cfg, n)
+    bronze = session_bronze(spark, cfg, n, fresh=True)  # capture may have taken it since
     state = bronze.state()
     new = {
         oid: why

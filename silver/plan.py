@@ -50,6 +50,7 @@ class Plan:
 def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
     """The next run's plan (the planned one again after a crash), or None when nothing is new."""
     n, source = Names(cfg), cfg.source.name
+    bronze = session_bronze(spark, cfg, n, fresh=True)  # (read when first asked)
     done = delta_rs.bookkeeping_rows(
         spark, n.schema, "_progress", ["run", "frontier", "bronze_batch"], {"source": source}
     )
@@ -79,7 +80,7 @@ def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
         )
     # one read for both ends: a capture committing meanwhile (``run --continuous``) must not
     # give a batch window that ends past the batch holding the frontier read
-    end = session_bronze(spark, cfg, n, fresh=True).window_end()
+    end = bronze.window_end()
     frontier = f_prev if end.frontier is None else max(end.frontier, f_prev)
     batch = b_prev if end.batch is None else max(end.batch, b_prev)
     if frontier == f_prev and batch == b_prev:
@@ -101,9 +102,9 @@ def session_bronze(spark: SparkSession, cfg: Config, n: Names, *, fresh: bool = 
 
     Through Spark, a read of the control records is a job (1-2 s in a cold process), and a run
     asks three questions of them (its window's end, its control records, the catalogs it
-    follows): the records read when the run is planned (``fresh``) answer the run's later
-    questions. They hold every batch of the run's window: bronze's batches commit in order, so
-    a batch the plan's read did not see comes after the window's last."""
+    follows): the records read first after the run's plan asked ``fresh`` answer the run's
+    later questions about its window, which they hold. A question whose answer must be
+    current (a resync request: its batch id, what capture did meanwhile) asks ``fresh``."""
     path = bronze_dir(spark, cfg)
     if delta_rs.usable(path) and delta_rs_unusable(path) is None:
         key = (path, n.bronze, cfg.source.name)
