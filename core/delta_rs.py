@@ -120,6 +120,13 @@ def bookkeeping_rows(
     return [r.asDict() for r in df.select(*columns).collect()]
 
 
+def bookkeeping_through_spark(spark, schema: str) -> bool:
+    """Whether :func:`bookkeeping_rows` reads ``schema``'s small tables through a started
+    Spark (a job each, 0.3-2 s, mostly waiting: worth making side by side) rather than by
+    delta-rs in milliseconds."""
+    return not unstarted(spark) and schema_dir(spark, schema) is None
+
+
 def bookkeeping_columns(spark, schema: str, table: str) -> list[str]:
     """The columns of one of a layer's own small tables (see :func:`bookkeeping_rows`): a
     table made by an earlier version may lack the newest ones."""

@@ -62,7 +62,7 @@ from pgmedallion.core import delta_rs, engine
 from pgmedallion.core.config import Config
 from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.parallel import concurrently, side_by_side
-from pgmedallion.core.session import real, unstarted
+from pgmedallion.core.session import real
 from pgmedallion.core.spark import drop_table
 from pgmedallion.gold.batch import build_batched
 from pgmedallion.gold.history import (
@@ -142,9 +142,7 @@ def _read_inputs(spark: SparkSession, cfg: Config) -> _Inputs | None:
         return None
     silver_run, frontier = progress.run, progress.frontier
     ensure_report_tables(spark, cfg)
-    # Through Spark each read is a job on a small table (0.3-2 s, mostly waiting): the
-    # independent ones side by side. Local tables are read by delta-rs in milliseconds.
-    threads = not unstarted(spark) and delta_rs.schema_dir(spark, cfg.schema("silver")) is None
+    threads = delta_rs.bookkeeping_through_spark(spark, cfg.schema("silver"))
     tables, reported, existing = side_by_side(
         lambda: read_tables(spark, cfg),
         lambda: read_reported(spark, cfg),

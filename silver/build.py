@@ -54,7 +54,6 @@ from pgmedallion.core import deletion_vectors, delta_rs, engine
 from pgmedallion.core.config import Config
 from pgmedallion.core.naming import quote
 from pgmedallion.core.parallel import concurrently, side_by_side
-from pgmedallion.core.session import unstarted
 from pgmedallion.core.spark import drop_table, reshape_columns
 from pgmedallion.core.sparkapi import F, T
 from pgmedallion.silver import batch, catalog
@@ -172,9 +171,7 @@ def _run_once(spark: SparkSession, cfg: Config) -> tuple[SilverResult, bool]:
         plan.b_from,
         plan.b_to,
     )
-    # Through Spark each of these reads is a job on a small table (0.3-2 s, mostly waiting):
-    # side by side. Local tables are read by delta-rs in milliseconds.
-    threads = not unstarted(spark) and delta_rs.schema_dir(spark, n.schema) is None
+    threads = delta_rs.bookkeeping_through_spark(spark, n.schema)
     tables, dropped, relations = side_by_side(
         lambda: load_tables(spark, cfg),
         lambda: catalog.dropped_before(spark, n, source),
