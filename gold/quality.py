@@ -24,6 +24,7 @@ fails when its condition is false or NULL); the policy is the table's ``on_error
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -118,10 +119,32 @@ class GoldQualityError(PipelineError):
         self.failures = failures
         self.result = result
         parts = [
-            f"{table}: " + ", ".join(f"{r.rule} ({r.failed} failed)" for r in records)
+            f"{table}: "
+            + ", ".join(f"{r.rule} ({r.failed} failed)" for r in records)
+            + "".join(_definite_error_remedy(table, r) for r in records)
             for table, records in failures.items()
         ]
         super().__init__(
             "gold quality expectations failed (policy 'fail', the tables were not updated): "
             + "; ".join(parts)
         )
+
+
+def _definite_error_remedy(table: str, record: QualityRecord) -> str:
+    """For ``no_definite_errors``: the first error and what takes the table out of it. A
+    definite error holds the table until a new snapshot (``resync``) replaces what it broke;
+    fixing its cause first (a type override, the truncate policy) keeps it from coming back."""
+    if record.rule != NO_DEFINITE_ERRORS or not record.failed:
+        return ""
+    try:
+        first = json.loads(record.sample)[0]
+    except (ValueError, IndexError, KeyError, TypeError):
+        first = {}
+    code, message = first.get("code"), first.get("message")
+    said = f" (first: {code}: {message})" if code and message else ""
+    cause = (
+        f'; to follow truncates instead, set truncate = "delete" under [tables."{table}"] first'
+        if code == "TableTruncated"
+        else ""
+    )
+    return f"{said}; `pgmedallion resync {table}` takes the table again{cause}"

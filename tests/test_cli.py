@@ -151,6 +151,32 @@ def test_run_exits_1_naming_the_table_when_gold_quality_fails(db, tmp_path):
     assert "public.truncated" in second.stderr and "capture failed" not in second.stderr
     assert "no_definite_errors" in second.stderr
     assert "Traceback" not in second.stderr
+    # the message names the error and the way out, which works as printed
+    assert "(first: TableTruncated: public.truncated was truncated)" in second.stderr
+    assert 'set truncate = "delete" under [tables."public.truncated"]' in second.stderr
+    assert "`pgmedallion resync public.truncated` takes the table again" in second.stderr
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute("INSERT INTO truncated SELECT g, 'w' || g FROM generate_series(1, 7) g")
+    resync = subprocess.run(
+        [sys.executable, "-m", "pgmedallion.cli", "-c", str(config), "resync", "public.truncated"],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        env=env,
+        timeout=600,
+    )
+    assert resync.returncode == 0, resync.stdout + resync.stderr
+    third = run()
+    assert third.returncode == 0, third.stdout + third.stderr
+    verified = subprocess.run(
+        [sys.executable, "-m", "pgmedallion.cli", "-c", str(config), "verify"],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        env=env,
+        timeout=600,
+    )
+    assert verified.returncode == 0 and "verify: OK" in verified.stdout, verified.stdout
 
 
 def test_doctor_capture_and_status_run_without_pyspark(db, tmp_path):
