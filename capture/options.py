@@ -173,6 +173,9 @@ class CaptureResult:
     deferred: list[str] = field(default_factory=list)
     """``schema.table`` of the tables whose snapshot waited too long on open transactions and
     is left to the next run."""
+    bronze: Bronze | None = field(default=None, compare=False, repr=False)
+    """The bronze this capture read and wrote: what it read of bronze's records since its last
+    commit answers later questions without reading them again (:func:`bronze_of`)."""
 
     def then(self, more: CaptureResult) -> CaptureResult:
         """This capture followed by ``more`` (a later one of the same run)."""
@@ -185,6 +188,7 @@ class CaptureResult:
             table_errors={**self.table_errors, **more.table_errors},
             retries=self.retries + more.retries,
             deferred=sorted(set(self.deferred) | set(more.deferred)),
+            bronze=more.bronze or self.bronze,
         )
 
 

@@ -564,6 +564,7 @@ def capture_once(
         table_errors=totals.table_errors,
         retries=totals.retries,
         deferred=sorted(set(totals.deferred)),
+        bronze=bronze,
     )
 
 

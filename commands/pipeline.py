@@ -204,7 +204,9 @@ def run(
             current = bronze_batch(cfg) == before
         else:
             landed = result.capture.batches or result.capture.snapshotted
-            current = not landed and lakehouse_current(cfg, spark=spark)
+            current = not landed and lakehouse_current(
+                cfg, spark=spark, bronze=result.capture.bronze
+            )
         if current:
             log.info("nothing new since the last run: silver and gold are current")
             result.current = True
