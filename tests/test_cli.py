@@ -131,9 +131,9 @@ def test_run_exits_1_naming_the_table_when_gold_quality_fails(db, tmp_path):
     repo = Path(__file__).resolve().parent.parent
     env = dict(os.environ, TRUNCATED_PW=db["password"], PYTHONPATH=str(repo))
 
-    def run() -> subprocess.CompletedProcess:
+    def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "pgmedallion.cli", "-c", str(config), "run"],
+            [sys.executable, "-m", "pgmedallion.cli", "-c", str(config), *(args or ("run",))],
             capture_output=True,
             text=True,
             cwd=repo,
@@ -157,25 +157,11 @@ def test_run_exits_1_naming_the_table_when_gold_quality_fails(db, tmp_path):
     assert "`pgmedallion resync public.truncated` takes the table again" in second.stderr
     with psycopg.connect(**db, autocommit=True) as conn:
         conn.execute("INSERT INTO truncated SELECT g, 'w' || g FROM generate_series(1, 7) g")
-    resync = subprocess.run(
-        [sys.executable, "-m", "pgmedallion.cli", "-c", str(config), "resync", "public.truncated"],
-        capture_output=True,
-        text=True,
-        cwd=repo,
-        env=env,
-        timeout=600,
-    )
+    resync = run("resync", "public.truncated")
     assert resync.returncode == 0, resync.stdout + resync.stderr
     third = run()
     assert third.returncode == 0, third.stdout + third.stderr
-    verified = subprocess.run(
-        [sys.executable, "-m", "pgmedallion.cli", "-c", str(config), "verify"],
-        capture_output=True,
-        text=True,
-        cwd=repo,
-        env=env,
-        timeout=600,
-    )
+    verified = run("verify")
     assert verified.returncode == 0 and "verify: OK" in verified.stdout, verified.stdout
 
 
