@@ -41,7 +41,7 @@ from pgmedallion.capture.snapshot import (
     use_snapshot,
     worker_ctid_ranges,
 )
-from pgmedallion.core import engine
+from pgmedallion.core import delta_rs, engine
 from pgmedallion.core.config import Config
 from pgmedallion.core.errors import PipelineError
 from pgmedallion.core.naming import quote
@@ -55,6 +55,7 @@ from pgmedallion.silver.cast_columns import cast_values
 from pgmedallion.silver.catalog import load_tables, table_exists
 from pgmedallion.silver.contract import Names
 from pgmedallion.silver.pgtypes import pg_type_of
+from pgmedallion.silver.plan import last_frontier
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -395,24 +396,24 @@ def _cols(names: list[str]):
 
 
 def _silver_frontier(spark: SparkSession, cfg: Config) -> int:
-    row = (
-        spark.table(cfg.qualified("silver", "_progress"))
-        .where(F.col("source") == cfg.source.name)
-        .agg(F.max("frontier"))
-        .first()
-    )
-    return (row[0] if row else None) or 0
+    return last_frontier(spark, Names(cfg), cfg.source.name)
 
 
 def _gold_frontiers(spark: SparkSession, cfg: Config) -> dict[int, int]:
+    """Each table's frontier in gold's ``_frontier`` (its newest row's)."""
     try:
-        frontier = spark.table(cfg.qualified("gold", "_frontier"))
+        rows = delta_rs.bookkeeping_rows(
+            spark,
+            cfg.schema("gold"),
+            "_frontier",
+            ["table_oid", "frontier", "updated_at"],
+            {"source": cfg.source.name},
+        )
     except Exception:  # no gold run yet
         return {}
-    latest = (
-        frontier.where(F.col("source") == cfg.source.name)
-        .groupBy("table_oid")
-        .agg(F.max_by("frontier", "updated_at").alias("frontier"))
-        .collect()
-    )
-    return {r["table_oid"]: r["frontier"] for r in latest}
+    newest: dict[int, tuple] = {}
+    for r in rows:
+        at = (r["updated_at"] is not None, r["updated_at"] or 0)
+        if r["table_oid"] not in newest or at > newest[r["table_oid"]][0]:
+            newest[r["table_oid"]] = (at, r["frontier"])
+    return {oid: frontier for oid, (_, frontier) in newest.items()}

@@ -21,7 +21,6 @@ from pgmedallion.bronze.store import Bronze
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.core.errors import PipelineError
-from pgmedallion.core.sparkapi import F
 from pgmedallion.silver.contract import Names
 from pgmedallion.silver.errors import ErrorRecord
 from pgmedallion.silver.write import append
@@ -127,8 +126,8 @@ _SPARK_READERS: dict[tuple[str, str, str], SparkBronze] = {}
 
 def last_frontier(spark: SparkSession, n: Names, source: str) -> int:
     """The frontier of the source's last completed run (0: none yet)."""
-    last = spark.table(n.progress).where(F.col("source") == source).agg(F.max("frontier")).first()
-    return (last[0] if last else None) or 0
+    rows = delta_rs.bookkeeping_rows(spark, n.schema, "_progress", ["frontier"], {"source": source})
+    return max((r["frontier"] for r in rows if r["frontier"] is not None), default=0)
 
 
 def control_errors(control: list[dict], oids: list[int]) -> list[ErrorRecord]:
