@@ -109,15 +109,38 @@ def bookkeeping_rows(
     such questions). The caller's logic is the same over either engine's rows."""
     path = table_dir(schema_dir(spark, schema), table)
     if usable(path):
-        where = " AND ".join(f"{sql_names([k])} = {_literal(v)}" for k, v in equal.items())
-        sql = f"SELECT {sql_names(columns)} FROM t" + (f" WHERE {where}" if where else "")
+        sql = f"SELECT {sql_names(columns)} FROM t{_where(equal)}"
         return [{k: naive_utc(v) for k, v in row.items()} for row in query(path, sql).to_pylist()]
+    return [r.asDict() for r in _spark_rows(spark, schema, table, equal).select(*columns).collect()]
+
+
+def bookkeeping_max(
+    spark, schema: str, table: str, column: str, equal: Mapping[str, object]
+) -> object | None:
+    """The largest ``column`` of the rows :func:`bookkeeping_rows` would read (None: none),
+    computed where they are (a table with a row per run grows without end)."""
+    path = table_dir(schema_dir(spark, schema), table)
+    if usable(path):
+        sql = f"SELECT max({sql_names([column])}) AS m FROM t{_where(equal)}"
+        return query(path, sql).column("m")[0].as_py()
+    from pyspark.sql import functions as F
+
+    row = _spark_rows(spark, schema, table, equal).agg(F.max(column)).first()
+    return row[0] if row else None
+
+
+def _where(equal: Mapping[str, object]) -> str:
+    where = " AND ".join(f"{sql_names([k])} = {_literal(v)}" for k, v in equal.items())
+    return f" WHERE {where}" if where else ""
+
+
+def _spark_rows(spark, schema: str, table: str, equal: Mapping[str, object]):
     from pyspark.sql import functions as F
 
     df = spark.table(f"{schema}.`{table}`")
     for k, v in equal.items():
         df = df.where(F.col(k) == F.lit(v))
-    return [r.asDict() for r in df.select(*columns).collect()]
+    return df
 
 
 def bookkeeping_through_spark(spark, schema: str) -> bool:

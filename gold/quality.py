@@ -25,6 +25,7 @@ fails when its condition is false or NULL); the policy is the table's ``on_error
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -133,7 +134,8 @@ class GoldQualityError(PipelineError):
 def _definite_error_remedy(table: str, record: QualityRecord) -> str:
     """For ``no_definite_errors``: the first error and what takes the table out of it. A
     definite error holds the table until a new snapshot (``resync``) replaces what it broke;
-    fixing its cause first (a type override, the truncate policy) keeps it from coming back."""
+    fixing its cause first (a type override, the truncate policy) keeps it from coming back.
+    A dropped table has no way back: nothing is suggested."""
     if record.rule != NO_DEFINITE_ERRORS or not record.failed:
         return ""
     try:
@@ -141,10 +143,20 @@ def _definite_error_remedy(table: str, record: QualityRecord) -> str:
     except (ValueError, IndexError, KeyError, TypeError):
         first = {}
     code, message = first.get("code"), first.get("message")
+    if len(message or "") > MESSAGE_CHARS:
+        message = message[: MESSAGE_CHARS - 1] + "…"
     said = f" (first: {code}: {message})" if code and message else ""
-    cause = (
-        f'; to follow truncates instead, set truncate = "delete" under [tables."{table}"] first'
-        if code == "TableTruncated"
-        else ""
-    )
-    return f"{said}; `pgmedallion resync {table}` takes the table again{cause}"
+    if code == "TableDropped":
+        return said
+    policy = f'[tables."{table}"]'
+    cause = {
+        "TableTruncated": "to follow truncates from now on, set"
+        f' truncate = "delete" under {policy}; then ',
+        "CastError": "where the values do not fit the column's type, give it an override under"
+        f" {policy[:-1]}.columns]; then ",
+    }.get(code or "", "")
+    return f"{said}; {cause}`pgmedallion resync {shlex.quote(table)}` takes the table again"
+
+
+MESSAGE_CHARS = 200
+"""How much of the first error's message a failed run prints (``_errors`` holds all of it)."""

@@ -126,8 +126,8 @@ _SPARK_READERS: dict[tuple[str, str, str], SparkBronze] = {}
 
 def last_frontier(spark: SparkSession, n: Names, source: str) -> int:
     """The frontier of the source's last completed run (0: none yet)."""
-    rows = delta_rs.bookkeeping_rows(spark, n.schema, "_progress", ["frontier"], {"source": source})
-    return max((r["frontier"] for r in rows if r["frontier"] is not None), default=0)
+    last = delta_rs.bookkeeping_max(spark, n.schema, "_progress", "frontier", {"source": source})
+    return int(last or 0)
 
 
 def control_errors(control: list[dict], oids: list[int]) -> list[ErrorRecord]:
