@@ -21,7 +21,8 @@ import pyarrow.compute as pc
 
 from pgmedallion.core.naming import quote
 from pgmedallion.core.sparkapi import F, T
-from pgmedallion.silver.kernel import cast_rows
+from pgmedallion.silver.copy_arrow import as_lists
+from pgmedallion.silver.kernel import cast_columns, cast_rows
 from pgmedallion.silver.pgtypes import PgType, spark_type
 
 if TYPE_CHECKING:
@@ -104,10 +105,11 @@ def plain_cast(
 
 def plain_cast_batch(
     values_col: str, columns: Sequence[tuple[str, PgType]], order: list[str]
-) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
+) -> Callable[[pa.RecordBatch, list[pa.Array] | None], pa.RecordBatch]:
     """:func:`plain_cast`'s work on one Arrow batch whose columns are ``order`` (by position),
     for a ``mapInArrow`` that computes that batch itself (``silver.cast_rows``: COPY records
-    decoded and cast in one pass through the Python workers)."""
+    decoded and cast in one pass through the Python workers). Its second argument: the
+    values as columns (``silver.decode.copy_parts``), or None to read ``values_col``."""
     return _Cast(values_col, tuple(columns), order, plain=True).cast
 
 
@@ -141,15 +143,22 @@ class _Cast:
         for batch in batches:
             yield self.cast(batch)
 
-    def cast(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+    def cast(self, batch: pa.RecordBatch, texts: list[pa.Array] | None = None) -> pa.RecordBatch:
+        """``texts``: the values as columns (``values_col`` then left NULL but for the rows
+        that stay unsettled, filled from them; plain casts only)."""
         batch = pa.RecordBatch.from_arrays(batch.columns, names=self.order)
         values = batch.column(self.values_col)
-        rows = cast_rows(values, list(self.columns))
+        if texts is None:
+            rows = cast_rows(values, list(self.columns))
+        else:
+            rows = cast_columns(texts, list(self.columns))
         names = [name for name, _ in self.columns]
         if self.plain:
             unsettled = rows.failed.copy()
             for _, _, mask, _ in rows.adjusted:
                 unsettled |= mask
+            if texts is not None and unsettled.any():
+                values = as_lists(texts)
             kept = [batch.column(n) for n in self.order if n != self.values_col]
             arrays = [
                 *kept,

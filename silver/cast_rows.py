@@ -30,7 +30,7 @@ from pgmedallion.silver.cast_columns import (
     plain_cast_batch,
 )
 from pgmedallion.silver.contract import TableInfo
-from pgmedallion.silver.decode import TableDiffs, decode_copy
+from pgmedallion.silver.decode import TableDiffs, copy_parts
 from pgmedallion.silver.errors import CastError, ErrorRecord
 from pgmedallion.silver.identity import COLUMNS, KIND, ORDINAL
 from pgmedallion.silver.kernel import adjustment, cast_rows, merged_adjustments
@@ -281,8 +281,9 @@ def cast_in_one_pass(info: TableInfo, diffs: TableDiffs) -> OnePass | None:
 
 def _plain_copy(diffs: TableDiffs, columns: list[tuple[str, PgType]]) -> DataFrame | None:
     """``plain_cast(cast_base(diffs.copy))``: the snapshot's COPY records decoded
-    (``silver.decode.decode_copy``) and cast in the same ``mapInArrow``, so each batch passes
-    through Spark's Python workers once, not once to decode and again to cast."""
+    (``silver.decode.copy_parts``) and cast in the same ``mapInArrow``, so each batch passes
+    through Spark's Python workers once, not once to decode and again to cast, and the decoded
+    columns go to the cast as they are (a row's values as a list only when it is unsettled)."""
     base = cast_base(diffs.copy)
     plain = plain_cast(base, "values", columns)
     if plain is None or diffs.records is None:
@@ -292,8 +293,10 @@ def _plain_copy(diffs: TableDiffs, columns: list[tuple[str, PgType]]) -> DataFra
     decoded = ["values", "lsn", "diff", "code", "raw", "message"]  # cast_base's, in its order
 
     def decode_and_cast(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in decode_copy(batches, widths):
-            yield cast(pa.RecordBatch.from_arrays([batch.column(n) for n in decoded], decoded))
+        for batch in batches:
+            for part, texts in copy_parts(batch, widths):
+                rows = pa.RecordBatch.from_arrays([part.column(n) for n in decoded], decoded)
+                yield cast(rows, texts)
 
     return diffs.records.mapInArrow(decode_and_cast, plain.schema)
 

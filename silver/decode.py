@@ -31,7 +31,7 @@ from pgmedallion.core.by_key import by_key
 from pgmedallion.core.sparkapi import F
 from pgmedallion.silver.changes import LayoutIndex, change_diffs
 from pgmedallion.silver.contract import CHANGE_ARROW, DIFF_ARROW
-from pgmedallion.silver.copy_arrow import copy_values
+from pgmedallion.silver.copy_arrow import as_lists, copy_columns
 from pgmedallion.silver.errors import InvalidCopyInput, SilverError
 
 if TYPE_CHECKING:
@@ -117,49 +117,56 @@ def decode_copy(
     batches: Iterator[pa.RecordBatch], widths: dict[int, tuple[int, int]]
 ) -> Iterator[pa.RecordBatch]:
     """Worker body: COPY TEXT records (``table_oid, lsn, payload``) -> ``(values, +1)`` at LSN
-    0, or error rows. A payload is a chunk of rows or one row, each ended by a newline.
-
-    Each table's payloads of a batch are decoded over Arrow (:func:`silver.copy_arrow.
-    copy_values`); where that leaves them (a payload not UTF-8, a line not valid COPY TEXT or
-    of another number of fields), line by line by the reference decoder, which names each
-    line's error."""
+    0, or error rows (:func:`copy_parts`, each part's values as ``list<string>``)."""
     for batch in batches:
-        oids = batch.column("table_oid")
-        parts = []
-        for oid in pc.unique(oids).to_pylist():
-            if oid not in widths:
-                continue
-            own = batch.filter(pc.equal(oids, oid))
-            copy_width, width = widths[oid]
-            values = copy_values(own.column("payload"), copy_width) if copy_width else None
-            if values is None:
-                parts.append(_decode_lines(own, oid, copy_width, width))
-                continue
-            if width > copy_width:
-                values = _padded(values, width - copy_width)
-            n = len(values)
-            nulls = pa.nulls(n, pa.string())
-            parts.append(
-                pa.RecordBatch.from_arrays(
-                    [
-                        pa.array(np.full(n, oid, np.int64)),
-                        pa.array(np.zeros(n, np.int64)),
-                        pa.nulls(n, pa.int64()),
-                        pa.array(np.ones(n, np.int64)),
-                        values,
-                        nulls,
-                        nulls,
-                        nulls,
-                    ],
-                    schema=DIFF_ARROW,
+        for part, texts in copy_parts(batch, widths):
+            if texts is not None:
+                part = part.set_column(
+                    part.schema.get_field_index("values"), "values", as_lists(texts)
                 )
-            )
-        yield from parts
+            yield part
 
 
-def _padded(values: pa.Array, extra: int) -> pa.Array:
-    """Each row's values followed by ``extra`` NULLs (columns the COPY rows do not hold)."""
-    return pa.array([v + [None] * extra for v in values.to_pylist()], values.type)
+def copy_parts(
+    batch: pa.RecordBatch, widths: dict[int, tuple[int, int]]
+) -> Iterator[tuple[pa.RecordBatch, list[pa.Array] | None]]:
+    """A batch of COPY TEXT records (``table_oid, lsn, payload``; a payload is a chunk of rows
+    or one row, each ended by a newline) -> per table of ``widths``, its diff rows
+    (``DIFF_ARROW``) and the columns of their values (padded with NULL columns up to the
+    silver table's width).
+
+    Each table's payloads are decoded over Arrow (:func:`silver.copy_arrow.copy_columns`):
+    every row ``(texts, +1)`` at LSN 0, its ``values`` left NULL for the caller to fill from
+    the columns it returns. Where that leaves them (a payload not UTF-8, a line not valid COPY
+    TEXT or of another number of fields), they are decoded line by line by the reference
+    decoder, which names each line's error; the columns are then None."""
+    oids = batch.column("table_oid")
+    for oid in pc.unique(oids).to_pylist():
+        if oid not in widths:
+            continue
+        own = batch.filter(pc.equal(oids, oid))
+        copy_width, width = widths[oid]
+        texts = copy_columns(own.column("payload"), copy_width) if copy_width else None
+        if texts is None:
+            yield _decode_lines(own, oid, copy_width, width), None
+            continue
+        n = len(texts[0])
+        texts += [pa.nulls(n, pa.string())] * (width - copy_width)
+        nulls = pa.nulls(n, pa.string())
+        rows = pa.RecordBatch.from_arrays(
+            [
+                pa.array(np.full(n, oid, np.int64)),
+                pa.array(np.zeros(n, np.int64)),
+                pa.nulls(n, pa.int64()),
+                pa.array(np.ones(n, np.int64)),
+                pa.nulls(n, DIFF_ARROW.field("values").type),
+                nulls,
+                nulls,
+                nulls,
+            ],
+            schema=DIFF_ARROW,
+        )
+        yield rows, texts
 
 
 def _decode_lines(records: pa.RecordBatch, oid: int, copy_width: int, width: int) -> pa.RecordBatch:

@@ -38,9 +38,9 @@ from pgmedallion.core.failpoints import failpoint
 from pgmedallion.core.parallel import concurrently
 from pgmedallion.silver.cast_rows import typed_columns
 from pgmedallion.silver.contract import TableInfo
-from pgmedallion.silver.copy_arrow import copy_values
+from pgmedallion.silver.copy_arrow import copy_columns
 from pgmedallion.silver.errors import CastError, ErrorRecord
-from pgmedallion.silver.kernel import Rows, cast_rows, merged_adjustments
+from pgmedallion.silver.kernel import Rows, cast_columns, merged_adjustments
 from pgmedallion.silver.pgtypes import arrow_type
 from pgmedallion.silver.rewind import consolidated_rows, distinct_snapshot
 from pgmedallion.silver.write import create_diff_table, diffs_app
@@ -63,12 +63,12 @@ def _halves(payloads: pa.Array) -> list[pa.Array]:
 
 
 def _typed(payloads: pa.Array, width: int, columns) -> Rows | None:
-    """The rows of ``payloads`` decoded (:func:`copy_values`) and cast
-    (``silver.kernel.cast_rows``); None when a line needs the per-table path."""
-    values = copy_values(payloads, width)
-    if values is None:
+    """The rows of ``payloads`` decoded (:func:`copy_columns`) and cast
+    (``silver.kernel.cast_columns``); None when a line needs the per-table path."""
+    texts = copy_columns(payloads, width)
+    if texts is None:
         return None
-    return cast_rows(values, columns)
+    return cast_columns(texts, columns)
 
 
 @dataclass

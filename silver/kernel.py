@@ -822,24 +822,40 @@ def cast_rows(values: pa.Array, columns: list[tuple[str, PgType]]) -> Rows:
     short = sizes < len(columns)
     if n and short.any():  # a short row's values padded with NULLs (its missing ones fail)
         values = _padded(values, short, len(columns))
-    failed = short.copy()
     found: list[tuple[int, int, str | None, str]] = []
     for position in np.flatnonzero(short).tolist():
         have = max(int(sizes[position]), 0)
         found += [
             (position, p, None, f"no value at position {p}") for p in range(have, len(columns))
         ]
+    texts = [
+        pc.list_element(values, p) if n else pa.array([], pa.string()) for p in range(len(columns))
+    ]
+    return cast_columns(texts, columns, short, found)
+
+
+def cast_columns(
+    texts: list[pa.Array],
+    columns: list[tuple[str, PgType]],
+    failed: np.ndarray | None = None,
+    found: list[tuple[int, int, str | None, str]] | None = None,
+) -> Rows:
+    """``texts`` (one ``string`` array per column, in the table's column order, all of one
+    length) cast by each column's :func:`kernel`; ``failed`` and ``found``: rows that failed
+    already and their ``(row, position, raw, message)`` errors."""
+    n = len(texts[0]) if texts else 0
+    failed = np.zeros(n, bool) if failed is None else failed.copy()
+    found = list(found or [])
     typed: list[pa.Array] = []
     adjusted = []
     for p, (name, t) in enumerate(columns):
-        texts = pc.list_element(values, p) if n else pa.array([], pa.string())
-        cast = kernel(t)(texts)
+        cast = kernel(t)(texts[p])
         typed.append(cast.values)
         bad = cast.failed()
         if bad.any():
             failed |= bad
             rows = np.flatnonzero(bad)
-            raws = texts.take(pa.array(rows)).to_pylist()
+            raws = texts[p].take(pa.array(rows)).to_pylist()
             messages = cast.errors.take(pa.array(rows)).to_pylist()
             found += [
                 (r, p, raw, m) for r, raw, m in zip(rows.tolist(), raws, messages, strict=True)
@@ -847,7 +863,7 @@ def cast_rows(values: pa.Array, columns: list[tuple[str, PgType]]) -> Rows:
         if cast.adjusted is not None:
             mask = cast.adjusted.to_numpy(zero_copy_only=False)
             if mask.any():
-                adjusted.append((name, cast_code(t), mask, texts))
+                adjusted.append((name, cast_code(t), mask, texts[p]))
     found.sort(key=lambda e: (e[0], e[1]))
     names = [name for name, _ in columns]
     errors = [(row, names[p], raw, message) for row, p, raw, message in found]

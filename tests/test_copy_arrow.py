@@ -11,14 +11,17 @@ import random
 
 import pyarrow as pa
 from chispa import assert_df_equality
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pgmedallion.capture.copy_text import CopyDecodeError, decode_copy_row
 from pgmedallion.core import delta_rs
 from pgmedallion.silver.cast_columns import UNSETTLED_COLUMN, plain_cast
 from pgmedallion.silver.cast_rows import _plain_copy, cast_base
 from pgmedallion.silver.contract import DIFF_ARROW
-from pgmedallion.silver.copy_arrow import copy_values
+from pgmedallion.silver.copy_arrow import copy_columns, copy_values
 from pgmedallion.silver.decode import TableDiffs, _decode_lines
 from pgmedallion.silver.decode import decode_copy as _decode_copy
 from pgmedallion.silver.decode import snapshot_diffs as decode_snapshot
@@ -214,3 +217,35 @@ def test_copy_records_decoded_and_cast_in_one_pass_as_in_two(spark):
     assert fused.schema == two.schema
     assert_df_equality(fused, two, ignore_row_order=True)
     assert fused.where(F.col(UNSETTLED_COLUMN)).count() == 3
+
+
+BYTES = [b"a", b"N", b"\\", b"\t", b"\r", b"x", b"0", b"7", b"\xc3\xa9", b"\xc3", b"\xff", b"."]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    lines=st.lists(st.lists(st.sampled_from(BYTES), max_size=8).map(b"".join), max_size=10),
+    width=st.integers(1, 3),
+    cut=st.integers(0, 10),
+)
+def test_the_column_decoder_is_the_reference_line_by_line(lines, width, cut):
+    """``copy_columns`` over any bytes (escapes of every kind, raw carriage returns, empty lines,
+    invalid UTF-8, lines of other widths), in payloads cut anywhere between lines: each row's
+    values are the reference decoder's for its line, in order; None only where the reference
+    rejects a line or the line holds what the CSV reader reads otherwise (a raw carriage
+    return, an empty line of a table of several columns)."""
+    payloads = pa.array(
+        [b"".join(line + b"\n" for line in chunk) for chunk in (lines[:cut], lines[cut:])],
+        pa.binary(),
+    )
+    got = copy_columns(payloads, width)
+    try:
+        want = [decode_copy_row(line, width) for line in lines]
+    except CopyDecodeError:
+        assert got is None
+        return
+    if got is None:
+        assert any(b"\r" in line or (width > 1 and line == b"") for line in lines)
+        return
+    assert [list(row) for row in zip(*(c.to_pylist() for c in got), strict=True)] == want
+    assert len(got) == width and all(len(c) == len(lines) for c in got)
