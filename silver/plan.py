@@ -21,6 +21,7 @@ from pgmedallion.bronze.store import Bronze
 from pgmedallion.core import delta_rs
 from pgmedallion.core.config import Config
 from pgmedallion.core.errors import PipelineError
+from pgmedallion.core.parallel import side_by_side
 from pgmedallion.silver.contract import Names
 from pgmedallion.silver.errors import ErrorRecord
 from pgmedallion.silver.write import append
@@ -50,8 +51,14 @@ def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
     """The next run's plan (the planned one again after a crash), or None when nothing is new."""
     n, source = Names(cfg), cfg.source.name
     bronze = session_bronze(spark, cfg, n, fresh=True)  # (read when first asked)
-    done = delta_rs.bookkeeping_rows(
-        spark, n.schema, "_progress", ["run", "frontier", "bronze_batch"], {"source": source}
+    # bronze's end and silver's progress side by side where each is a Spark job (silver's own
+    # table: only this run writes it; the end is not used when a planned run is redone)
+    done, end = side_by_side(
+        lambda: delta_rs.bookkeeping_rows(
+            spark, n.schema, "_progress", ["run", "frontier", "bronze_batch"], {"source": source}
+        ),
+        bronze.window_end,
+        threads=delta_rs.bookkeeping_through_spark(spark, n.schema),
     )
     last = max(done, key=lambda r: r["run"]) if done else None
     last_run, f_prev, b_prev = (
@@ -77,9 +84,8 @@ def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
             redo=True,
             source_time=p["source_time"],
         )
-    # one read for both ends: a capture committing meanwhile (``run --continuous``) must not
-    # give a batch window that ends past the batch holding the frontier read
-    end = bronze.window_end()
+    # one read for both ends (``end``): a capture committing meanwhile (``run --continuous``)
+    # must not give a batch window that ends past the batch holding the frontier read
     frontier = f_prev if end.frontier is None else max(end.frontier, f_prev)
     batch = b_prev if end.batch is None else max(end.batch, b_prev)
     if frontier == f_prev and batch == b_prev:
