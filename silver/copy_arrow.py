@@ -140,13 +140,6 @@ def _unescaped_columns(columns: list[pa.Array], width: int) -> list[pa.Array] | 
     return out
 
 
-def copy_values(payloads: pa.Array, width: int) -> pa.Array | None:
-    """:func:`copy_columns` as one ``list<string>`` of ``width`` values per row (the form of a
-    change's values, for the paths that cast both together)."""
-    columns = copy_columns(payloads, width)
-    return None if columns is None else as_lists(columns)
-
-
 def as_lists(columns: list[pa.Array]) -> pa.Array:
     """Columns of equal length -> one ``list<string>`` per row of their values."""
     width = len(columns)

@@ -8,6 +8,7 @@ from pyspark.sql import DataFrame
 
 from pgmedallion.capture.copy_text import DELIMITER, NULL_MARKER
 from pgmedallion.silver import decode
+from pgmedallion.silver.copy_arrow import as_lists, copy_columns
 
 
 def snapshot_diffs(copy_rows: DataFrame, copy_widths: dict[int, tuple[int, int]]) -> DataFrame:
@@ -38,3 +39,10 @@ def encode_copy_field(value: str | None) -> str:
 def encode_copy_row(values: Iterable[str | None]) -> bytes:
     """One row as PostgreSQL's COPY TO writes it, newline included."""
     return (DELIMITER.join(map(encode_copy_field, values)) + "\n").encode()
+
+
+def copy_values(payloads, width: int):
+    """``silver.copy_arrow.copy_columns`` as one ``list<string>`` of values per row (None where
+    it leaves the payloads to the reference decoder)."""
+    columns = copy_columns(payloads, width)
+    return None if columns is None else as_lists(columns)

@@ -21,12 +21,12 @@ from pgmedallion.core import delta_rs
 from pgmedallion.silver.cast_columns import UNSETTLED_COLUMN, plain_cast
 from pgmedallion.silver.cast_rows import _plain_copy, cast_base
 from pgmedallion.silver.contract import DIFF_ARROW
-from pgmedallion.silver.copy_arrow import copy_columns, copy_values
+from pgmedallion.silver.copy_arrow import copy_columns
 from pgmedallion.silver.decode import TableDiffs, _decode_lines
 from pgmedallion.silver.decode import decode_copy as _decode_copy
 from pgmedallion.silver.decode import snapshot_diffs as decode_snapshot
 from pgmedallion.silver.pgtypes import PgType
-from tests.silver_helpers import encode_copy_row, snapshot_diffs
+from tests.silver_helpers import copy_values, encode_copy_row, snapshot_diffs
 
 RECORDS = "table_oid bigint, lsn bigint, payload binary"
 

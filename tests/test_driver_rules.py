@@ -18,8 +18,8 @@ from pgmedallion.capture.copy_text import CopyDecodeError, decode_copy_row
 from pgmedallion.core.delta_rs import frame
 from pgmedallion.gold.on_spark import failed_rules
 from pgmedallion.gold.quality import row_rules
-from pgmedallion.silver.copy_arrow import copy_values
 from pgmedallion.silver.rewind import consolidated, consolidated_rows
+from tests.silver_helpers import copy_values
 
 SCHEMA = T.StructType(
     [
@@ -179,7 +179,7 @@ LINE = st.lists(FIELD, min_size=3, max_size=3).map("\t".join)
 @settings(max_examples=300, deadline=None)
 @given(lines=st.lists(LINE, max_size=12), cut=st.integers(0, 12))
 def test_the_drivers_copy_decoding_is_the_reference_decoders(lines, cut):
-    """``silver.copy_arrow.copy_values`` reads COPY TEXT lines as ``decode_copy_row`` does (the
+    """``silver.copy_arrow.copy_columns`` reads COPY TEXT lines as ``decode_copy_row`` does (the
     rows in any order: a multiset), whatever chunks the payloads cut them into; where the
     reference decoder rejects a line (``\\.``), the per-table path takes the table (None)."""
     chunks = [lines[:cut], lines[cut:]]
