@@ -50,6 +50,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pgmedallion.core import delta_rs
+from pgmedallion.core.naming import STATS_COLUMNS, parse_stats_columns, plain, stats_columns
 from pgmedallion.core.parallel import concurrently
 
 MAGIC = 1681511377
@@ -667,13 +668,16 @@ def alter_columns(
     - ``renames`` (old -> new): the logical name changes, only while the old name is there and
       the new one is not;
     - ``drops``: the columns there leave the schema;
+    - the statistics columns (``delta.dataSkippingStatsColumns``) follow both, as Spark's do
+      (a column renamed to a name that needs quoting leaves them: Delta 4.x writes such a name
+      back unquoted when it drops another column, and then cannot read the property);
     - ``add`` (``(name, Delta's JSON type)``): nullable, last or ``before`` the column of that
       name, each a new id (``delta.columnMapping.maxColumnId`` + 1) and physical name; a name
       the table has is left alone (in another case: refused, Spark's names ignore case).
 
     So a call repeated after a crash does what is left. None, with nothing written, where this
     cannot: a table not mapped by name, partitioned or with CHECK constraints, generated
-    columns, statistics columns or clustering (rules a rename or drop must keep), an added
+    columns or clustering (rules a rename or drop must keep), an added
     type with fields of its own or a ``timestamp_ntz`` the protocol does not list, or another
     writer committing first: the caller goes to Spark."""
     table = delta_rs.open_table(path)
@@ -828,12 +832,16 @@ def _altered(
         config.get("delta.columnMapping.mode") != "name"
         or metadata.partition_columns
         or any(k.startswith("delta.constraints.") for k in config)
-        or "delta.dataSkippingStatsColumns" in config
         or "delta.generationExpression" in text
         or "delta.invariants" in text
         or {"clustering", "domainMetadata"} & set(protocol.writer_features or ())
     ):
         return None
+    listed = None
+    if STATS_COLUMNS in config:
+        listed = parse_stats_columns(config[STATS_COLUMNS])
+        if listed is None:
+            return None
     schema = json.loads(text)
     fields = schema["fields"]
     done = Altered([], [], [])
@@ -874,6 +882,12 @@ def _altered(
         added.append(field)
         done.added.append(name)
     config["delta.columnMapping.maxColumnId"] = str(most)
+    if listed is not None:  # the statistics columns follow renames and drops, as Spark's do
+        renamed = {old.lower(): new for old, new in renames.items() if old in done.renamed}
+        gone = {d.lower() for d in done.dropped}
+        gone |= {old for old, new in renamed.items() if not plain(new)}  # would need quoting
+        listed = [renamed.get(c.lower(), c) for c in listed if c.lower() not in gone]
+        config[STATS_COLUMNS] = stats_columns(listed)
     action = {
         "id": metadata.id,
         "format": {"provider": "parquet", "options": {}},
@@ -1044,9 +1058,12 @@ def _checkpoint(log_dir: Path, version: int) -> tuple[int, list[Path]] | None:
 
 def _write_file(root: Path, layout: _Layout, rows: pa.Table, now: int) -> tuple[dict, Path]:
     """``rows`` as a new Parquet file of the table (physical column names, field ids) and its
-    ``add`` action with statistics (row count, NULL counts, integer bounds)."""
+    ``add`` action with statistics (row count; NULL counts and integer bounds of the columns
+    ``delta.dataSkippingStatsColumns`` lists, or of every column without it)."""
     fields, arrays = [], []
     stats = {"numRecords": rows.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
+    listed = parse_stats_columns(layout.configuration.get(STATS_COLUMNS, "")) or None
+    kept = None if listed is None else {c.lower() for c in listed}
     for f in layout.schema:
         column = rows.column(f.name).cast(f.type)
         p = layout.physical[f.name]
@@ -1055,7 +1072,7 @@ def _write_file(root: Path, layout: _Layout, rows: pa.Table, now: int) -> tuple[
             meta[b"PARQUET:field_id"] = str(layout.field_ids[f.name]).encode()
         fields.append(pa.field(p, f.type, True, meta or None))
         arrays.append(column)
-        if pa.types.is_nested(f.type):
+        if pa.types.is_nested(f.type) or (kept is not None and f.name.lower() not in kept):
             continue
         stats["nullCount"][p] = column.null_count
         if pa.types.is_integer(f.type) and column.null_count < len(column):

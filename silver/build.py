@@ -859,7 +859,7 @@ def table_run(
     data = data_columns(info)
     settled = consolidated(_rewound(info, one.rows, one.wal_rows), data, run, distinct=distinct)
     if not exists:
-        create_diff_table(spark, target, settled.schema)
+        create_diff_table(spark, target, settled.schema, info.primary_key)
     counts = [append_diffs(settled, target, cfg.source.name, run)]
     unsettled = one.finish(observed=counts[0] is not None)
     if unsettled is None:
@@ -930,7 +930,7 @@ def _table_run_whole(
     rewound = truncated(_rewound(info, ok, ok), data, truncates, earlier)
     out = consolidated(rewound, data, run, distinct=distinct)
     if not exists:
-        create_diff_table(spark, target, out.schema)
+        create_diff_table(spark, target, out.schema, info.primary_key)
     count = written(spark, target, run, [append_diffs(out, target, cfg.source.name, run)])
     cast.unpersist()
     return count, errors, cast.adjusted

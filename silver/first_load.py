@@ -173,7 +173,9 @@ def first_snapshot(
         ready = [piece_rows(pieces[0])]  # the first piece before the table is made
     except _PerTable:
         return None
-    create_diff_table(spark, target, diff_schema(info), local=(silver, info.silver_table))
+    create_diff_table(
+        spark, target, diff_schema(info), info.primary_key, local=(silver, info.silver_table)
+    )
     dt = delta_rs.open_table(path)
     app = diffs_app(source)
     if delta_rs.done(dt, app, run):

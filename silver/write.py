@@ -9,6 +9,7 @@ rows (see ``silver/__init__.py``) go in a second append of the run under their o
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,7 @@ import pyarrow as pa
 
 from pgmedallion.core import deletion_vectors, delta_rs, engine, sparkapi
 from pgmedallion.core.failpoints import failpoint
-from pgmedallion.core.naming import COLUMN_MAPPING, quote
+from pgmedallion.core.naming import COLUMN_MAPPING, STATS_COLUMNS, plain, quote, stats_columns
 from pgmedallion.core.spark import create_table
 from pgmedallion.core.sparkapi import F, T
 from pgmedallion.silver.cast_columns import CAST_ERRORS_COLUMN, cast_values
@@ -129,29 +130,56 @@ def create_diff_table(
     spark: SparkSession,
     table: str,
     schema: T.StructType | pa.Schema,
+    keys: Sequence[str] = (),
     *,
     local: tuple[str, str] | None = None,
 ) -> None:
-    """A table's diffs table, with column mapping by name (any PostgreSQL name works).
-    ``local``: its schema and name, for a creation by delta-rs before Spark starts
+    """A table's diffs table, with column mapping by name (any PostgreSQL name works) and file
+    statistics for ``keys`` (its primary key), ``_lsn`` and ``_run`` only: readers skip files
+    by run and LSN; statistics of every column cost a Spark-engine first load a fifth of its
+    write. ``local``: its schema and name, for a creation by delta-rs before Spark starts
     (``delta_rs.create_unregistered``)."""
+    kept = [c for c in dict.fromkeys([*keys, "_lsn", "_run"]) if _bounded(schema, c)]
+    properties = {**COLUMN_MAPPING, STATS_COLUMNS: stats_columns(kept)}
     if local is not None:
-        if delta_rs.create_unregistered(spark, *local, schema, COLUMN_MAPPING) is not None:
+        if delta_rs.create_unregistered(spark, *local, schema, properties) is not None:
             return
     from delta.tables import DeltaTable
 
     if isinstance(schema, pa.Schema):
         schema = delta_rs.spark_types(schema)
 
-    builder = (
-        DeltaTable.createIfNotExists(spark)
-        .tableName(table)
-        .addColumns(schema)
-        .property("delta.columnMapping.mode", "name")
-        .property("delta.minReaderVersion", "2")
-        .property("delta.minWriterVersion", "5")
-    )
+    builder = DeltaTable.createIfNotExists(spark).tableName(table).addColumns(schema)
+    for key, value in properties.items():
+        builder = builder.property(key, value)
     create_table(spark, builder.execute)
+
+
+def _bounded(schema: T.StructType | pa.Schema, name: str) -> bool:
+    """Whether Delta keeps bounds for column ``name`` of ``schema`` (numbers, strings, dates
+    and times; it refuses a statistics column of any other type) and whose name needs no
+    quoting there (see :func:`pgmedallion.core.naming.plain`)."""
+    if not plain(name):
+        return False
+    if isinstance(schema, pa.Schema):
+        if schema.get_field_index(name) < 0:
+            return False
+        t = schema.field(name).type
+        return (
+            pa.types.is_integer(t)
+            or pa.types.is_floating(t)
+            or pa.types.is_decimal(t)
+            or pa.types.is_string(t)
+            or pa.types.is_large_string(t)
+            or pa.types.is_date(t)
+            or pa.types.is_timestamp(t)
+        )
+    if name not in schema.fieldNames():
+        return False
+    return isinstance(
+        schema[name].dataType,
+        T.NumericType | T.StringType | T.DateType | T.TimestampType | T.TimestampNTZType,
+    )
 
 
 def write_errors(

@@ -22,7 +22,7 @@ from chispa import assert_df_equality
 from deltalake import DeltaTable
 
 from pgmedallion.core import deletion_vectors as dv
-from pgmedallion.core import delta_rs
+from pgmedallion.core import delta_rs, naming
 
 COLUMNS = ["id", "part", "name", "at"]
 
@@ -328,3 +328,89 @@ def test_columns_altered_by_a_metadata_commit_read_as_spark_alters_them(spark, t
     )
     spark.sql(f"INSERT INTO delta.`{path}` VALUES (101, 'y', NULL, 8, NULL)")  # 5 columns now
     assert spark.read.format("delta").load(str(path)).where("label = 'y'").count() == 1
+
+
+def _stats_keys(path, since: int) -> list[set[str]]:
+    """The columns (physical names) each file added after version ``since`` has bounds or
+    NULL counts for, read from the table's log."""
+    out = []
+    for commit in sorted((path / "_delta_log").glob("*.json")):
+        if int(commit.name.split(".")[0]) <= since:
+            continue
+        for line in commit.read_text().splitlines():
+            add = json.loads(line).get("add")
+            if add and add.get("stats"):
+                stats = json.loads(add["stats"])
+                out.append(set(stats.get("minValues", {})) | set(stats.get("nullCount", {})))
+    return out
+
+
+def test_statistics_columns_follow_renames_and_drops_as_spark_makes_them(spark, tmp_path):
+    """A table whose ``delta.dataSkippingStatsColumns`` lists some columns: ``alter_columns``
+    renames and drops them in the property as Spark's ``ALTER TABLE`` does (a column renamed
+    to a name Delta would have to quote leaves it), and files written afterwards by Spark or by
+    this module's own commit keep statistics for the listed columns only."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    for path in (ours, theirs):
+        spark.sql(
+            f"""CREATE TABLE delta.`{path}` (id BIGINT, wei INT, name STRING, at TIMESTAMP)
+            USING DELTA TBLPROPERTIES ('delta.columnMapping.mode' = 'name',
+            'delta.enableDeletionVectors' = 'true',
+            'delta.dataSkippingStatsColumns' = 'id,wei,name')"""
+        )
+        spark.sql(f"INSERT INTO delta.`{path}` VALUES (1, 2, 'a', NULL), (2, 3, 'b', NULL)")
+
+    def listed(path) -> list[str]:
+        config = DeltaTable(str(path)).metadata().configuration
+        return naming.parse_stats_columns(config[naming.STATS_COLUMNS])
+
+    done = dv.alter_columns(str(ours), renames={"name": "label"})
+    assert done is not None and done.renamed == ["name"]
+    spark.sql(f"ALTER TABLE delta.`{theirs}` RENAME COLUMN name TO label")
+    assert listed(ours) == listed(theirs) == ["id", "wei", "label"]
+    assert dv.alter_columns(str(ours), drops=["label"]) is not None
+    spark.sql(f"ALTER TABLE delta.`{theirs}` DROP COLUMN label")
+    assert listed(ours) == listed(theirs) == ["id", "wei"]
+    # Delta 4.x writes a quoted name back unquoted when it drops another column, then cannot
+    # read the property: a column renamed to such a name leaves the list
+    assert dv.alter_columns(str(ours), renames={"wei": "we ird"}) is not None
+    assert listed(ours) == ["id"]
+    spark.sql(f"ALTER TABLE delta.`{ours}` ADD COLUMNS (extra INT)")
+    spark.sql(f"ALTER TABLE delta.`{ours}` DROP COLUMN extra")  # Spark can alter it further
+    assert listed(ours) == ["id"]
+
+    fields = json.loads(DeltaTable(str(ours)).schema().to_json())["fields"]
+    physical = {f["name"]: f["metadata"]["delta.columnMapping.physicalName"] for f in fields}
+    kept = {physical["id"]}
+    since = DeltaTable(str(ours)).version()
+    spark.sql(f"INSERT INTO delta.`{ours}` VALUES (3, 4, NULL)")  # Spark's file
+    key = pa.table({"id": pa.array([1], pa.int64())})
+    located = dv.locate(str(ours), key, ["id", "we ird", "at"], 100)
+    assert located is not None
+    appended = pa.table(
+        {
+            "id": pa.array([1], pa.int64()),
+            "we ird": pa.array([20], pa.int32()),
+            "at": pa.array([None], pa.timestamp("us", "UTC")),
+        }
+    )
+    deleted = dv.matching(located.rows, key)
+    assert dv.delete_and_append(located, deleted, appended, app="t", version=1)  # ours
+    new = _stats_keys(ours, since)
+    assert len(new) == 2 and all(s == kept for s in new), (new, kept)
+    got = spark.read.format("delta").load(str(ours)).orderBy("id").collect()
+    assert [(r["id"], r["we ird"]) for r in got] == [(1, 20), (2, 3), (3, 4)]
+
+
+@pytest.mark.parametrize(
+    "names",
+    [["id", "_lsn", "_run"], ["we.ird", "a b", "x`y", "Ünï", "", "c,d"], ["k1", " sp "]],
+)
+def test_statistics_column_names_read_back_as_written(names):
+    assert naming.parse_stats_columns(naming.stats_columns(names)) == names
+
+
+def test_statistics_columns_that_name_a_field_or_are_malformed_are_not_read():
+    for text in ("a.b", "`a`.b", "a,", ",a", "`a", "a`b", "a,,b"):
+        assert naming.parse_stats_columns(text) is None, text
+    assert naming.parse_stats_columns(" a , `b c` ,d") == ["a", "b c", "d"]
