@@ -30,7 +30,7 @@ from pgmedallion.core import delta_rs, sparkapi
 from pgmedallion.core.config import on_databricks  # noqa: F401 (where callers import it from)
 from pgmedallion.core.delta_rs import application
 from pgmedallion.core.errors import JavaMissing, TransientError
-from pgmedallion.core.naming import quote
+from pgmedallion.core.naming import STATS_COLUMNS, parse_stats_columns, plain, quote, stats_columns
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -523,6 +523,27 @@ def drop_table(spark: SparkSession, schema: str, name: str, table: str) -> None:
         shutil.rmtree(path)
 
 
+def _unlist_stats_columns(spark: SparkSession, table: str, names: set[str]) -> None:
+    """``names`` out of the table's statistics columns (``delta.dataSkippingStatsColumns``),
+    before they are renamed to names that need quoting there (see
+    :func:`pgmedallion.core.naming.plain`)."""
+    if not names:
+        return
+    properties = spark.sql(f"DESCRIBE DETAIL {table}").first()["properties"] or {}
+    listed = parse_stats_columns(properties.get(STATS_COLUMNS, ""))
+    if not listed:
+        return
+    lower = {n.lower() for n in names}
+    kept = [c for c in listed if c.lower() not in lower]
+    if kept == listed:
+        return
+    if kept:
+        value = stats_columns(kept).replace("\\", "\\\\").replace("'", "\\'")
+        spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('{STATS_COLUMNS}' = '{value}')")
+    else:
+        spark.sql(f"ALTER TABLE {table} UNSET TBLPROPERTIES ('{STATS_COLUMNS}')")
+
+
 def reshape_columns(
     spark: SparkSession,
     table: str,
@@ -537,6 +558,8 @@ def reshape_columns(
     second call after a crash does the rest. Returns the columns renamed (old names) and
     dropped."""
     have = set(spark.table(table).columns)
+    awkward = {old for old, new in renames.items() if old in have and new not in have}
+    _unlist_stats_columns(spark, table, {old for old in awkward if not plain(renames[old])})
     renamed = []
     for old, new in sorted(renames.items()):
         if old in have and new not in have:

@@ -23,6 +23,7 @@ from deltalake import DeltaTable
 
 from pgmedallion.core import deletion_vectors as dv
 from pgmedallion.core import delta_rs, naming
+from pgmedallion.core.spark import reshape_columns
 
 COLUMNS = ["id", "part", "name", "at"]
 
@@ -378,6 +379,12 @@ def test_statistics_columns_follow_renames_and_drops_as_spark_makes_them(spark, 
     spark.sql(f"ALTER TABLE delta.`{ours}` ADD COLUMNS (extra INT)")
     spark.sql(f"ALTER TABLE delta.`{ours}` DROP COLUMN extra")  # Spark can alter it further
     assert listed(ours) == ["id"]
+    # and so does the Spark engine's rename (core.spark.reshape_columns)
+    assert reshape_columns(spark, f"delta.`{theirs}`", {"wei": "we ird"}, []) == (["wei"], [])
+    assert listed(theirs) == ["id"]
+    spark.sql(f"ALTER TABLE delta.`{theirs}` ADD COLUMNS (extra INT)")
+    spark.sql(f"ALTER TABLE delta.`{theirs}` DROP COLUMN extra")
+    assert spark.read.format("delta").load(str(theirs)).columns == ["id", "we ird", "at"]
 
     fields = json.loads(DeltaTable(str(ours)).schema().to_json())["fields"]
     physical = {f["name"]: f["metadata"]["delta.columnMapping.physicalName"] for f in fields}

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from datetime import date
 from decimal import Decimal
+from pathlib import Path
 
 import psycopg
 import pytest
 from chispa import assert_df_equality
+from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
 from pgmedallion.capture.connection import connect_replication
 from pgmedallion.capture.slot import ensure_slot
 from pgmedallion.core.config import Config, LakehouseConfig, SourceConfig, TablePolicy
+from pgmedallion.core.naming import STATS_COLUMNS, parse_stats_columns
 from pgmedallion.pipeline import run_stages, silver_state
 from pgmedallion.silver.build import run_silver
 from pgmedallion.silver.catalog import load_tables
@@ -121,6 +125,30 @@ def test_snapshot_and_changes_consolidate_to_the_source(spark, shop):
     diffs = spark.table(cfg.qualified("silver", _silver_name(spark, cfg, "items")))
     assert diffs.where("id = 3000").count() == 0
     assert diffs.where("_diff = 0").count() == 0
+
+    # File statistics of the key, _lsn and _run only: what readers skip files by
+    for table, listed in [
+        ("items", ["id", "_lsn", "_run"]),
+        ("events", ["_lsn", "_run"]),
+        ("Mixed Case", ["Key", "_lsn", "_run"]),
+    ]:
+        name = cfg.qualified("silver", _silver_name(spark, cfg, table))
+        detail = spark.sql(f"DESCRIBE DETAIL {name}").first()
+        assert parse_stats_columns(detail["properties"][STATS_COLUMNS]) == listed
+        where = detail["location"].removeprefix("file:")
+        log = Path(where) / "_delta_log"
+        fields = json.loads(DeltaTable(where).schema().to_json())["fields"]
+        physical = {f["metadata"]["delta.columnMapping.physicalName"]: f["name"] for f in fields}
+        adds = [
+            json.loads(line)["add"]
+            for commit in log.glob("*.json")
+            for line in commit.read_text().splitlines()
+            if '"add"' in line and json.loads(line).get("add", {}).get("stats")
+        ]
+        assert adds, table
+        for add in adds:
+            bounded = json.loads(add["stats"]).get("nullCount", {})
+            assert sorted(physical[p] for p in bounded) == sorted(listed), (table, add["path"])
 
 
 def test_truncate_is_a_definite_error_by_default(spark, shop):
