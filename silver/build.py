@@ -772,19 +772,21 @@ def _write_run(
     adjusted: list[tuple],
     commits: list[tuple[int, datetime]],
 ) -> None:
-    """The run's errors, adjustments, commits, Relations and tables, then its ``_progress``
-    row."""
+    """The run's errors, adjustments, commits, Relations and tables (side by side where each
+    is a Spark job: separate tables, each commit idempotent), then its ``_progress`` row."""
     run = r.plan.run
+    writes = [lambda: catalog.write_tables(spark, n, source, r.tables, r.tables_before)]
     if r.errors:
-        write_errors(spark, n, source, run, {**r.gone, **r.tables}, r.errors)
+        writes.append(lambda: write_errors(spark, n, source, run, {**r.gone, **r.tables}, r.errors))
     if adjusted:
-        write_adjustments(spark, n, source, run, r.tables, adjusted)
+        writes.append(lambda: write_adjustments(spark, n, source, run, r.tables, adjusted))
     if commits:
-        write_commits(spark, n, source, run, commits)
+        writes.append(lambda: write_commits(spark, n, source, run, commits))
     new = [(lsn, o, p) for lsn, o, p in r.window_relations if lsn >= r.plan.f_from]  # not re-read
     if new:
-        write_relations(spark, n, source, run, [(decode(p).relid, lsn, o, p) for lsn, o, p in new])
-    catalog.write_tables(spark, n, source, r.tables, r.tables_before)
+        relations = [(decode(p).relid, lsn, o, p) for lsn, o, p in new]
+        writes.append(lambda: write_relations(spark, n, source, run, relations))
+    side_by_side(*writes, threads=delta_rs.bookkeeping_through_spark(spark, n.schema))
     # The tables whose silver state or errors this run changed: gold leaves the others alone.
     touched = set(work) | r.reshaped | {e.table_oid for e in r.errors if e.table_oid is not None}
     if r.plan.redo:
@@ -860,14 +862,14 @@ def table_run(
     settled = consolidated(_rewound(info, one.rows, one.wal_rows), data, run, distinct=distinct)
     if not exists:
         create_diff_table(spark, target, settled.schema, info.primary_key)
-    counts = [append_diffs(settled, target, cfg.source.name, run)]
+    counts = [append_diffs(settled, target, cfg.source.name, run, new=not exists)]
     unsettled = one.finish(observed=counts[0] is not None)
     if unsettled is None:
         return written(spark, target, run, counts), [], []
     rows = consolidated(
         _rewound(info, unsettled.rows, unsettled.rows), data, run, distinct=distinct
     )
-    counts.append(append_diffs(rows, target, cfg.source.name, run, unsettled=True))
+    counts.append(append_diffs(rows, target, cfg.source.name, run, unsettled=True, new=not exists))
     unsettled.unpersist()
     return written(spark, target, run, counts), unsettled.errors, unsettled.adjusted
 
@@ -931,7 +933,8 @@ def _table_run_whole(
     out = consolidated(rewound, data, run, distinct=distinct)
     if not exists:
         create_diff_table(spark, target, out.schema, info.primary_key)
-    count = written(spark, target, run, [append_diffs(out, target, cfg.source.name, run)])
+    appended = append_diffs(out, target, cfg.source.name, run, new=not exists)
+    count = written(spark, target, run, [appended])
     cast.unpersist()
     return count, errors, cast.adjusted
 

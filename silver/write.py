@@ -76,10 +76,13 @@ def append_diffs(
     source: str,
     run: int,
     unsettled: bool = False,
+    new: bool = False,
 ) -> int | None:
     """Append a table's diffs of run ``run`` (``unsettled``: the rows its first append left
     out), as an idempotent Delta commit; how many rows it wrote (None: not known, the write was
-    skipped as done before).
+    skipped as done before). ``new``: the table was created in this attempt at the run, so
+    no commit of the run can be in it and the write is not skipped (its version is then not
+    read before and after: two Spark jobs fewer).
 
     ``df`` is computed by Spark, so Spark's executors write it (``writeTo``, whose write fills
     the metrics a ``DataFrame.observe`` in ``df``'s plan collects; ``saveAsTable``'s does not):
@@ -95,7 +98,7 @@ def append_diffs(
         .option("mergeSchema", "true")
     )
     failpoint("silver.before_append")
-    before = _version(df.sparkSession, table)
+    before = None if new else _version(df.sparkSession, table)
     writer.append()
     failpoint("silver.after_append")
     if before is not None and _version(df.sparkSession, table) == before:
