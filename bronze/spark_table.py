@@ -151,14 +151,29 @@ class SparkBronze(Bronze):
         super().__init__(table, source)
         self.spark = spark
         self._read: list[dict[str, Any]] | None = None
+        self._next: int | None = None
 
-    # Each read is a Spark job (0.5-1 s, however few the records), and a capture asks a dozen
-    # questions between two of its commits: the records are read once and kept until this
-    # object commits, or ``refresh`` says another process may have.
+    # Each read is a Spark job (0.5-1 s, however few the records, 2-3 s once a snapshot's copy
+    # records are there), and a capture asks a dozen questions between two of its commits: the
+    # records are read once and kept until this object commits, or ``refresh`` says another
+    # process may have. After its own commit it knows the next batch id without a read: a
+    # snapshot in key ranges asks only that between two ranges' commits.
 
     def refresh(self) -> SparkBronze:
-        self._read = None
+        self._read, self._next = None, None
         return self
+
+    def _committed(self, batch_id: int) -> None:
+        """After this object's commit of ``batch_id``: the records are read anew at the next
+        question, but for the next batch id, which follows it."""
+        self._read = None
+        self._next = batch_id + 1 if self._next is None else max(self._next, batch_id + 1)
+
+    def next_batch_id(self) -> int:
+        if self._read is None and self._next is not None:
+            return self._next
+        found = super().next_batch_id()
+        return found if self._next is None else max(found, self._next)
 
     def _records(self) -> list[dict[str, Any]]:
         if self._read is not None:
@@ -184,8 +199,10 @@ class SparkBronze(Bronze):
         # Delta skips a txnVersion it has seen; whether it did is not reported.
         try:
             write_batch(self.spark.createDataFrame(records), self.table, self.source, batch_id, app)
-        finally:
+        except BaseException:
             self.refresh()
+            raise
+        self._committed(batch_id)
         return True
 
     def writer(self) -> SparkWriter:
@@ -200,12 +217,15 @@ class SparkBronze(Bronze):
         try:
             write_batch(copy_df.unionByName(meta_df), self.table, self.source, batch_id)
         except Exception as exc:
+            self.refresh()
             error = capture_error_from_spark(exc)
             if error is None:
                 raise
             raise error from exc
-        finally:
+        except BaseException:
             self.refresh()
+            raise
+        self._committed(batch_id)
 
 
 _ERROR_IN_TRACE = re.compile(r"pgmedallion\.(?:core|capture|silver)\.errors\.(\w+): ([^\n]*)")

@@ -11,6 +11,7 @@ import uuid
 import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
+from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
 from pgmedallion.bronze.engines import open_bronze
@@ -254,6 +255,41 @@ def test_both_engines_answer_capture_alike(spark, bronze):
     # Spark's reader keeps what it read until it commits or is told another process may have.
     assert through_spark.state().resync == frozenset()
     assert through_spark.refresh().state() == delta_rs.state()
+
+
+def _jobs(spark, question):
+    """``question()``'s answer and how many Spark jobs it ran."""
+    group = "pgm-" + uuid.uuid4().hex[:8]
+    spark.sparkContext.setJobGroup(group, "a question to bronze")
+    try:
+        answer = question()
+    finally:
+        spark.sparkContext.setJobGroup("pgm-none", "")
+    return answer, len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+
+
+def test_spark_reader_knows_the_next_batch_after_its_own_commit(spark, bronze):
+    """Between two commits of a snapshot in key ranges capture asks only for the next batch
+    id: after Spark's reader commits, it answers without reading bronze (a job of 2-3 s once
+    copy records are there); every other question, or ``refresh``, reads the records anew."""
+    store = SparkBronze(spark, bronze, SOURCE)
+    records = _control_records()
+    store.append(records[0], 0)
+    assert _jobs(spark, store.next_batch_id) == (1, 0)
+    store.append(records[1], 1)
+    assert _jobs(spark, store.next_batch_id) == (2, 0)
+    state, jobs = _jobs(spark, store.state)  # read: the records it committed are there
+    assert state.next_batch_id == 2 and state.frontier == 250 and jobs > 0
+    # another process commits batch 2: a refresh forgets what this reader knew
+    DeltaRsWriter(open_bronze(bronze, SOURCE, spark=spark).path, app_id(SOURCE)).append(
+        records[2], 2
+    )
+    assert _jobs(spark, store.refresh().next_batch_id)[0] == 3
+    # a commit that fails leaves nothing known: the next question reads
+    with pytest.raises(AnalysisException):
+        store.append(pa.table({"nonsense": [1]}), 3)
+    answer, jobs = _jobs(spark, store.next_batch_id)
+    assert answer == 3 and jobs > 0
 
 
 def test_a_table_created_without_spark_is_the_one_spark_creates(spark, tmp_path):
