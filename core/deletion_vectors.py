@@ -669,8 +669,8 @@ def alter_columns(
       the new one is not;
     - ``drops``: the columns there leave the schema;
     - the statistics columns (``delta.dataSkippingStatsColumns``) follow both, as Spark's do
-      (a column renamed to a name that needs quoting leaves them: Delta 4.x writes such a name
-      back unquoted when it drops another column, and then cannot read the property);
+      (a column renamed to a name that needs quoting leaves them: with such a name listed,
+      Delta 4.x fails to drop any other column, see :func:`pgmedallion.core.naming.plain`);
     - ``add`` (``(name, Delta's JSON type)``): nullable, last or ``before`` the column of that
       name, each a new id (``delta.columnMapping.maxColumnId`` + 1) and physical name; a name
       the table has is left alone (in another case: refused, Spark's names ignore case).

@@ -30,9 +30,9 @@ _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234567
 
 def plain(name: str) -> bool:
     """Whether ``name`` is letters, digits and ``_`` only: the names :data:`STATS_COLUMNS`
-    can hold safely. Delta 4.x reads a back-quoted name there, but writes it back unquoted
-    when ``ALTER TABLE ... DROP COLUMN`` drops another column, and then cannot read the
-    property (``DELTA_COLUMN_NOT_FOUND_IN_SCHEMA``)."""
+    can hold safely. Delta 4.x reads a back-quoted name there, but its ``ALTER TABLE ... DROP
+    COLUMN`` of another column then fails: it reads the name unquoted
+    (``DELTA_COLUMN_NOT_FOUND_IN_SCHEMA``)."""
     return bool(name) and set(name) <= _PLAIN
 
 

@@ -372,8 +372,8 @@ def test_statistics_columns_follow_renames_and_drops_as_spark_makes_them(spark, 
     assert dv.alter_columns(str(ours), drops=["label"]) is not None
     spark.sql(f"ALTER TABLE delta.`{theirs}` DROP COLUMN label")
     assert listed(ours) == listed(theirs) == ["id", "wei"]
-    # Delta 4.x writes a quoted name back unquoted when it drops another column, then cannot
-    # read the property: a column renamed to such a name leaves the list
+    # with a quoted name listed, Delta 4.x's DROP COLUMN of another column fails (it reads the
+    # name unquoted): a column renamed to such a name leaves the list
     assert dv.alter_columns(str(ours), renames={"wei": "we ird"}) is not None
     assert listed(ours) == ["id"]
     spark.sql(f"ALTER TABLE delta.`{ours}` ADD COLUMNS (extra INT)")
