@@ -139,9 +139,9 @@ def create_diff_table(
 ) -> None:
     """A table's diffs table, with column mapping by name (any PostgreSQL name works) and file
     statistics for ``keys`` (its primary key), ``_lsn`` and ``_run`` only: readers skip files
-    by run and LSN; statistics of every column cost a Spark-engine first load a fifth of its
-    write. ``local``: its schema and name, for a creation by delta-rs before Spark starts
-    (``delta_rs.create_unregistered``)."""
+    by run and LSN; statistics of every column cost the write of a Spark-engine first load
+    about a sixth of its time (benchmarks/RESULTS.md, session 44). ``local``: its schema and
+    name, for a creation by delta-rs before Spark starts (``delta_rs.create_unregistered``)."""
     kept = [c for c in dict.fromkeys([*keys, "_lsn", "_run"]) if _bounded(schema, c)]
     properties = {**COLUMN_MAPPING, STATS_COLUMNS: stats_columns(kept)}
     if local is not None:
