@@ -216,15 +216,12 @@ class SparkBronze(Bronze):
         meta_df = self.spark.createDataFrame(meta)
         try:
             write_batch(copy_df.unionByName(meta_df), self.table, self.source, batch_id)
-        except Exception as exc:
+        except BaseException as exc:
             self.refresh()
-            error = capture_error_from_spark(exc)
+            error = capture_error_from_spark(exc) if isinstance(exc, Exception) else None
             if error is None:
                 raise
             raise error from exc
-        except BaseException:
-            self.refresh()
-            raise
         self._committed(batch_id)
 
 

@@ -558,8 +558,8 @@ def reshape_columns(
     second call after a crash does the rest. Returns the columns renamed (old names) and
     dropped."""
     have = set(spark.table(table).columns)
-    awkward = {old for old, new in renames.items() if old in have and new not in have}
-    _unlist_stats_columns(spark, table, {old for old in awkward if not plain(renames[old])})
+    quoted = {old for old, new in renames.items() if old in have and new not in have}
+    _unlist_stats_columns(spark, table, {old for old in quoted if not plain(renames[old])})
     renamed = []
     for old, new in sorted(renames.items()):
         if old in have and new not in have:

@@ -775,7 +775,7 @@ def _write_run(
     """The run's errors, adjustments, commits, Relations and tables (side by side where each
     is a Spark job: separate tables, each commit idempotent), then its ``_progress`` row."""
     run = r.plan.run
-    writes = [lambda: catalog.write_tables(spark, n, source, r.tables, r.tables_before)]
+    writes = []
     if r.errors:
         writes.append(lambda: write_errors(spark, n, source, run, {**r.gone, **r.tables}, r.errors))
     if adjusted:
@@ -786,6 +786,7 @@ def _write_run(
     if new:
         relations = [(decode(p).relid, lsn, o, p) for lsn, o, p in new]
         writes.append(lambda: write_relations(spark, n, source, run, relations))
+    writes.append(lambda: catalog.write_tables(spark, n, source, r.tables, r.tables_before))
     side_by_side(*writes, threads=delta_rs.bookkeeping_through_spark(spark, n.schema))
     # The tables whose silver state or errors this run changed: gold leaves the others alone.
     touched = set(work) | r.reshaped | {e.table_oid for e in r.errors if e.table_oid is not None}
