@@ -12,8 +12,6 @@ rows Spark calls equal always meet in one bucket::
     rows ──hash(key) mod BUCKETS──> bucket 0: rule(rows of its keys) ─┐
                                     bucket 1: rule(...)               ├─> rows
                                     ...                               ┘
-
-A rule that looks at one row at a time runs over each partition's batches (``mapInArrow``).
 """
 
 from __future__ import annotations
@@ -138,19 +136,6 @@ def cogrouped(
     (lhs, left_names), (rhs, right_names) = _bucketed(left, key), _bucketed(right, key)
     grouped = lhs.groupBy(BUCKET).cogroup(rhs.groupBy(BUCKET))
     return grouped.applyInArrow(_drop_buckets(rule, left_names, right_names), schema)
-
-
-def mapped(df: DataFrame, rule: Rule, schema: T.StructType) -> DataFrame:
-    """``rule`` applied to each batch of rows (a rule that looks at one row at a time)."""
-
-    positional, names = by_position(df)
-
-    def apply(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            rows = pa.Table.from_batches([batch]).rename_columns(names)
-            yield from rule(rows).to_batches()
-
-    return positional.mapInArrow(apply, schema)
 
 
 def _without_bucket(table: pa.Table, names: list[str]) -> pa.Table:

@@ -1,15 +1,17 @@
 """``gold.state``'s rules on a large table: Spark reads and shuffles, the rules run as they are.
 
 Spark does what only Spark can at size: read silver and gold, select the touched keys' rows,
-evaluate the quality rules (SQL conditions), and write. Every rule of ``gold.state`` is applied
-unchanged, to one bucket of keys at a time (``pgmedallion.core.by_key``), so a large table and a
-small one are judged by one definition::
+and write. Every rule of ``gold.state`` is applied unchanged, to one bucket of keys at a time
+(``pgmedallion.core.by_key``), so a large table and a small one are judged by one definition.
+A table's rows cross into Python once: ``gold.state.settled`` computes the state, the rules each
+row fails, what goes to gold and the tallies in one pass; what Spark does after that reads the
+columns it wrote (a filter, gold's copies of a row) without Python::
 
-    diffs ──by_key(state_of)──> state ──failed_rules (SQL)──mapped(judge)──> checked
+    diffs ──by_key(settled)──> checked rows + a tallies row per part ──persisted
       (a full build of a keyed table: by_key_ranges, so that its rows come out clustered)
-    checked ──mapped(tallies)──sum──> counts
+    tallies rows ──sum──> counts
     checked, affected ──cogrouped(merge_operations)──> MERGE source   (increment)
-    checked ──mapped(gold_rows)──> gold's rows                        (full build)
+    checked ──each row _pgm_copies times──> gold's rows               (full build)
 """
 
 from __future__ import annotations
@@ -18,12 +20,22 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
-from pgmedallion.core.by_key import by_key, by_key_ranges, cogrouped, mapped
+from pgmedallion.core.by_key import by_key, by_key_ranges, cogrouped
 from pgmedallion.core.naming import quote
 from pgmedallion.core.sparkapi import F, T
 from pgmedallion.gold import state
 from pgmedallion.gold.quality import Rule
-from pgmedallion.gold.state import DIFF, KEY_ROWS, LSN, MULT, OLD_GOLD, OP, RULES, TO_GOLD
+from pgmedallion.gold.state import (
+    COPIES,
+    DIFF,
+    LSN,
+    MULT,
+    OLD_GOLD,
+    OP,
+    RULES,
+    TALLY,
+    TO_GOLD,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -47,36 +59,54 @@ def _ordered(rule, names: Sequence[str]):
     return apply
 
 
-def state_of(
+def settled(
     diffs: DataFrame,
     columns: Sequence[str],
     key: Sequence[str],
     group: Sequence[str],
+    rules: Sequence[Rule],
+    policy: str,
     ranges: int | None = None,
-):
-    """:func:`gold.state.state_of` by buckets of ``group`` (the key, or every column), or, with
-    ``ranges``, by that many ranges of ``group`` (its rows clustered for the write)."""
+) -> DataFrame:
+    """:func:`gold.state.settled` by buckets of ``group`` (the key, or every column), or, with
+    ``ranges``, by that many ranges of ``group`` (its rows clustered for the write); see
+    :func:`split` for its two kinds of rows."""
     schema = T.StructType(
         [
             *_fields(diffs, columns),
             T.StructField(MULT, T.LongType()),
             T.StructField(LSN, T.LongType()),
-            T.StructField(KEY_ROWS, T.LongType()),
+            T.StructField(RULES, T.ArrayType(T.StringType())),
+            T.StructField(TO_GOLD, T.BooleanType()),
+            T.StructField(COPIES, T.LongType()),
+            T.StructField(TALLY, T.ArrayType(T.LongType())),
         ]
     )
-    rule = partial(state.state_of, columns=list(columns), key=list(key))
+    rule = partial(
+        state.settled, columns=list(columns), key=list(key), rules=list(rules), policy=policy
+    )
     if ranges is not None:
         return by_key_ranges(diffs, group, _ordered(rule, schema.names), schema, ranges)
     return by_key(diffs, group, _ordered(rule, schema.names), schema)
 
 
-def check(states: DataFrame, rules: Sequence[Rule], policy: str) -> DataFrame:
-    """Adds ``_rules`` (the SQL rules each row fails) and ``_to_gold`` (:func:`gold.state.judge`);
-    ``_key_rows`` is dropped."""
-    with_rules = states.withColumn(RULES, failed_rules(rules))
-    schema = T.StructType([*with_rules.schema.fields, T.StructField(TO_GOLD, T.BooleanType())])
-    judged = mapped(with_rules, partial(state.judge, policy=policy), schema)
-    return judged.drop(KEY_ROWS)
+def split(settled: DataFrame, rule_names: Sequence[str]) -> tuple[DataFrame, dict]:
+    """``settled``'s checked rows (``_rules``, ``_to_gold``, ``_pgm_copies``), and the
+    tallies of the whole table: its parts' ``_pgm_tally`` lists, summed (one small collect)."""
+    names = state.tally_names(rule_names)
+    totals = dict.fromkeys(names, 0)
+    for (tally,) in settled.filter(F.col(TALLY).isNotNull()).select(TALLY).collect():
+        for name, value in zip(names, tally, strict=True):
+            totals[name] += int(value)
+    return settled.filter(F.col(TALLY).isNull()).drop(TALLY), totals
+
+
+def gold_rows(checked: DataFrame, columns: Sequence[str]) -> DataFrame:
+    """A full build's gold rows, ``(columns, _lsn)``: each checked row ``_pgm_copies`` times
+    (:func:`gold.state.copies`), made by Spark in place (a row's partition and order kept)."""
+    copy = "_pgm_copy"
+    repeated = F.explode(F.array_repeat(F.lit(True), F.col(COPIES).cast("int"))).alias(copy)
+    return checked.select(*[c(n) for n in columns], LSN, repeated).drop(copy)
 
 
 def failed_rules(rules: Sequence[Rule]) -> Column:
@@ -84,17 +114,6 @@ def failed_rules(rules: Sequence[Rule]) -> Column:
     failing = [F.when(~r.passes(), F.lit(r.name)) for r in rules]
     names = F.filter(F.array(*failing), lambda x: x.isNotNull()) if failing else F.array()
     return names.cast(T.ArrayType(T.StringType()))
-
-
-def tallies(checked: DataFrame, rule_names: Sequence[str]) -> dict:
-    """:func:`gold.state.tallies` of the whole table: each partition's, summed."""
-    names = [state.COUNTED, state.HELD, state.GOLD] + [
-        state.rule_count(i) for i in range(len(rule_names))
-    ]
-    schema = T.StructType([T.StructField(n, T.LongType()) for n in names])
-    parts = mapped(checked, partial(state.tallies, rule_names=list(rule_names)), schema)
-    (row,) = parts.agg(*[F.coalesce(F.sum(n), F.lit(0)).alias(n) for n in names]).collect()
-    return row.asDict()
 
 
 def affected_keys(keys: DataFrame, old: DataFrame, key: Sequence[str]) -> DataFrame:
@@ -111,12 +130,6 @@ def merge_operations(
     schema = T.StructType([*_fields(checked, [*columns, LSN]), T.StructField(OP, T.StringType())])
     rule = partial(state.merge_operations, key=list(key), columns=list(columns))
     return cogrouped(checked, affected, key, _ordered(rule, schema.names), schema)
-
-
-def gold_rows(checked: DataFrame, columns: Sequence[str]) -> DataFrame:
-    """:func:`gold.state.gold_rows`, batch by batch."""
-    schema = T.StructType(_fields(checked, [*columns, LSN]))
-    return mapped(checked, partial(state.gold_rows, columns=list(columns)), schema)
 
 
 def old_state(gold: DataFrame, keys: DataFrame, key: Sequence[str], columns: Sequence[str]):

@@ -21,10 +21,10 @@ from pgmedallion.core.session import unstarted
 from pgmedallion.core.spark import create_table, first_time, forget
 from pgmedallion.core.sparkapi import F
 from pgmedallion.gold.history import SAMPLE_ROWS, ErrorSummary
-from pgmedallion.gold.on_spark import c, tallies
+from pgmedallion.gold.on_spark import c
 from pgmedallion.gold.plan import TableOutcome
 from pgmedallion.gold.quality import QualityRecord, Rule
-from pgmedallion.gold.state import COUNTED, GOLD, HELD, RULES, TO_GOLD, rule_count
+from pgmedallion.gold.state import COPIES, COUNTED, GOLD, HELD, RULES, TO_GOLD, rule_count
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -60,12 +60,13 @@ def summary_record(table: str, rule: str, policy: str, summary: ErrorSummary) ->
 
 
 def count_rules(
-    checked: DataFrame, rules: Sequence[Rule], table: str, policy: str
+    counts: dict, checked: DataFrame, rules: Sequence[Rule], table: str, policy: str
 ) -> tuple[list[QualityRecord], int, int]:
-    """Failed and passed row counts per rule, with up to five failing rows as JSON; how many
-    rows stay out of gold, and how many rows gold gets."""
-    counts = tallies(checked, [r.name for r in rules])
-    payload = F.to_json(F.struct(*[c(n) for n in checked.columns if n not in (RULES, TO_GOLD)]))
+    """Failed and passed row counts per rule (``counts``: the table's tallies), with up to five
+    failing rows of ``checked`` as JSON; how many rows stay out of gold, and how many rows gold
+    gets."""
+    hidden = (RULES, TO_GOLD, COPIES)
+    payload = F.to_json(F.struct(*[c(n) for n in checked.columns if n not in hidden]))
     return rule_records(counts, rules, table, policy, checked, payload)
 
 

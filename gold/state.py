@@ -53,6 +53,7 @@ from pgmedallion.core.multiset import (
 )
 
 RULES, TO_GOLD, OP = "_rules", "_to_gold", "_op"
+COPIES, TALLY = "_pgm_copies", "_pgm_tally"
 OLD_GOLD, KEY_ROWS = "_old_gold", "_key_rows"
 UPSERT, DELETE, INSERT = "upsert", "delete", "insert"
 COUNTED, HELD, GOLD = "_n", "_held", "_gold"
@@ -66,7 +67,11 @@ __all__ = [
     "with_key_rows",
     "old_state",
     "affected_keys",
+    "failed_rules",
     "judge",
+    "checked",
+    "copies",
+    "settled",
     "tallies",
     "rule_count",
     "failing",
@@ -140,6 +145,63 @@ def judge(checked: pa.Table, policy: str) -> pa.Table:
     return checked.append_column(TO_GOLD, pa.array(~held))
 
 
+def failed_rules(state: pa.Table, rules: Sequence) -> pa.ListArray:
+    """Per row of ``state`` (with ``_key_rows``), the names of the ``rules`` it fails, in the
+    rules' order: each rule's :class:`~pgmedallion.gold.quality.Check` over Arrow, a NULL
+    comparison failing as in SQL (the rule's SQL is the same condition, as data)."""
+    rows = state.num_rows
+    fails = np.zeros((rows, len(rules)), bool)
+    for i, rule in enumerate(rules):
+        if rule.check is None:
+            raise ValueError(f"rule {rule.name} has no check to evaluate over Arrow")
+        fails[:, i] = ~rule.check.passes(state)
+    offsets = np.zeros(rows + 1, np.int32)
+    np.cumsum(fails.sum(axis=1), out=offsets[1:])
+    _, which = np.nonzero(fails)  # row by row, each row's rules in order
+    names = pa.array([r.name for r in rules], pa.string()).take(pa.array(which, pa.int64()))
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), names)
+
+
+def checked(state: pa.Table, rules: Sequence, policy: str) -> pa.Table:
+    """``state_of``'s state -> with ``_rules`` (``failed_rules``) and ``_to_gold``
+    (``judge``); ``_key_rows`` dropped."""
+    with_rules = state.append_column(RULES, failed_rules(state, rules))
+    return judge(with_rules, policy).drop_columns([KEY_ROWS])
+
+
+def settled(
+    diffs: pa.Table,
+    columns: Sequence[str],
+    key: Sequence[str],
+    rules: Sequence,
+    policy: str,
+) -> pa.Table:
+    """``(columns, _lsn, _diff)`` -> the checked state with ``_pgm_copies`` (``copies``) and a
+    last row holding only ``_pgm_tally``, the ``tallies`` of these rows as a list (NULL in every
+    other row): the whole of a table's rules for a set of rows holding all the rows of each
+    key, in one pass (what Spark runs per bucket of keys, see ``gold.on_spark.settled``)."""
+    rows = checked(state_of(diffs, columns, key), rules, policy)
+    rows = rows.append_column(COPIES, pa.array(copies(rows), pa.int64()))
+    (counts,) = tallies(rows, [r.name for r in rules]).to_pylist()
+    tally = pa.array([list(counts.values())], pa.list_(pa.int64()))
+    last = pa.table(
+        {**{f.name: pa.nulls(1, f.type) for f in rows.schema}, TALLY: tally},
+    )
+    rows = rows.append_column(TALLY, pa.nulls(rows.num_rows, pa.list_(pa.int64())))
+    return pa.concat_tables([rows, last])
+
+
+def tally_names(rule_names: Sequence[str]) -> list[str]:
+    """The ``tallies`` columns, in order (the order of ``settled``'s ``_pgm_tally`` lists)."""
+    return [COUNTED, HELD, GOLD] + [rule_count(i) for i in range(len(rule_names))]
+
+
+def copies(checked: pa.Table) -> np.ndarray:
+    """How many copies of each checked row gold gets: its multiplicity where ``judge`` sends
+    it to gold, else 0."""
+    return np.where(_to_gold(checked), int_column(checked, MULT), 0)
+
+
 def _to_gold(checked: pa.Table) -> np.ndarray:
     goes = pc.fill_null(checked.column(TO_GOLD), False).to_numpy(zero_copy_only=False)
     return goes & (int_column(checked, MULT) > 0)
@@ -150,7 +212,7 @@ def tallies(checked: pa.Table, rule_names: Sequence[str]) -> pa.Table:
     rule (in order) ``_f<i>``, the rows failing it. Tallies of parts add up to the whole's."""
     goes = _to_gold(checked)
     held = ~pc.fill_null(checked.column(TO_GOLD), False).to_numpy(zero_copy_only=False)
-    counts = {
+    counts = {  # in the order of tally_names
         COUNTED: checked.num_rows,
         HELD: int(held.sum()),
         GOLD: int(int_column(checked, MULT)[goes].sum()),
@@ -177,17 +239,18 @@ def rule_count(i: int) -> str:
     return f"_f{i}"
 
 
-def expand(rows: pa.Table) -> pa.Table:
-    """Consolidated rows -> plain rows: a row of multiplicity m appears m times."""
-    copies = np.maximum(int_column(rows, MULT), 0)
-    taken = rows.take(pa.array(np.repeat(np.arange(rows.num_rows), copies), pa.int64()))
+def expand(rows: pa.Table, times: np.ndarray | None = None) -> pa.Table:
+    """Consolidated rows -> plain rows: a row of multiplicity m (or ``times``) appears m
+    times."""
+    times = np.maximum(int_column(rows, MULT), 0) if times is None else times
+    taken = rows.take(pa.array(np.repeat(np.arange(rows.num_rows), times), pa.int64()))
     return taken.drop_columns([MULT])
 
 
 def gold_rows(checked: pa.Table, columns: Sequence[str]) -> pa.Table:
-    """A full build's gold rows: the rows ``judge`` sends to gold, each as often as its
-    multiplicity, ``(columns, _lsn)``."""
-    return expand(checked.filter(pa.array(_to_gold(checked))).select([*columns, LSN, MULT]))
+    """A full build's gold rows: each checked row as many times as ``copies`` says,
+    ``(columns, _lsn)``."""
+    return expand(checked.select([*columns, LSN, MULT]), copies(checked))
 
 
 def merge_operations(

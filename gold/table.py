@@ -22,12 +22,12 @@ from pgmedallion.gold.history import Applied, ErrorSummary, Reported, applied_st
 from pgmedallion.gold.on_spark import (
     affected_keys,
     c,
-    check,
     gold_rows,
     merge_operations,
     null_safe_join,
     old_state,
-    state_of,
+    settled,
+    split,
 )
 from pgmedallion.gold.plan import Table, TableOutcome, plan
 from pgmedallion.gold.pruning import clustered, comparable, key_ranges, key_ranges_of, small
@@ -107,19 +107,19 @@ def build_table(
     if mode == "full":
         diffs = t.updates(None)
         t.ranges = key_ranges_of(t, diffs)
-        state = state_of(diffs, t.names, info.primary_key, t.key, t.ranges)
         affected, quarantine_old, old_rows = None, 0, 0
     else:
-        state, affected, quarantine_old, old_rows = incremental_state(t, applied)
-    checked = check(state, t.rules, t.policy)
-    checked = (
-        checked.localCheckpoint()
+        diffs, affected, quarantine_old, old_rows = incremental_state(t, applied)
+    states = settled(diffs, t.names, info.primary_key, t.key, t.rules, t.policy, t.ranges)
+    states = (
+        states.localCheckpoint()
         if affected is not None
-        else checked.persist(sparkapi.StorageLevel.MEMORY_AND_DISK)
+        else states.persist(sparkapi.StorageLevel.MEMORY_AND_DISK)
     )
     try:
         name = info.qualified_name
-        counted, quarantined, rows_to_gold = count_rules(checked, t.rules, name, t.policy)
+        checked, counts = split(states, [r.name for r in t.rules])
+        counted, quarantined, rows_to_gold = count_rules(counts, checked, t.rules, name, t.policy)
         records = [errors_record] + counted
         if t.policy == "fail" and any(r.failed for r in records):
             return outcome(t, applied, "held", records)
@@ -132,7 +132,7 @@ def build_table(
         old = applied.rows if affected is not None else None
         _write_gold(t, checked, affected, mode, q_version, rows, rows_to_gold, version, old)
     finally:
-        checked.unpersist()
+        states.unpersist()
     now = Applied(  # what the commit just made (or, skipped as done, had made) records
         silver_run=silver_run,
         frontier=t.frontier,
@@ -278,8 +278,9 @@ def _rows(spark: SparkSession, gold: str, applied: Applied | None) -> int:
 
 
 def incremental_state(t: Table, applied: Applied) -> tuple[DataFrame, DataFrame, int, int]:
-    """New state of the touched keys, the touched keys with gold's row count for each, how
-    many quarantined rows they had, and how many gold rows."""
+    """The touched keys' diffs (silver's new ones, gold's rows and the quarantined ones of
+    those keys, as diffs), the touched keys with gold's row count for each, how many
+    quarantined rows they had, and how many gold rows."""
     spark = t.spark
     updates = t.updates(applied.silver_run)
     if t.local:  # in memory already: no checkpoints, no file pruning
@@ -308,7 +309,7 @@ def incremental_state(t: Table, applied: Applied) -> tuple[DataFrame, DataFrame,
     union = parts[0]
     for p in parts[1:]:
         union = union.unionByName(p)
-    return state_of(union, t.names, t.info.primary_key, t.key), affected, quarantine_old, old_rows
+    return union, affected, quarantine_old, old_rows
 
 
 def untouched_outcome(

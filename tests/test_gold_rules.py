@@ -37,6 +37,7 @@ from pgmedallion.gold.state import (
     MULT,
     OP,
     UPSERT,
+    failed_rules,
     judge,
     merge_operations,
     state_of,
@@ -211,8 +212,9 @@ def per_table_ops(spark, table: dict) -> list[dict]:
     touched = diffs.select(*key).distinct()
     old = on_spark.old_state(gold_df.drop("_diff"), touched, key, NAMES)
     affected = on_spark.affected_keys(touched, old, key)
-    state = on_spark.state_of(diffs.unionByName(old), NAMES, pk, key)
-    checked = on_spark.check(state, row_rules(pk, [], "warn"), "warn")
+    rules = row_rules(pk, [], "warn")
+    rows = on_spark.settled(diffs.unionByName(old), NAMES, pk, key, rules, "warn")
+    checked, _ = on_spark.split(rows, [r.name for r in rules])
     ops = on_spark.merge_operations(checked, affected, key, NAMES)
     return [r.asDict() for r in ops.collect()]
 
@@ -245,6 +247,9 @@ def test_merge_operations_leave_gold_at_the_reference_state(spark, tmp_path_fact
         assert item.old_rows == old
         failed = [set(r) for r in with_rules.column("_rules").to_pylist()]
         assert failed == reference_rules(item, keyed)
+        rules = item.t.rules  # the same rules over Arrow (what Spark's workers evaluate)
+        in_arrow = [set(r) for r in failed_rules(item.state, rules).to_pylist()]
+        assert in_arrow == reference_rules(item, keyed)
         copies = Counter()
         for values, m, _ in state_rows(item):
             copies[key_of(values, keyed)] += max(m, 0)
