@@ -72,15 +72,15 @@ def by_key(df: DataFrame, key: Sequence[str], rule: Rule, schema: T.StructType |
 def by_key_ranges(
     df: DataFrame, key: Sequence[str], rule: Rule, schema: T.StructType | str, ranges: int
 ) -> DataFrame:
-    """``rule`` applied to ``df``'s rows cut into ``ranges`` ranges of ``key`` (Spark samples
-    the keys for the bounds) and sorted by key within each, whole keys at a time: a range's
+    """``rule`` applied to ``df``'s rows cut into ``ranges`` ranges of ``key`` (``_in_ranges``)
+    and sorted by key within each, whole keys at a time: a range's
     batches stream through one Python worker, and the rows of the last key of a batch wait
     for the next (Spark's sort puts rows its equality calls equal side by side, and
     :func:`pgmedallion.core.multiset.group_ids` groups by that equality). The result stays
     in those ranges, each in key order where ``rule`` keeps its input's order: what a
     clustered write wants, with no second shuffle. ``key``'s columns must be orderable (no map)."""
     ordered = [F.col(quote(k)) for k in key]
-    ranged = df.repartitionByRange(max(1, ranges), *ordered).sortWithinPartitions(*ordered)
+    ranged = _in_ranges(df, key, max(1, ranges)).sortWithinPartitions(*ordered)
     positional, names = by_position(ranged)
 
     def apply(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -97,6 +97,78 @@ def by_key_ranges(
             yield from rule(waiting).to_batches()
 
     return positional.mapInArrow(apply, schema)
+
+
+SAMPLED_KEYS = 20_000
+"""About how many of a table's keys ``_in_ranges`` reads to set the ranges' bounds."""
+
+
+def _in_ranges(df: DataFrame, key: Sequence[str], ranges: int) -> DataFrame:
+    """``df``'s rows in ``ranges`` partitions, the i-th holding the i-th range of ``key``
+    (rows with equal keys in one).
+
+    Spark's ``repartitionByRange`` computes ``df`` whole to sample it (every column of a
+    table's scan, a job as long as the shuffle's own). Here the bounds are quantiles of a
+    sample of the key columns alone, read by a job that scans only them; each row's range is
+    then a comparison with the bounds, and a hash partitioning on a value chosen per range
+    (:func:`range_tags`) puts range i in partition i. Equal keys compare alike with every
+    bound (Spark's comparison makes -0.0 equal 0.0 and NaN equal NaN), so a key never straddles
+    two ranges. Bounds that are not literals Spark takes back leave the split to Spark."""
+    ordered = [F.col(quote(k)) for k in key]
+    if ranges == 1:
+        return df.repartition(1)
+    keys = df.select(*ordered)
+    rows = keys.count()
+    fraction = min(1.0, SAMPLED_KEYS / max(rows, 1))
+    sample = keys.sample(fraction=fraction, seed=17).orderBy(*ordered).collect()
+    if len(sample) < ranges:
+        return df.repartitionByRange(ranges, *ordered)
+    types = {f.name: f.dataType for f in df.schema.fields}
+    picked = [sample[len(sample) * i // ranges] for i in range(1, ranges)]
+    try:
+        bounds = [
+            F.struct(*[F.lit(v).cast(types[k]) for k, v in zip(key, row, strict=True)])
+            for row in picked
+        ]
+    except (TypeError, ValueError):
+        return df.repartitionByRange(ranges, *ordered)
+    this = F.struct(*ordered)
+    tags = range_tags(ranges)
+    tag = F.lit(tags[0])
+    for i, bound in enumerate(bounds):  # the last bound the key reaches names its range
+        tag = F.when(this >= bound, F.lit(tags[i + 1])).otherwise(tag)
+    return df.repartition(ranges, tag.alias("_pgm_range"))
+
+
+def range_tags(partitions: int) -> list[int]:
+    """Per partition i, an int that Spark's hash partitioning into ``partitions`` partitions
+    sends to partition i (``pmod(hash(v), partitions)``, Murmur3 with seed 42)."""
+    tags: dict[int, int] = {}
+    v = 0
+    while len(tags) < partitions:
+        tags.setdefault(spark_hash_int(v) % partitions, v)
+        v += 1
+    return [tags[i] for i in range(partitions)]
+
+
+def spark_hash_int(value: int, seed: int = 42) -> int:
+    """Spark's ``hash`` of an int column's value (Murmur3 x86 32-bit), as a signed int."""
+    mask = 0xFFFFFFFF
+
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & mask
+
+    k1 = (value & mask) * 0xCC9E2D51 & mask
+    k1 = rotl(k1, 15) * 0x1B873593 & mask
+    h1 = seed ^ k1
+    h1 = (rotl(h1, 13) * 5 + 0xE6546B64) & mask
+    h1 ^= 4
+    h1 ^= h1 >> 16
+    h1 = h1 * 0x85EBCA6B & mask
+    h1 ^= h1 >> 13
+    h1 = h1 * 0xC2B2AE35 & mask
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 >= 1 << 31 else h1
 
 
 def _last_key_start(rows: pa.Table, key: Sequence[str]) -> int:

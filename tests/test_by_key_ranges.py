@@ -13,7 +13,7 @@ import pyarrow as pa
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
-from pgmedallion.core.by_key import by_key, by_key_ranges
+from pgmedallion.core.by_key import by_key, by_key_ranges, range_tags, spark_hash_int
 from pgmedallion.core.multiset import consolidate
 from pgmedallion.gold import pruning
 from pgmedallion.gold.history import ErrorSummary, read_tables
@@ -117,3 +117,17 @@ def test_a_full_build_on_spark_writes_one_key_range_per_file(spark, request, mon
     assert len(files) == 4  # 40 rows (the diffs sum to 40), 10 a file
     for before, after in zip(files, files[1:], strict=False):
         assert before["high"] < after["low"]
+
+
+def test_range_tags_send_each_range_to_its_own_partition(spark):
+    """The values ``_in_ranges`` hash-partitions by land one per partition, in order: the
+    Murmur3 of ``spark_hash_int`` is Spark's own ``hash``."""
+    values = list(range(-50, 200)) + [2**31 - 1, -(2**31)]
+    df = spark.createDataFrame([(v,) for v in values], "v int")
+    theirs = [r[0] for r in df.select(F.hash("v")).collect()]
+    assert [spark_hash_int(v) for v in values] == theirs
+    for n in (2, 3, 7, 16):
+        tags = range_tags(n)
+        tagged = spark.createDataFrame([(t,) for t in tags], "v int").repartition(n, "v")
+        parts = tagged.rdd.glom().map(lambda rows: [r["v"] for r in rows]).collect()
+        assert parts == [[t] for t in tags]
