@@ -127,7 +127,7 @@ def _in_ranges(df: DataFrame, key: Sequence[str], ranges: int) -> DataFrame:
     picked = [sample[len(sample) * i // ranges] for i in range(1, ranges)]
     try:
         bounds = [
-            F.struct(*[F.lit(v).cast(types[k]) for k, v in zip(key, row, strict=True)])
+            F.struct(*[F.lit(v).cast(types[k]).alias(k) for k, v in zip(key, row, strict=True)])
             for row in picked
         ]
     except (TypeError, ValueError):

@@ -3,7 +3,7 @@
 ``build_table`` resolves the table once (``Table``), reads what gold already applied from its
 history, plans ``full``, ``incremental`` or ``unchanged`` (``plan``), computes the new state
 (all of silver for a full build; the touched keys' old state plus silver's new diffs for an
-increment: ``incremental_state``), checks the rules, and writes the quarantine, then gold in
+increment: ``incremental_diffs``), checks the rules, and writes the quarantine, then gold in
 one tagged, idempotent commit (see ``gold/build.py`` for exactly-once).
 """
 
@@ -109,7 +109,7 @@ def build_table(
         t.ranges = key_ranges_of(t, diffs)
         affected, quarantine_old, old_rows = None, 0, 0
     else:
-        diffs, affected, quarantine_old, old_rows = incremental_state(t, applied)
+        diffs, affected, quarantine_old, old_rows = incremental_diffs(t, applied)
     states = settled(diffs, t.names, info.primary_key, t.key, t.rules, t.policy, t.ranges)
     states = (
         states.localCheckpoint()
@@ -277,7 +277,7 @@ def _rows(spark: SparkSession, gold: str, applied: Applied | None) -> int:
     return spark.table(gold).count()
 
 
-def incremental_state(t: Table, applied: Applied) -> tuple[DataFrame, DataFrame, int, int]:
+def incremental_diffs(t: Table, applied: Applied) -> tuple[DataFrame, DataFrame, int, int]:
     """The touched keys' diffs (silver's new ones, gold's rows and the quarantined ones of
     those keys, as diffs), the touched keys with gold's row count for each, how many
     quarantined rows they had, and how many gold rows."""
