@@ -75,6 +75,11 @@ def bronze_dir(spark: SparkSession, cfg) -> str | None:
     return local_table_path(spark, bronze, cfg.local_table_path("bronze", "bronze"))
 
 
+RANGES_PER_WORKER = 4
+"""A snapshot wave's key ranges per worker when bronze is written through Spark (a stopped
+snapshot redoes at most one wave: 256 MB of heap with two workers and 32 MB ranges)."""
+
+
 def write_batch(df: DataFrame, table: str, source: str, batch_id: int, app: str | None = None):
     """Append one batch as one idempotent Delta commit."""
     (
@@ -207,6 +212,12 @@ class SparkBronze(Bronze):
 
     def writer(self) -> SparkWriter:
         return SparkWriter(self.spark, self.table, self.source, self.refresh)
+
+    def ranges_per_commit(self, workers: int) -> int:
+        """:data:`RANGES_PER_WORKER` ranges per worker: each commit through Spark costs a
+        second or two beyond its rows (the idempotent write reconstructs the table's state in
+        three Spark jobs, see ``benchmarks/RESULTS.md``, session 45), so a wave lands more."""
+        return RANGES_PER_WORKER * max(1, workers)
 
     def write_snapshot(
         self, tasks: int, copy_task: CopyTask, meta: pa.Table, batch_id: int, workers: int

@@ -142,6 +142,11 @@ class Bronze(ABC):
         """Run ``copy_task`` for task ids ``0 .. tasks-1``, at most ``workers`` at a time, and
         commit their records with ``meta`` as batch ``batch_id``: all of it or none."""
 
+    def ranges_per_commit(self, workers: int) -> int:
+        """How many key ranges of a snapshot one commit lands (a wave), by default: one per
+        worker, so a stopped snapshot redoes at most the ranges of one wave."""
+        return max(1, workers)
+
     # -- questions: one answer each, over the control records, whichever engine read them
 
     def state(self) -> BronzeState:

@@ -405,12 +405,13 @@ def _write_ranges(
     run_id: str,
     monitor: CopyProgressMonitor | None,
 ) -> list[int]:
-    """Land the ranges ``plans`` still need, ``workers`` of them per commit (each with its
-    ``range`` record), then one commit of every table's ``schema`` and ``rewind`` records.
+    """Land the ranges ``plans`` still need, a wave per commit (``[source]
+    snapshot_ranges_per_commit``, or the bronze writer's ``ranges_per_commit``), each range with
+    its ``range`` record, then one commit of every table's ``schema`` and ``rewind`` records.
     Returns the batch ids this call committed."""
     landed = {oid: dict(plan.landed) for oid, plan in plans.items()}
     pieces = [(schema, index) for schema in schemas for index in plans[schema.oid].todo()]
-    wave = max(1, workers)
+    wave = target.ranges_per_commit or bronze.ranges_per_commit(workers)
     batches = []
     for start in range(0, len(pieces), wave):
         batch_id = bronze.next_batch_id()

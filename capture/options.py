@@ -77,6 +77,9 @@ class CaptureTarget:
     """``[source] snapshot_range_mb``: a keyed table's snapshot is read in key ranges of about
     this much heap, each landed on its own, once the table holds two (``capture.ranges``)."""
 
+    ranges_per_commit: int = 0
+    """``[source] snapshot_ranges_per_commit`` (0: ``Bronze.ranges_per_commit``)."""
+
     def on_schema_change(self, table: str) -> str:
         return self.schema_changes.get(table, FOLLOW)
 
@@ -104,6 +107,7 @@ def capture_target(cfg: Config) -> CaptureTarget:
         snapshot_wait_s=cfg.source.snapshot_wait_seconds or None,
         failover_slot=cfg.source.failover_slot,
         snapshot_range_bytes=int(cfg.source.snapshot_range_mb * (1 << 20)),
+        ranges_per_commit=max(0, int(cfg.source.snapshot_ranges_per_commit)),
     )
 
 

@@ -22,6 +22,8 @@
                                    # server has them; on: a server before 17 is an error)
     snapshot_range_mb = 32         # a large table with an integer or uuid key is snapshotted
                                    # in key ranges of this size, so a stopped snapshot resumes
+    snapshot_ranges_per_commit = 0 # ranges per bronze commit (0: one per worker locally, four
+                                   # per worker through Spark); a stop redoes at most one commit
 
     [lakehouse]
     state_dir = ".pgmedallion"     # local runs: warehouse, metastore, checkpoints, PostgreSQL
@@ -174,6 +176,10 @@ class SourceConfig:
     snapshot_range_mb: float = 32.0
     """A table with a one-column integer or uuid key is snapshotted in key ranges of about this
     many MB of heap, each landed on its own, so an interrupted snapshot resumes (0: never)."""
+    snapshot_ranges_per_commit: int = 0
+    """How many of those ranges one bronze commit lands (0: the writer's choice, one per
+    worker locally, four per worker through Spark); a stopped snapshot redoes at most one
+    commit's ranges."""
     hash_key_env: str = "PGMEDALLION_HASH_KEY"
     hash_key_secret_scope: str = ""
     hash_key_secret_key: str = ""

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
+from pgmedallion.bronze.spark_table import RANGES_PER_WORKER
 from pgmedallion.bronze.store import DeltaRsBronze
 from pgmedallion.capture.ranges import RangePlan, range_count, resume_plan, rewind_payload
 from pgmedallion.capture.snapshot import Column
@@ -70,7 +71,9 @@ def _workload(conn: psycopg.Connection, step: int) -> None:
 def _lakehouse(tmp_path: Path, db: dict) -> tuple[Path, dict]:
     config = tmp_path / "pgmedallion.toml"
     text = source_config(db, "rs", tmp_path / "state")
-    config.write_text(text.replace("[lakehouse]", "snapshot_range_mb = 0.5\n[lakehouse]"))
+    # two ranges per commit on either engine: the waves these trials count
+    settings = "snapshot_range_mb = 0.5\nsnapshot_ranges_per_commit = 2\n"
+    config.write_text(text.replace("[lakehouse]", settings + "[lakehouse]"))
     env = dict(os.environ, RS_PW=db["password"], PYTHONPATH=str(REPO))
     env.pop(ENV, None)
     return config, env
@@ -231,6 +234,29 @@ def test_changes_read_after_the_run_that_took_the_snapshot_are_judged_by_their_r
     assert "public.items" in alone.stdout, alone.stdout
     done = _run(config, env, "run")  # the stream: the changes between the two attempts
     assert done.returncode == 0, done.stdout + done.stderr
+    verified = _run(config, env, "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "verify: OK" in verified.stdout, verified.stdout
+
+
+def test_each_commit_lands_the_bronze_writers_number_of_ranges(db, tmp_path):
+    """Without ``snapshot_ranges_per_commit``, a commit lands the bronze writer's number of key
+    ranges: one per worker (two workers) locally, ``RANGES_PER_WORKER`` per worker through
+    Spark, whose commits cost a second or two each; the last wave holds the rest. ``verify``
+    is exact."""
+    with psycopg.connect(**db, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    config, env = _lakehouse(tmp_path, db)
+    config.write_text(config.read_text().replace("snapshot_ranges_per_commit = 2\n", ""))
+    done = _run(config, env, "run")
+    assert done.returncode == 0, done.stdout + done.stderr
+    spark = os.environ.get("PGMEDALLION_LAKEHOUSE_ENGINE") == "spark"
+    wave = 2 * (RANGES_PER_WORKER if spark else 1)
+    ranges = _ranges(config)
+    per_batch = Counter(r["batch_id"] for r in ranges)
+    sizes = [per_batch[b] for b in sorted(per_batch)]
+    assert len(ranges) > 2 * wave, sizes  # items and tokens: about 14 and 7 ranges
+    assert sizes[:-1] == [wave] * (len(sizes) - 1) and 0 < sizes[-1] <= wave, sizes
     verified = _run(config, env, "verify")
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "verify: OK" in verified.stdout, verified.stdout
