@@ -408,14 +408,13 @@ def _rules(spark: SparkSession, items: list[_Item]) -> list[tuple[pa.Table, list
 
 def _all_pass(item: _Item) -> tuple[pa.Table, list] | None:
     """The item's checked state when every row passes every rule, by the driver; else None."""
-    rows = item.state
-    for rule in item.t.rules:
-        check = rule.check if isinstance(rule, Rule) else None
-        if check is None or not check.passes(rows).all():
-            return None
-    offsets = pa.array(np.zeros(rows.num_rows + 1, np.int32))  # an empty list per row
-    empty = pa.ListArray.from_arrays(offsets, pa.array([], pa.string()))
-    return rows.append_column(RULES, empty), [None] * rows.num_rows
+    rows, rules = item.state, item.t.rules
+    if any(not isinstance(r, Rule) or r.check is None for r in rules):
+        return None
+    failed = rules_of.failed_rules(rows, rules)
+    if len(failed.values):
+        return None
+    return rows.append_column(RULES, failed), [None] * rows.num_rows
 
 
 def _rules_in_spark(spark: SparkSession, items: list[_Item]) -> list[tuple[pa.Table, list]]:
