@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pgmedallion.bronze.store import INDEX_COLUMNS, PAYLOAD_KINDS, Bronze, CopyTask
 from pgmedallion.bronze.table import ARROW_SCHEMA, BRONZE_DDL, STATS_COLUMNS, SealedBatch, app_id
@@ -132,19 +133,24 @@ def sealed_dataframe(spark: SparkSession, batch: SealedBatch) -> DataFrame:
 class SparkWriter:
     name = "spark"
 
-    def __init__(self, spark: SparkSession, table: str, source: str, committed=None) -> None:
+    def __init__(
+        self, spark: SparkSession, table: str, source: str, bronze: SparkBronze | None = None
+    ) -> None:
         self.spark, self.table, self.source = spark, table, source
-        self.committed = committed
-        """Called after each commit (the bronze whose records it changed forgets them)."""
+        self.bronze = bronze
+        """The bronze whose records each commit changes: told what it committed."""
 
     def write(self, batch: SealedBatch) -> None:
         try:
             write_batch(
                 sealed_dataframe(self.spark, batch), self.table, self.source, batch.batch_id
             )
-        finally:
-            if self.committed is not None:
-                self.committed()
+        except BaseException:
+            if self.bronze is not None:
+                self.bronze.refresh()
+            raise
+        if self.bronze is not None:
+            self.bronze._committed(batch.batch_id, batch.others)
 
 
 class SparkBronze(Bronze):
@@ -160,18 +166,31 @@ class SparkBronze(Bronze):
 
     # Each read is a Spark job (0.5-1 s, however few the records, 2-3 s once a snapshot's copy
     # records are there), and a capture asks a dozen questions between two of its commits: the
-    # records are read once and kept until this object commits, or ``refresh`` says another
-    # process may have. After its own commit it knows the next batch id without a read: a
-    # snapshot in key ranges asks only that between two ranges' commits.
+    # records are read once and kept, with what this object commits added to them, until
+    # ``refresh`` says another process may have committed (or a snapshot's wave, whose copy
+    # records Spark's executors wrote, calls for a read). After its own commit it knows the
+    # next batch id without a read: a snapshot in key ranges asks only that between two
+    # ranges' commits.
 
     def refresh(self) -> SparkBronze:
         self._read, self._next = None, None
         return self
 
-    def _committed(self, batch_id: int) -> None:
-        """After this object's commit of ``batch_id``: the records are read anew at the next
-        question, but for the next batch id, which follows it."""
-        self._read = None
+    def _committed(self, batch_id: int, records: pa.Table | None = None) -> None:
+        """After this object's commit of ``batch_id``: the next batch id follows it. With the
+        ``records`` it committed (a stream batch's progress record, a record appended), the
+        records read before stay, those added (a read is a Spark job and a Delta snapshot of
+        bronze: 4 s after a stream's commit in a cold process); without them (a snapshot's
+        waves, whose copy records Spark's executors wrote), they are read anew at the next
+        question. As between any two reads, another process's commits show after ``refresh``."""
+        if records is None:
+            self._read = None
+        elif self._read is not None:
+            kept = records.filter(pc.not_equal(records.column("kind"), "wal"))
+            for r in kept.select([*INDEX_COLUMNS, "payload"]).to_pylist():
+                if r["kind"] not in PAYLOAD_KINDS:
+                    r["payload"] = None
+                self._read.append(r)
         self._next = batch_id + 1 if self._next is None else max(self._next, batch_id + 1)
 
     def next_batch_id(self) -> int:
@@ -207,11 +226,11 @@ class SparkBronze(Bronze):
         except BaseException:
             self.refresh()
             raise
-        self._committed(batch_id)
+        self._committed(batch_id, records)
         return True
 
     def writer(self) -> SparkWriter:
-        return SparkWriter(self.spark, self.table, self.source, self.refresh)
+        return SparkWriter(self.spark, self.table, self.source, self)
 
     def ranges_per_commit(self, workers: int) -> int:
         """:data:`RANGES_PER_WORKER` ranges per worker: each commit through Spark costs a

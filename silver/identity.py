@@ -270,7 +270,8 @@ def resolve_previous_images(
     ``_pgm_ordinal``, ``_pgm_kind``, ``_pgm_columns``; the last three NULL for snapshot rows).
     ``prior``: the silver table's rows of earlier runs, None if there are none to count (a
     table (re)snapshotted in this run: then only its rows above the snapshot LSN, ``floor``).
-    The resolved rows are computed once (one Python task for the table) and kept in
+    The resolved rows are computed once, by buckets of keys (one Python task for the table
+    where an update moved a row to another key, see :func:`_moves_a_key`), and kept in
     ``cached`` until the caller has written them. ``identities``: the key positions of each
     identity the run's key-only changes carry, when there is more than one (the source's key
     changed between them): the earlier rows are read under each, and held by row
@@ -303,14 +304,21 @@ def resolve_previous_images(
     names, truncates = list(names), list(truncates)
 
     by_row = identities is not None
+    key_names = [names[p] for p in keys]
+    if not by_row and key_names and not _moves_a_key(changes, key_names):
+        # Every change stays within its key: the keys' buckets resolve apart, in parallel.
+        def by_bucket(table: pa.Table) -> pa.Table:
+            return _resolve_arrow(table, names, keys, truncates)
 
-    # applyInArrow parses its input columns' names (``back`tick`` fails): named by position
-    positional, order = by_position(combined)
+        resolved = by_key(combined, key_names, by_bucket, schema)
+    else:
+        # applyInArrow parses its input columns' names (``back`tick`` fails): by position
+        positional, order = by_position(combined)
 
-    def run(table: pa.Table) -> pa.Table:
-        return _resolve_arrow(table.rename_columns(order), names, keys, truncates, by_row)
+        def run(table: pa.Table) -> pa.Table:
+            return _resolve_arrow(table.rename_columns(order), names, keys, truncates, by_row)
 
-    resolved = positional.groupBy(F.lit(0).alias("_pgm_group")).applyInArrow(run, schema)
+        resolved = positional.groupBy(F.lit(0).alias("_pgm_group")).applyInArrow(run, schema)
     resolved = resolved.persist(sparkapi.StorageLevel.MEMORY_AND_DISK)
     errors = [
         (r[0], r[1], r[2])
@@ -319,6 +327,25 @@ def resolve_previous_images(
     whole = typed.where(F.col(KIND).isNull() | (F.col(KIND) == PLAIN)).select(*data, _LSN, _DIFF)
     good = resolved.where(F.col(_CODE).isNull()).select(*data, _LSN, _DIFF)
     return Images(whole.unionByName(good), errors, [resolved])
+
+
+def _moves_a_key(changes: DataFrame, key_names: Sequence[str]) -> bool:
+    """Whether an update among ``changes`` moved its row to another key (its ``FILL`` row's key
+    is not its ``RETRACT`` row's): the row then links two keys' histories (the ``FILL`` takes
+    its unchanged TOAST values from the retracted row, and later changes of the new key find
+    it in the state), so the keys cannot be resolved apart."""
+    pair = [F.col(_LSN), F.col(ORDINAL)]
+    retracts = changes.where(F.col(KIND) == RETRACT).select(
+        *pair, *(F.col(quote(n)).alias(f"_pgm_old{i}") for i, n in enumerate(key_names))
+    )
+    fills = changes.where(F.col(KIND) == FILL).select(
+        *pair, *(F.col(quote(n)).alias(f"_pgm_new{i}") for i, n in enumerate(key_names))
+    )
+    same = functools.reduce(
+        lambda a, b: a & b,
+        [F.col(f"_pgm_old{i}").eqNullSafe(F.col(f"_pgm_new{i}")) for i in range(len(key_names))],
+    )
+    return bool(fills.join(retracts, [_LSN, ORDINAL]).where(~same).limit(1).collect())
 
 
 def _previous_rows(

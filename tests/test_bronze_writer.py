@@ -224,6 +224,7 @@ def test_both_engines_answer_capture_alike(spark, bronze):
     for batch_id, table in ((3, records[3]), (4, records[4])):
         through_spark.append(table, batch_id)
     DeltaRsWriter(delta_rs.path, app_id("another_source")).append(records[5], 50)
+    through_spark.refresh()  # it knows its own commits, and another writer's after a refresh
     answers = []
     for store in (delta_rs, through_spark):
         state = store.state()
@@ -252,7 +253,8 @@ def test_both_engines_answer_capture_alike(spark, bronze):
     # A resync request newer than the table's snapshot is pending.
     assert delta_rs.request_resync([(22, "s", "b")], 250) == 5
     assert delta_rs.state().resync == frozenset({22})
-    # Spark's reader keeps what it read until it commits or is told another process may have.
+    # Spark's reader keeps what it read (and its own commits) until it is told another
+    # process may have committed.
     assert through_spark.state().resync == frozenset()
     assert through_spark.refresh().state() == delta_rs.state()
 
@@ -290,6 +292,45 @@ def test_spark_reader_knows_the_next_batch_after_its_own_commit(spark, bronze):
         store.append(pa.table({"nonsense": [1]}), 3)
     answer, jobs = _jobs(spark, store.next_batch_id)
     assert answer == 3 and jobs > 0
+
+
+def _answers(store):
+    return (
+        store.state(),
+        store.frontier(),
+        store.next_batch_id(),
+        store.snapshotted_tables(),
+        store.recorded_errors(),
+        store.landed_counts(0),
+        store.snapshot_schemas([21, 22]),
+    )
+
+
+def test_spark_reader_adds_its_own_commits_to_what_it_read(spark, bronze):
+    """Once it has read bronze, Spark's reader adds what it commits (appended records, a stream
+    batch's progress record) to what it read: capture's questions after a stream's commit are
+    answered as a fresh read answers them, without reading bronze again (a Spark job and a
+    Delta snapshot: 4 s in a cold process)."""
+    store = SparkBronze(spark, bronze, SOURCE)
+    records = _control_records()
+    store.append(records[0], 0)
+    assert store.state().next_batch_id == 1  # read
+    store.append(records[1], 1)
+    store.writer().write(_sealed(2))  # wal messages (left out) and a progress record
+    store.append(records[3], 3)
+    store.append(records[4], 4)
+    answers, jobs = _jobs(spark, lambda: _answers(store))
+    assert jobs == 0
+    assert answers == _answers(SparkBronze(spark, bronze, SOURCE))
+    state = answers[0]
+    assert (state.frontier, state.next_batch_id) == (2999, 5)
+    assert state.snapshots == {21: (300, "s", "a"), 22: (100, "s", "b")}
+    assert state.system_identity == {"system_id": "1"}  # the newest progress record's
+    # a stream commit that fails leaves nothing known: the next question reads
+    with pytest.raises(AnalysisException):
+        SparkWriter(spark, "no_such_schema_here.bronze", SOURCE, store).write(_sealed(5))
+    answer, jobs = _jobs(spark, store.next_batch_id)
+    assert answer == 5 and jobs > 0
 
 
 def test_a_table_created_without_spark_is_the_one_spark_creates(spark, tmp_path):

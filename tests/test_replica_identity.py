@@ -13,7 +13,14 @@ from pgmedallion.capture.pgoutput import UNCHANGED_TOAST, Delete, Update, decode
 from pgmedallion.pipeline import run_stages
 from pgmedallion.silver.build import run_silver
 from pgmedallion.silver.changes import FILL, PLAIN, RETRACT
-from pgmedallion.silver.identity import Change, Resolved, Unresolved, resolve
+from pgmedallion.silver.identity import (
+    Change,
+    Resolved,
+    Unresolved,
+    _moves_a_key,
+    resolve,
+    resolve_previous_images,
+)
 from pgmedallion.verify import verify
 from tests.workload import assert_exact, drop_schemas, make_config
 
@@ -143,6 +150,102 @@ def test_a_primary_key_changed_within_a_run_holds_rows_by_row():
         Resolved(10, 1, [1, "us", "b"]),
         Resolved(30, -1, [1, "us", "b"]),
     ]
+
+
+# --- on Spark: by buckets of keys, or whole where an update moved a key -----------------------
+
+
+def _workload(seed: int, move_keys: bool) -> tuple[list[list], list[Change], list[tuple]]:
+    """A table's rows before a run and a run's changes as silver makes them under REPLICA
+    IDENTITY DEFAULT (key-only deletes, updates as RETRACT + FILL with unchanged TOAST
+    columns to fill), over 300 keys; with ``move_keys``, some updates change the key."""
+    import random
+
+    rnd = random.Random(seed)
+    state = {k: [k, f"t{k}", k * 10] for k in range(1, 301)}
+    base = [list(v) for v in state.values()]
+    changes: list[Change] = []
+    truncates: list[tuple] = []
+    lsn, next_key = 100, 1000
+    for _ in range(600):
+        lsn += 10
+        ordinal = rnd.randrange(3)
+        op = rnd.random()
+        if op < 0.02:
+            truncates.append((lsn, ordinal))
+            state.clear()
+        elif op < 0.25 or not state:
+            next_key += 1
+            row = [next_key, f"n{next_key}", lsn]
+            changes.append(c(lsn, ordinal, 1, PLAIN, (), *row))
+            state[next_key] = row
+        elif op < 0.4:
+            key = rnd.choice(sorted(state))
+            changes.append(c(lsn, ordinal, -1, RETRACT, KEY, key, None, None))
+            del state[key]
+        else:
+            key = rnd.choice(sorted(state))
+            old = state.pop(key)
+            new_key = key
+            if move_keys and op > 0.9:
+                next_key += 1
+                new_key = next_key
+            toast = rnd.random() < 0.5  # column 1 unchanged TOAST: to fill from the old row
+            new = [new_key, None if toast else f"u{lsn}", lsn]
+            changes.append(c(lsn, ordinal, -1, RETRACT, KEY, key, None, None))
+            changes.append(c(lsn, ordinal, 1, FILL, (1,) if toast else (), *new))
+            state[new_key] = [new_key, old[1] if toast else new[1], lsn]
+    # a delete of a key that was never in the state: a definite error, found either way
+    changes.append(c(lsn + 10, 0, -1, RETRACT, KEY, 99999, None, None))
+    return base, changes, truncates
+
+
+@pytest.mark.parametrize("move_keys", [False, True])
+def test_spark_resolves_as_the_pure_resolver_does(spark, move_keys):
+    """The Spark resolution (by buckets of keys where no update moved a key, else the table's
+    changes whole) gives the pure resolver's rows and errors, row for row."""
+    from pyspark.sql import types as T
+
+    base, changes, truncates = _workload(7 if move_keys else 3, move_keys)
+    names = ["id", "title", "n"]
+    data = [
+        T.StructField("id", T.LongType()),
+        T.StructField("title", T.StringType()),
+        T.StructField("n", T.LongType()),
+    ]
+    typed_schema = T.StructType(
+        [
+            *data,
+            T.StructField("_pgm_lsn", T.LongType()),
+            T.StructField("_pgm_diff", T.LongType()),
+            T.StructField("_pgm_ordinal", T.LongType()),
+            T.StructField("_pgm_kind", T.IntegerType()),
+            T.StructField("_pgm_columns", T.ArrayType(T.IntegerType())),
+        ]
+    )
+    typed = spark.createDataFrame(
+        [(*ch.values, ch.lsn, ch.diff, ch.ordinal, ch.kind, list(ch.columns)) for ch in changes],
+        typed_schema,
+    )
+    prior = spark.createDataFrame(
+        [(*row, 1) for row in base], T.StructType([*data, T.StructField("_diff", T.LongType())])
+    )
+    changes_df = typed.where("_pgm_kind IS NOT NULL")
+    assert _moves_a_key(changes_df, ["id"]) is move_keys
+
+    images = resolve_previous_images(typed, names, KEY, prior, None, truncates)
+    resolved = images.cached[0].where("_pgm_code IS NULL")
+    got = sorted(
+        (r["_pgm_lsn"], r["_pgm_diff"], r["id"], r["title"], r["n"]) for r in resolved.collect()
+    )
+    expected_rows, expected_errors = resolve(base, changes, KEY, truncates)
+    relevant = [ch for ch in changes if ch.kind != PLAIN]
+    assert len(relevant) > 300
+    assert got == sorted((o.lsn, o.diff, *o.values) for o in expected_rows)
+    assert sorted(images.errors) == sorted((e.lsn, e.code, e.message) for e in expected_errors)
+    assert images.errors  # the unknown key at least
+    for df in images.cached:
+        df.unpersist()
 
 
 # --- end to end ---------------------------------------------------------------------------------
