@@ -331,9 +331,9 @@ def resolve_previous_images(
 
 def _moves_a_key(changes: DataFrame, key_names: Sequence[str]) -> bool:
     """Whether an update among ``changes`` moved its row to another key (its ``FILL`` row's key
-    is not its ``RETRACT`` row's): the row then links two keys' histories (the ``FILL`` takes
-    its unchanged TOAST values from the retracted row, and later changes of the new key find
-    it in the state), so the keys cannot be resolved apart."""
+    is not its ``RETRACT`` row's): its ``FILL`` row, in the new key's bucket, may take
+    unchanged TOAST values from the row its ``RETRACT`` removed under the old key, in another
+    bucket, so such a run's keys are resolved together."""
     pair = [F.col(_LSN), F.col(ORDINAL)]
     retracts = changes.where(F.col(KIND) == RETRACT).select(
         *pair, *(F.col(quote(n)).alias(f"_pgm_old{i}") for i, n in enumerate(key_names))
