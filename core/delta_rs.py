@@ -129,6 +129,27 @@ def bookkeeping_max(
     return row[0] if row else None
 
 
+def bookkeeping_latest(
+    spark, schema: str, table: str, columns: list[str], equal: Mapping[str, object], by: str
+) -> dict | None:
+    """The row of :func:`bookkeeping_rows` with the largest ``by`` (None: none), found where the
+    rows are: a table with a row per run (``_progress``, ``_plans``) grows without end, and a
+    run needs its newest row only."""
+    path = table_dir(schema_dir(spark, schema), table)
+    if usable(path):
+        sql = (
+            f"SELECT {sql_names(columns)} FROM t{_where(equal)}"
+            f" ORDER BY {sql_names([by])} DESC NULLS LAST LIMIT 1"
+        )
+        rows = query(path, sql).to_pylist()
+        return {k: naive_utc(v) for k, v in rows[0].items()} if rows else None
+    from pyspark.sql import functions as F
+
+    rows = _spark_rows(spark, schema, table, equal).orderBy(F.desc_nulls_last(by)).limit(1)
+    found = rows.select(*columns).collect()
+    return found[0].asDict() if found else None
+
+
 def _where(equal: Mapping[str, object]) -> str:
     where = " AND ".join(f"{sql_names([k])} = {_literal(v)}" for k, v in equal.items())
     return f" WHERE {where}" if where else ""

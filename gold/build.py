@@ -137,27 +137,30 @@ class _Inputs:
 
 
 def _read_inputs(spark: SparkSession, cfg: Config) -> _Inputs | None:
-    progress = latest_progress(spark, cfg)
+    # two waves of reads side by side where each is a Spark job (mostly waiting: a Delta
+    # snapshot, a job's scheduling): silver's progress and tables, then what depends on them
+    # (errors below the frontier, adjusted values of the run) with gold's own
+    threads = delta_rs.bookkeeping_through_spark(spark, cfg.schema("silver"))
+    progress, tables = side_by_side(
+        lambda: latest_progress(spark, cfg),
+        lambda: read_tables(spark, cfg),
+        threads=threads,
+    )
     if progress is None:
         return None
     silver_run, frontier = progress.run, progress.frontier
     ensure_report_tables(spark, cfg)
-    threads = delta_rs.bookkeeping_through_spark(spark, cfg.schema("silver"))
-    tables, reported, existing = side_by_side(
-        lambda: read_tables(spark, cfg),
-        lambda: read_reported(spark, cfg),
-        lambda: gold_table_names(spark, cfg),
-        threads=threads,
-    )
     since = {t.oid: t.snapshot_run for t in tables if t.snapshot_run is not None}
     snapshots = {t.oid: t.snapshot_lsn for t in tables if t.snapshot_lsn is not None}
-    silver_runs = progress.touched(min(r.silver_run for r in reported.values())) if reported else []
-    ensure_lag_view(spark, cfg, existing)
-    errors, adjusted = side_by_side(
+    reported, existing, errors, adjusted = side_by_side(
+        lambda: read_reported(spark, cfg),
+        lambda: gold_table_names(spark, cfg),
         lambda: read_errors(spark, cfg, frontier, since, snapshots),
         lambda: read_adjustments(spark, cfg, silver_run, since),
         threads=threads,
     )
+    ensure_lag_view(spark, cfg, existing)
+    silver_runs = progress.touched(min(r.silver_run for r in reported.values())) if reported else []
     return _Inputs(
         silver_run,
         frontier,

@@ -71,7 +71,14 @@ from pgmedallion.silver.errors import ErrorRecord, SchemaIncompatible, TableTrun
 from pgmedallion.silver.first_load import first_snapshot
 from pgmedallion.silver.identity import resolve_previous_images
 from pgmedallion.silver.pgtypes import arrow_type, pg_type_of, spark_type
-from pgmedallion.silver.plan import Plan, control_errors, last_frontier, plan_run, session_bronze
+from pgmedallion.silver.plan import (
+    Plan,
+    control_errors,
+    last_frontier,
+    plan_run,
+    session_bronze,
+    write_plan,
+)
 from pgmedallion.silver.rewind import (
     consolidated,
     distinct_snapshot,
@@ -171,11 +178,14 @@ def _run_once(spark: SparkSession, cfg: Config) -> tuple[SilverResult, bool]:
         plan.b_from,
         plan.b_to,
     )
+    # the plan is written side by side with the reads the run starts with (each through Spark
+    # mostly waits: a Delta snapshot, a job), and before any other write of the run
     threads = delta_rs.bookkeeping_through_spark(spark, n.schema)
-    tables, dropped, relations = side_by_side(
+    tables, dropped, relations, _ = side_by_side(
         lambda: load_tables(spark, cfg),
         lambda: catalog.dropped_before(spark, n, source),
         lambda: catalog.earlier_relations(spark, n, source, plan.run),
+        lambda: write_plan(spark, cfg, plan),
         threads=threads,
     )
     r = _Run(plan, tables)

@@ -48,41 +48,38 @@ class Plan:
 
 
 def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
-    """The next run's plan (the planned one again after a crash), or None when nothing is new."""
+    """The next run's plan (the planned one again after a crash), or None when nothing is new.
+    A new plan is not written yet: :func:`write_plan` writes it before the run writes
+    anything else."""
     n, source = Names(cfg), cfg.source.name
     bronze = session_bronze(spark, cfg, n, fresh=True)  # (read when first asked)
-    # bronze's end and silver's progress side by side where each is a Spark job (silver's own
-    # table: only this run writes it; the end is not used when a planned run is redone)
-    done, end = side_by_side(
-        lambda: delta_rs.bookkeeping_rows(
-            spark, n.schema, "_progress", ["run", "frontier", "bronze_batch"], {"source": source}
+    # silver's last run, its newest plan and bronze's end side by side where each is a Spark
+    # job (silver's own tables: only this run writes them; the end is not used when a planned
+    # run is redone). A plan newer than the last completed run is the one a crash interrupted.
+    last, planned, end = side_by_side(
+        lambda: delta_rs.bookkeeping_latest(
+            spark, n.schema, "_progress", _PROGRESS, {"source": source}, by="run"
+        ),
+        lambda: delta_rs.bookkeeping_latest(
+            spark, n.schema, "_plans", _PLANNED, {"source": source}, by="run"
         ),
         bronze.window_end,
         threads=delta_rs.bookkeeping_through_spark(spark, n.schema),
     )
-    last = max(done, key=lambda r: r["run"]) if done else None
     last_run, f_prev, b_prev = (
         (last["run"], last["frontier"], last["bronze_batch"]) if last else (-1, 0, -1)
     )
     run = last_run + 1
-    planned = delta_rs.bookkeeping_rows(
-        spark,
-        n.schema,
-        "_plans",
-        ["frontier_from", "frontier", "batch_from", "batch_to", "source_time"],
-        {"source": source, "run": run},
-    )
-    if planned:
-        p = planned[0]
+    if planned is not None and planned["run"] == run:
         log.info("silver run %d: redoing the planned run", run)
         return Plan(
             run,
-            p["frontier_from"],
-            p["frontier"],
-            p["batch_from"],
-            p["batch_to"],
+            planned["frontier_from"],
+            planned["frontier"],
+            planned["batch_from"],
+            planned["batch_to"],
             redo=True,
-            source_time=p["source_time"],
+            source_time=planned["source_time"],
         )
     # one read for both ends (``end``): a capture committing meanwhile (``run --continuous``)
     # must not give a batch window that ends past the batch holding the frontier read
@@ -91,13 +88,25 @@ def plan_run(spark: SparkSession, cfg: Config) -> Plan | None:
     if frontier == f_prev and batch == b_prev:
         return None
     at = end.source_time if end.frontier == frontier else None
+    return Plan(run, f_prev, frontier, b_prev, batch, source_time=at)
+
+
+_PROGRESS = ["run", "frontier", "bronze_batch"]
+_PLANNED = ["run", "frontier_from", "frontier", "batch_from", "batch_to", "source_time"]
+
+
+def write_plan(spark: SparkSession, cfg: Config, plan: Plan) -> None:
+    """``plan``'s row in ``_plans`` (a redone plan has it already): before the run writes
+    anything else, so that a crash after any of its writes redoes the same windows."""
+    if plan.redo:
+        return
     ddl = (
         "source string, run long, frontier_from long, frontier long, batch_from long, "
         "batch_to long, source_time timestamp"
     )
-    rows = [(source, run, f_prev, frontier, b_prev, batch, at)]
-    append(spark, n, "_plans", rows, ddl, source, run, stamp="planned_at")
-    return Plan(run, f_prev, frontier, b_prev, batch, source_time=at)
+    source = cfg.source.name
+    rows = [(source, plan.run, plan.f_from, plan.f_to, plan.b_from, plan.b_to, plan.source_time)]
+    append(spark, Names(cfg), "_plans", rows, ddl, source, plan.run, stamp="planned_at")
 
 
 def session_bronze(spark: SparkSession, cfg: Config, n: Names, *, fresh: bool = False) -> Bronze:

@@ -43,3 +43,18 @@ def test_rows_and_the_largest_value_are_the_same_through_either_reader(spark, pr
         {"run": 3, "frontier": None},
     ]
     assert len(delta_rs.bookkeeping_rows(spark, SCHEMA, progress, ["run"], {})) == 5
+
+
+@pytest.mark.parametrize("setting", ["auto", "spark"])
+def test_the_newest_row_is_the_same_through_either_reader(spark, progress, setting):
+    engine.use(LakehouseConfig(engine=setting))
+
+    def newest(source: str, by: str):
+        return delta_rs.bookkeeping_latest(
+            spark, SCHEMA, progress, ["run", "frontier"], {"source": source}, by=by
+        )
+
+    assert newest("a", "run") == {"run": 3, "frontier": None}
+    assert newest("a", "frontier") == {"run": 2, "frontier": 30}  # NULLs last
+    assert newest("b's", "run") == {"run": 4, "frontier": 99}
+    assert newest("nobody", "run") is None
