@@ -29,6 +29,10 @@ What is timed, each a child process from start to exit (``benchmarks.process``)
                     ``id`` from min(id) to max(id)+1 in 2 partitions (fetchsize 10000), written
                     as a Delta table (``save`` to a path, overwrite). Its row count is checked
                     afterwards with delta-rs, untimed.
+    ``jdbc 3 layers`` (``--floor`` only) the same process, which then reads its Delta table
+                    and writes it again as a second one, and the second as a third: the floor
+                    of any pipeline that lands three Delta layers through Spark (no decoding,
+                    keys or bookkeeping). Each layer's row count is checked.
     ``first``       ``python -m pgmedallion.cli --config pgmedallion.toml run``: doctor, the
                     snapshot of the whole table, silver, gold.
     then an update wave, untimed: 1% of the rows (random keys, seeded), ``UPDATE ... SET b =
@@ -139,6 +143,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "an update wave and run without it again",
     )
     parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time the floor of any three-layer Spark pipeline: one cold process that "
+        "loads the table with spark.read.jdbc into Delta, then reads that table and writes it "
+        "again as a second Delta table, and the second as a third (no decoding, keys or "
+        "bookkeeping): what a first load that lands bronze, silver and gold cannot go below",
+    )
+    parser.add_argument(
         "--migrations",
         action="store_true",
         help="then time the run after each of six schema migrations (followed in place) and "
@@ -203,6 +215,10 @@ def run(args: argparse.Namespace) -> Result:
 
         peer["first"] = procs.jdbc("jdbc-first")
         check_jdbc(jdbc_path, table["rows"])
+        if args.floor:
+            peer["floor"] = procs.jdbc("jdbc-3-layers", layers=FLOOR_LAYERS)
+            for layer in range(1, FLOOR_LAYERS + 1):
+                check_jdbc(layer_path(jdbc_path, layer), table["rows"])
         ours["first"] = procs.pgmedallion("first")
         check_first(ours["first"], name, table["rows"])
         gold_path = gold_table_dir(gold_schema_dir)
@@ -281,8 +297,10 @@ class Processes:
         ]
         return self._run(argv, label, self.ours_env, self.root)
 
-    def jdbc(self, label: str, *, start_only: bool = False, packages: bool = True) -> ProcessRun:
-        job = {**self.job, "start_only": start_only, "packages": packages}
+    def jdbc(
+        self, label: str, *, start_only: bool = False, packages: bool = True, layers: int = 1
+    ) -> ProcessRun:
+        job = {**self.job, "start_only": start_only, "packages": packages, "layers": layers}
         spark_dir = Path(job["state_dir"])
         spark_dir.mkdir(parents=True, exist_ok=True)
         environ = {**self.peer_env, JDBC_ENV: json.dumps(job)}
@@ -614,6 +632,14 @@ def report(
     )
     if noop is not None:
         say(f"nothing new: pgmedallion run {noop.seconds:.1f} s")
+    floor = peer.get("floor")
+    if floor is not None:
+        say(
+            f"floor of a three-layer Spark pipeline (JDBC load, then two more Delta layers, one "
+            f"cold process): {floor.seconds:.1f} s; pgmedallion's first run is "
+            f"{first.seconds / floor.seconds:.2f}x it; the best first-load ratio such a pipeline "
+            f"reaches here: {jdbc_first.seconds / floor.seconds:.2f}"
+        )
     for label, *_ in MIGRATIONS:
         if label in ours:
             say(
@@ -657,6 +683,7 @@ def report(
             "skip_noop": args.skip_noop,
             "migrations": args.migrations,
             "history": args.history,
+            "floor": args.floor,
         },
         details={
             "table": table_name(args.rows),
@@ -672,6 +699,7 @@ def report(
             "history": history or None,
             "jdbc_first_s": round(jdbc_first.seconds, 2),
             "jdbc_reload_s": round(jdbc_reload.seconds, 2),
+            "floor_s": None if floor is None else round(floor.seconds, 2),
             "first_ratio": round(first_ratio, 3),
             "update_ratio": round(update_ratio, 3),
             "update_goal": GOAL_UPDATE,
@@ -824,12 +852,22 @@ def _jdbc_child() -> int:
         return 0
     t = time.perf_counter()
     _jdbc_load(spark, job)
-    print(
-        json.dumps(
-            {"spark_start_s": round(spark_s, 2), "read_write_s": round(time.perf_counter() - t, 2)}
-        )
-    )
+    timings = {"spark_start_s": spark_s, "read_write_s": time.perf_counter() - t}
+    for layer in range(2, job.get("layers", 1) + 1):
+        t = time.perf_counter()
+        below, here = (str(layer_path(Path(job["path"]), n)) for n in (layer - 1, layer))
+        spark.read.format("delta").load(below).write.format("delta").mode("overwrite").save(here)
+        timings[f"layer{layer}_s"] = time.perf_counter() - t
+    print(json.dumps({k: round(v, 2) for k, v in timings.items()}))
     return 0
+
+
+FLOOR_LAYERS = 3
+
+
+def layer_path(path: Path, layer: int) -> Path:
+    """The ``--floor`` process's Delta table of ``layer`` (1: the JDBC load's own path)."""
+    return path if layer == 1 else path.with_name(f"{path.name}_layer{layer}")
 
 
 def _jdbc_load(spark, job: dict) -> None:

@@ -269,8 +269,9 @@ def test_load_runs_end_to_end(bench_env, capsys):
     """Whole ``pgmedallion run`` processes and the JDBC peer's, each with a JVM of its own (the
     tests' session is not used). The benchmark itself checks gold's row count and sampled
     values after the update wave, and the JDBC table's; here the record and the slot. With
-    ``--history``: the runs with the table keeping its history, and without it again."""
-    argv = ["--rows", "3000", "--skip-noop", "--history"]
+    ``--history``: the runs with the table keeping its history, and without it again. With
+    ``--floor``: the three-layer floor's process (the benchmark checks each layer's rows)."""
+    argv = ["--rows", "3000", "--skip-noop", "--history", "--floor"]
     result, last, records = _run(bench_env, "load", argv, capsys)
     match = RESULT_LINE.match(last)
     assert match, last
@@ -290,7 +291,15 @@ def test_load_runs_end_to_end(bench_env, capsys):
         "update-history",
         "update-again",
         "jdbc_first",
+        "jdbc_floor",
         "jdbc_reload",
+    }
+    assert details["floor_s"] > 0
+    assert set(details["peer_inside_s"]["floor"]) == {
+        "spark_start_s",
+        "read_write_s",
+        "layer2_s",
+        "layer3_s",
     }
     history = details["history"]
     assert history["noop_s"] is None and history["update_s"] > 0 and history["build_s"] > 0
@@ -304,6 +313,7 @@ def test_load_runs_end_to_end(bench_env, capsys):
         "skip_noop": True,
         "migrations": False,
         "history": True,
+        "floor": True,
     }
     config = (bench_env.state_dir / "load" / "pgmedallion.toml").read_text()
     assert bench_env.conninfo["password"] not in config  # through the environment only
