@@ -29,10 +29,10 @@ What is timed, each a child process from start to exit (``benchmarks.process``)
                     ``id`` from min(id) to max(id)+1 in 2 partitions (fetchsize 10000), written
                     as a Delta table (``save`` to a path, overwrite). Its row count is checked
                     afterwards with delta-rs, untimed.
-    ``jdbc 3 layers`` (``--floor`` only) the same process, which then reads its Delta table
-                    and writes it again as a second one, and the second as a third: the floor
-                    of any pipeline that lands three Delta layers through Spark (no decoding,
-                    keys or bookkeeping). Each layer's row count is checked.
+    ``jdbc 3 layers`` (``--floor`` only) the same process into a new Delta table, which it
+                    then reads and writes again as a second one, and the second as a third:
+                    the floor of any pipeline that lands three Delta layers through Spark (no
+                    decoding, keys or bookkeeping). Each layer's row count is checked.
     ``first``       ``python -m pgmedallion.cli --config pgmedallion.toml run``: doctor, the
                     snapshot of the whole table, silver, gold.
     then an update wave, untimed: 1% of the rows (random keys, seeded), ``UPDATE ... SET b =
@@ -850,12 +850,15 @@ def _jdbc_child() -> int:
     if job.get("start_only"):
         print(json.dumps({"spark_start_s": round(spark_s, 2)}))
         return 0
+    layers, base = job.get("layers", 1), Path(job["path"])
+    if layers > 1:  # every layer a new table, as a first load writes them
+        job = {**job, "path": str(layer_path(base, 1))}
     t = time.perf_counter()
     _jdbc_load(spark, job)
     timings = {"spark_start_s": spark_s, "read_write_s": time.perf_counter() - t}
-    for layer in range(2, job.get("layers", 1) + 1):
+    for layer in range(2, layers + 1):
         t = time.perf_counter()
-        below, here = (str(layer_path(Path(job["path"]), n)) for n in (layer - 1, layer))
+        below, here = (str(layer_path(base, n)) for n in (layer - 1, layer))
         spark.read.format("delta").load(below).write.format("delta").mode("overwrite").save(here)
         timings[f"layer{layer}_s"] = time.perf_counter() - t
     print(json.dumps({k: round(v, 2) for k, v in timings.items()}))
@@ -866,8 +869,8 @@ FLOOR_LAYERS = 3
 
 
 def layer_path(path: Path, layer: int) -> Path:
-    """The ``--floor`` process's Delta table of ``layer`` (1: the JDBC load's own path)."""
-    return path if layer == 1 else path.with_name(f"{path.name}_layer{layer}")
+    """The ``--floor`` process's Delta table of ``layer`` (beside the JDBC load's own)."""
+    return path.with_name(f"{path.name}_layer{layer}")
 
 
 def _jdbc_load(spark, job: dict) -> None:
