@@ -372,7 +372,7 @@ def spark_settings(state_dir: Path, *, packages: tuple[str, ...] = ()) -> dict[s
     return {
         "spark.master": "local[*]",
         "spark.app.name": "pgmedallion",
-        "spark.jars": ",".join(jars),
+        **jar_settings(jars, _extra_settings().get("spark.master", "local[*]")),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.catalogImplementation": "hive",
@@ -396,6 +396,39 @@ def spark_settings(state_dir: Path, *, packages: tuple[str, ...] = ()) -> dict[s
         "spark.databricks.delta.properties.defaults.autoOptimize.optimizeWrite": "false",
         **_extra_settings(),
     }
+
+
+def jar_settings(jars: list[str], master: str) -> dict[str, str]:
+    """Where the session finds the resolved ``jars``. A local master's executors run in the
+    driver's JVM, so the jars pyspark does not ship (an artifact it ships, in another version,
+    stays pyspark's, as Spark's own loader picks it first) go on the driver's class path.
+    Passed as ``spark.jars`` instead, each start copied every jar (89 MB for Delta's 33) into
+    a scratch folder and forked a ``chmod`` per jar, and their classes stayed out of the JVM's
+    class archive (:func:`class_archive_options`). Other masters' executors get them through
+    ``spark.jars``."""
+    if not master.startswith("local"):
+        return {"spark.jars": ",".join(jars)}
+    shipped = {_artifact(p.name) for p in (_pyspark_dir() / "jars").glob("*.jar")}
+    own = [jar for jar in jars if _artifact(Path(jar).name) not in shipped]
+    return {"spark.driver.extraClassPath": os.pathsep.join(own)}
+
+
+def session_jars(settings: dict[str, str]) -> list[str]:
+    """The jar files ``settings`` (:func:`spark_settings`) give the session, either way."""
+    if settings.get("spark.jars"):
+        return settings["spark.jars"].split(",")
+    return [j for j in settings.get("spark.driver.extraClassPath", "").split(os.pathsep) if j]
+
+
+def _artifact(jar_name: str) -> str:
+    """``jackson-core-2.13.5.jar`` -> ``jackson-core``."""
+    return re.sub(r"-\d[\w.+-]*\.jar$", "", jar_name)
+
+
+def _pyspark_dir() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent
 
 
 EXTRA_SETTINGS_ENV = "PGMEDALLION_SPARK_CONF"
@@ -432,7 +465,7 @@ def get_spark(
     write_log4j2(state)
     builder = sparkapi.SparkSession.builder
     settings = spark_settings(state, packages=packages)
-    archive = class_archive_options(settings["spark.jars"].split(","), _jvm_flags())
+    archive = class_archive_options(session_jars(settings), _jvm_flags())
     if archive:
         settings["spark.driver.extraJavaOptions"] += " " + archive
     for key, value in settings.items():

@@ -15,6 +15,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pyspark
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,10 +100,12 @@ def test_a_first_start_downloads_the_jars_with_one_line_and_no_resolution_report
     child = (
         "import logging, sys\n"
         "logging.basicConfig(level=logging.INFO, format='%(name)s: %(message)s')\n"
-        "from pgmedallion.core.spark import get_spark\n"
+        "from pgmedallion.core.spark import get_spark, session_jars\n"
         "spark = get_spark(sys.argv[1])\n"
-        "print('JARS', len(spark.sparkContext.getConf().get('spark.jars').split(',')))\n"
+        "print('JARS', len(session_jars(dict(spark.sparkContext.getConf().getAll()))))\n"
         "print('ROWS', spark.range(3).count())\n"
+        "import glob; from pyspark import SparkFiles\n"
+        "print('COPIED', len(glob.glob(SparkFiles.getRootDirectory() + '/*.jar')))\n"
     )
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
 
@@ -128,8 +131,29 @@ def test_a_first_start_downloads_the_jars_with_one_line_and_no_resolution_report
     ]:
         assert report not in first.stderr
     assert "ROWS 3" in first.stdout and int(first.stdout.split("JARS ")[1].split()[0]) > 1
+    # a local session's executors share the driver's JVM: the jars are on its class path, not
+    # copied into the session's scratch folder at each start
+    assert "COPIED 0" in first.stdout
     recorded = json.loads((tmp_path / "cache" / "pgmedallion" / "spark-jars.json").read_text())
     assert all(Path(jar).is_file() for jars in recorded.values() for jar in jars)
 
     second = start()
     assert "Maven Central" not in second.stderr and "ROWS 3" in second.stdout
+
+
+def test_a_local_session_takes_the_jars_pyspark_lacks_on_its_class_path():
+    """Delta's own jars go on a local driver's class path, without the artifacts pyspark ships
+    in another version (pyspark's stay the ones loaded); other masters ship every jar to their
+    executors through ``spark.jars``."""
+    from pgmedallion.core.spark import delta_package, fetch_jars, jar_settings, session_jars
+
+    jars = fetch_jars(delta_package())
+    local = jar_settings(jars, "local[*]")
+    assert set(local) == {"spark.driver.extraClassPath"}
+    on_path = [Path(j).name for j in session_jars(local)]
+    assert any(name.startswith("delta-spark_") for name in on_path)
+    shipped = {p.name for p in (Path(pyspark.__file__).parent / "jars").glob("jackson-core-*.jar")}
+    assert shipped and not any(name.startswith("jackson-core-") for name in on_path)
+    assert len(on_path) < len(jars)
+    cluster = jar_settings(jars, "spark://127.0.0.1:7077")
+    assert set(cluster) == {"spark.jars"} and session_jars(cluster) == jars
