@@ -38,6 +38,12 @@ What is timed, each a child process from start to exit (``benchmarks.process``)
     then an update wave, untimed: 1% of the rows (random keys, seeded), ``UPDATE ... SET b =
     <a negative marker>`` in transactions of 100 rows, committed.
     ``update``      the next ``pgmedallion run``.
+    ``jdbc 3 layers update`` (``--floor`` only) the floor's process again, told the wave's
+                    marker: the changed rows alone, read by ``spark.read.jdbc`` of ``WHERE b =
+                    <marker>`` (what a peer that knows which rows changed reads) and cached,
+                    appended to the first two layers and MERGEd into the third on ``id``: the
+                    floor of any update run that lands its changes in three Delta layers
+                    through Spark. The third layer's sample is checked like gold's.
     ``jdbc reload`` the JDBC process again (overwriting the same Delta table).
     ``noop``        one more ``pgmedallion run``, with nothing new (``--skip-noop``: not run).
     Each must exit 0. After ``first`` and ``update`` gold (read with delta-rs from the gold
@@ -148,7 +154,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also time the floor of any three-layer Spark pipeline: one cold process that "
         "loads the table with spark.read.jdbc into Delta, then reads that table and writes it "
         "again as a second Delta table, and the second as a third (no decoding, keys or "
-        "bookkeeping): what a first load that lands bronze, silver and gold cannot go below",
+        "bookkeeping): what a first load that lands bronze, silver and gold cannot go below; "
+        "and after the update wave the same process on the changed rows alone (read by JDBC, "
+        "appended to two layers, MERGEd into the third): what an update run cannot go below",
     )
     parser.add_argument(
         "--migrations",
@@ -228,6 +236,14 @@ def run(args: argparse.Namespace) -> Result:
         ours["update"] = procs.pgmedallion("update")
         check_gold_count(gold_path, table["rows"])
         check_sample(env, name, gold_path, wave, "gold")
+        if args.floor:
+            changes = f"b = {int(wave['marker'])}"
+            peer["floor_update"] = procs.jdbc(
+                "jdbc-3-layers-update", layers=FLOOR_LAYERS, changes=changes
+            )
+            top = layer_path(jdbc_path, FLOOR_LAYERS)
+            check_jdbc(top, table["rows"])
+            check_sample(env, name, top, wave, "the floor's third layer")
         peer["reload"] = procs.jdbc("jdbc-reload")
         check_jdbc(jdbc_path, table["rows"])
         check_sample(env, name, jdbc_path, wave, "the JDBC table")
@@ -298,9 +314,21 @@ class Processes:
         return self._run(argv, label, self.ours_env, self.root)
 
     def jdbc(
-        self, label: str, *, start_only: bool = False, packages: bool = True, layers: int = 1
+        self,
+        label: str,
+        *,
+        start_only: bool = False,
+        packages: bool = True,
+        layers: int = 1,
+        changes: str | None = None,
     ) -> ProcessRun:
-        job = {**self.job, "start_only": start_only, "packages": packages, "layers": layers}
+        job = {
+            **self.job,
+            "start_only": start_only,
+            "packages": packages,
+            "layers": layers,
+            "changes": changes,
+        }
         spark_dir = Path(job["state_dir"])
         spark_dir.mkdir(parents=True, exist_ok=True)
         environ = {**self.peer_env, JDBC_ENV: json.dumps(job)}
@@ -640,6 +668,15 @@ def report(
             f"{first.seconds / floor.seconds:.2f}x it; the best first-load ratio such a pipeline "
             f"reaches here: {jdbc_first.seconds / floor.seconds:.2f}"
         )
+    floor_update = peer.get("floor_update")
+    if floor_update is not None:
+        say(
+            f"floor of a three-layer Spark update run (the changed rows by JDBC, appended to two "
+            f"Delta layers and MERGEd into the third, one cold process): "
+            f"{floor_update.seconds:.1f} s; pgmedallion's update run is "
+            f"{update.seconds / floor_update.seconds:.2f}x it; the best update ratio such a "
+            f"pipeline reaches here: {jdbc_reload.seconds / floor_update.seconds:.2f}"
+        )
     for label, *_ in MIGRATIONS:
         if label in ours:
             say(
@@ -700,6 +737,7 @@ def report(
             "jdbc_first_s": round(jdbc_first.seconds, 2),
             "jdbc_reload_s": round(jdbc_reload.seconds, 2),
             "floor_s": None if floor is None else round(floor.seconds, 2),
+            "floor_update_s": None if floor_update is None else round(floor_update.seconds, 2),
             "first_ratio": round(first_ratio, 3),
             "update_ratio": round(update_ratio, 3),
             "update_goal": GOAL_UPDATE,
@@ -851,6 +889,10 @@ def _jdbc_child() -> int:
         print(json.dumps({"spark_start_s": round(spark_s, 2)}))
         return 0
     layers, base = job.get("layers", 1), Path(job["path"])
+    if job.get("changes"):
+        timings = {"spark_start_s": spark_s, **_floor_update(spark, job, layers, base)}
+        print(json.dumps({k: round(v, 2) for k, v in timings.items()}))
+        return 0
     if layers > 1:  # every layer a new table, as a first load writes them
         job = {**job, "path": str(layer_path(base, 1))}
     t = time.perf_counter()
@@ -871,6 +913,44 @@ FLOOR_LAYERS = 3
 def layer_path(path: Path, layer: int) -> Path:
     """The ``--floor`` process's Delta table of ``layer`` (beside the JDBC load's own)."""
     return path.with_name(f"{path.name}_layer{layer}")
+
+
+def _floor_update(spark, job: dict, layers: int, base: Path) -> dict[str, float]:
+    """The update floor's work: the rows ``job["changes"]`` selects, read once by JDBC and
+    cached, appended to every layer but the last and MERGEd into the last on ``id``."""
+    from delta.tables import DeltaTable
+
+    info = job["conninfo"]
+    t = time.perf_counter()
+    query = f"(SELECT * FROM {job['table']} WHERE {job['changes']}) AS changes"
+    changes = spark.read.jdbc(
+        jdbc_url(info),
+        query,
+        properties={
+            "user": info["user"],
+            "password": os.environ[PASSWORD_ENV],
+            "driver": "org.postgresql.Driver",
+            "fetchsize": str(JDBC_FETCH_SIZE),
+        },
+    ).cache()
+    rows = changes.count()
+    timings = {"read_changes_s": time.perf_counter() - t}
+    for layer in range(1, layers):
+        t = time.perf_counter()
+        changes.write.format("delta").mode("append").save(str(layer_path(base, layer)))
+        timings[f"layer{layer}_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    top = DeltaTable.forPath(spark, str(layer_path(base, layers)))
+    (
+        top.alias("t")
+        .merge(changes.alias("s"), "t.id = s.id")
+        .whenMatchedUpdateAll()
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
+    timings[f"layer{layers}_merge_s"] = time.perf_counter() - t
+    timings["changed_rows"] = rows
+    return timings
 
 
 def _jdbc_load(spark, job: dict) -> None:

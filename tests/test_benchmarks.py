@@ -270,7 +270,8 @@ def test_load_runs_end_to_end(bench_env, capsys):
     tests' session is not used). The benchmark itself checks gold's row count and sampled
     values after the update wave, and the JDBC table's; here the record and the slot. With
     ``--history``: the runs with the table keeping its history, and without it again. With
-    ``--floor``: the three-layer floor's process (the benchmark checks each layer's rows)."""
+    ``--floor``: the three-layer floor's processes, a first load and an update (the benchmark
+    checks each layer's rows, and the third layer's sampled values after the update)."""
     argv = ["--rows", "3000", "--skip-noop", "--history", "--floor"]
     result, last, records = _run(bench_env, "load", argv, capsys)
     match = RESULT_LINE.match(last)
@@ -292,14 +293,24 @@ def test_load_runs_end_to_end(bench_env, capsys):
         "update-again",
         "jdbc_first",
         "jdbc_floor",
+        "jdbc_floor_update",
         "jdbc_reload",
     }
-    assert details["floor_s"] > 0
+    assert details["floor_s"] > 0 and details["floor_update_s"] > 0
     assert set(details["peer_inside_s"]["floor"]) == {
         "spark_start_s",
         "read_write_s",
         "layer2_s",
         "layer3_s",
+    }
+    assert details["peer_inside_s"]["floor_update"]["changed_rows"] == 30
+    assert set(details["peer_inside_s"]["floor_update"]) == {
+        "spark_start_s",
+        "read_changes_s",
+        "layer1_s",
+        "layer2_s",
+        "layer3_merge_s",
+        "changed_rows",
     }
     history = details["history"]
     assert history["noop_s"] is None and history["update_s"] > 0 and history["build_s"] > 0
