@@ -41,7 +41,8 @@ What is timed, each a child process from start to exit (``benchmarks.process``)
     ``jdbc 3 layers update`` (``--floor`` only) the floor's process again, told the wave's
                     marker: the changed rows alone, read by ``spark.read.jdbc`` of ``WHERE b =
                     <marker>`` (what a peer that knows which rows changed reads) and cached,
-                    appended to the first two layers and MERGEd into the third on ``id``: the
+                    appended to the first two layers and MERGEd into the third on ``id`` (the
+                    floor's tables have deletion vectors, as gold has): the
                     floor of any update run that lands its changes in three Delta layers
                     through Spark. The third layer's sample is checked like gold's.
     ``jdbc reload`` the JDBC process again (overwriting the same Delta table).
@@ -889,6 +890,8 @@ def _jdbc_child() -> int:
         print(json.dumps({"spark_start_s": round(spark_s, 2)}))
         return 0
     layers, base = job.get("layers", 1), Path(job["path"])
+    if layers > 1:  # the floor's tables take deletion vectors, as gold's do (a cheaper MERGE)
+        spark.conf.set("spark.databricks.delta.properties.defaults.enableDeletionVectors", "true")
     if job.get("changes"):
         timings = {"spark_start_s": spark_s, **_floor_update(spark, job, layers, base)}
         print(json.dumps({k: round(v, 2) for k, v in timings.items()}))
