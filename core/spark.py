@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -468,11 +469,51 @@ def get_spark(
     archive = class_archive_options(session_jars(settings), _jvm_flags())
     if archive:
         settings["spark.driver.extraJavaOptions"] += " " + archive
+    _launch_driver(settings)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+JVM_NOISE = (b"WARNING: Using incubator modules:",)
+"""Lines the local driver's JVM writes to stderr that are not for people: Spark 4's launcher
+adds ``--add-modules=jdk.incubator.vector`` to every driver, and the JVM then warns that an
+incubator module is in use; no JVM flag silences that warning."""
+
+
+def _launch_driver(settings: dict[str, str]) -> None:
+    """Start the local driver's JVM as the session builder would (the same settings on its
+    command line), with its stderr passed on line by line without :data:`JVM_NOISE`. The
+    builder then finds the JVM running and uses it."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None:
+        return
+    conf = SparkConf()
+    conf.setAll(list(settings.items()))
+    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+    SparkContext._gateway, SparkContext._jvm = gateway, gateway.jvm
+    threading.Thread(
+        target=_pass_stderr, args=(gateway.proc.stderr,), name="jvm-stderr", daemon=True
+    ).start()
+
+
+def _pass_stderr(stream) -> None:
+    """Copy the JVM's stderr to this process's (file descriptor 2, as the JVM wrote before),
+    leaving out :data:`JVM_NOISE`, until the JVM closes it."""
+    with stream:
+        for line in stream:
+            if line.startswith(JVM_NOISE):
+                continue
+            view = memoryview(line)
+            try:
+                while view:
+                    view = view[os.write(2, view) :]
+            except OSError:
+                return
 
 
 def _python() -> str:

@@ -139,6 +139,8 @@ def test_a_first_start_downloads_the_jars_with_one_line_and_no_resolution_report
 
     second = start()
     assert "Maven Central" not in second.stderr and "ROWS 3" in second.stdout
+    # the JVM's warning about the incubator module Spark's launcher adds is not for people
+    assert "incubator" not in first.stderr + second.stderr
 
 
 def test_a_local_session_takes_the_jars_pyspark_lacks_on_its_class_path():
