@@ -926,16 +926,7 @@ def _floor_update(spark, job: dict, layers: int, base: Path) -> dict[str, float]
     info = job["conninfo"]
     t = time.perf_counter()
     query = f"(SELECT * FROM {job['table']} WHERE {job['changes']}) AS changes"
-    changes = spark.read.jdbc(
-        jdbc_url(info),
-        query,
-        properties={
-            "user": info["user"],
-            "password": os.environ[PASSWORD_ENV],
-            "driver": "org.postgresql.Driver",
-            "fetchsize": str(JDBC_FETCH_SIZE),
-        },
-    ).cache()
+    changes = spark.read.jdbc(jdbc_url(info), query, properties=_jdbc_properties(info)).cache()
     rows = changes.count()
     timings = {"read_changes_s": time.perf_counter() - t}
     for layer in range(1, layers):
@@ -966,14 +957,19 @@ def _jdbc_load(spark, job: dict) -> None:
         lowerBound=job["lower"],
         upperBound=job["upper"],
         numPartitions=job["partitions"],
-        properties={
-            "user": info["user"],
-            "password": os.environ[PASSWORD_ENV],
-            "driver": "org.postgresql.Driver",
-            "fetchsize": str(JDBC_FETCH_SIZE),
-        },
+        properties=_jdbc_properties(info),
     )
     frame.write.format("delta").mode("overwrite").save(job["path"])
+
+
+def _jdbc_properties(info: dict) -> dict[str, str]:
+    """The JDBC connection's properties (the password from the environment, never the job)."""
+    return {
+        "user": info["user"],
+        "password": os.environ[PASSWORD_ENV],
+        "driver": "org.postgresql.Driver",
+        "fetchsize": str(JDBC_FETCH_SIZE),
+    }
 
 
 if __name__ == "__main__":
