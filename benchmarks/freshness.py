@@ -8,7 +8,9 @@ for the peer.
 
 What runs, side by side for ``--minutes``
     ``pgmedallion run --continuous``  a child process from a configuration file, started cold
-                    before the load begins (its start and first application are reported);
+                    before the load begins (its start and first application are reported),
+                    with ``--engine``'s ``[lakehouse] engine`` (``spark``: every table read and
+                    committed through Spark, as on Databricks);
     ``pg_recvlogical``  on the peer slot, printing each change as text to a pipe that this
                     process reads line by line (the time a marker's INSERT arrives is its peer
                     latency: what the replication stream itself costs);
@@ -105,6 +107,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=int, default=200, help="pgbench transactions per second")
     parser.add_argument("--scale", type=int, default=1, help="pgbench scale (100k rows each)")
     parser.add_argument("--poll", type=float, default=0.2, help="gold poll interval, seconds")
+    parser.add_argument(
+        "--engine",
+        choices=("auto", "spark", "delta-rs"),
+        default="auto",
+        help="pgmedallion's [lakehouse] engine (%(default)s; spark: what a Databricks job runs)",
+    )
 
 
 def run(args: argparse.Namespace) -> Result:
@@ -122,7 +130,9 @@ def run(args: argparse.Namespace) -> Result:
         slot=SLOT,
         password_env=PASSWORD_ENV,
         writer=NAME,
+        engine=args.engine,
     )
+    say(f"pgmedallion's engine: {args.engine}")
     gold_markers = root / "lakehouse" / "warehouse" / f"{SCHEMAS['gold']}.db" / f"public_{MARKERS}"
     environ = {k: v for k, v in os.environ.items() if not _overrides_config(k)}
     environ[PASSWORD_ENV] = env.conninfo["password"]
@@ -369,7 +379,13 @@ def report(
         ours=Timing("pgmedallion", gold["p50"]),
         peer=Timing("pg_recvlogical", figures["pg_recvlogical"]["p50"]),
         goal=None,
-        params={"minutes": args.minutes, "rate": args.rate, "scale": args.scale, "poll": args.poll},
+        params={
+            "minutes": args.minutes,
+            "rate": args.rate,
+            "scale": args.scale,
+            "poll": args.poll,
+            "engine": args.engine,
+        },
         details={
             "latency": figures,
             "applications": applications,
