@@ -257,6 +257,16 @@ def ensure_database(server: LocalPostgres, dbname: str) -> None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
 
 
+def add_engine_argument(parser) -> None:
+    """``--engine``: pgmedallion's ``[lakehouse] engine`` for a benchmark's whole processes."""
+    parser.add_argument(
+        "--engine",
+        choices=("auto", "spark", "delta-rs"),
+        default="auto",
+        help="pgmedallion's [lakehouse] engine (%(default)s; spark: what a Databricks job runs)",
+    )
+
+
 def write_pipeline_config(
     env: BenchEnv,
     path: Path,

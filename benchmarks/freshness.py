@@ -53,7 +53,16 @@ from typing import Any
 
 from psycopg import sql
 
-from benchmarks.common import MB, BenchEnv, Result, Timing, drop_slot, say, write_pipeline_config
+from benchmarks.common import (
+    MB,
+    BenchEnv,
+    Result,
+    Timing,
+    add_engine_argument,
+    drop_slot,
+    say,
+    write_pipeline_config,
+)
 from benchmarks.load import _overrides_config
 from benchmarks.process import proportional_kib, tree
 
@@ -107,12 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=int, default=200, help="pgbench transactions per second")
     parser.add_argument("--scale", type=int, default=1, help="pgbench scale (100k rows each)")
     parser.add_argument("--poll", type=float, default=0.2, help="gold poll interval, seconds")
-    parser.add_argument(
-        "--engine",
-        choices=("auto", "spark", "delta-rs"),
-        default="auto",
-        help="pgmedallion's [lakehouse] engine (%(default)s; spark: what a Databricks job runs)",
-    )
+    add_engine_argument(parser)
 
 
 def run(args: argparse.Namespace) -> Result:

@@ -84,6 +84,7 @@ from benchmarks.common import (
     Result,
     Stopwatch,
     Timing,
+    add_engine_argument,
     drop_slot,
     format_mb,
     jdbc_url,
@@ -122,12 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--skip-noop", action="store_true", help="do not time a last run with nothing new"
     )
-    parser.add_argument(
-        "--engine",
-        choices=("auto", "spark", "delta-rs"),
-        default="auto",
-        help="pgmedallion's [lakehouse] engine (%(default)s; spark: what a Databricks job runs)",
-    )
+    add_engine_argument(parser)
     parser.add_argument(
         "--snapshot-range-mb",
         type=float,
