@@ -347,6 +347,7 @@ class Processes:
             f"{_mb(run.tree_peak_kib)}, largest process {_mb(run.largest_kib)}, "
             f"{run.processes} processes"
             + (f", {run.stragglers} killed after it exited" if run.stragglers else "")
+            + f"; CPU {cpu_shown(run)}"
         )
         return run
 
@@ -357,6 +358,13 @@ def _overrides_config(variable: str) -> bool:
     if variable.startswith("PGMEDALLION_"):
         return variable.startswith(("PGMEDALLION_SOURCE_", "PGMEDALLION_LAKEHOUSE_"))
     return variable.startswith("PG")
+
+
+def cpu_shown(run: ProcessRun) -> str:
+    """``125.4 s (JIT compilers 40.6 s, ...)``: the process tree's CPU time by part."""
+    parts = dict(run.cpu_seconds)
+    total = parts.pop("total", 0.0)
+    return f"{total:.1f} s (" + ", ".join(f"{k} {v:.1f} s" for k, v in parts.items() if v) + ")"
 
 
 def stage_seconds(run: ProcessRun) -> dict[str, float]:
@@ -744,6 +752,7 @@ def report(
             "stages_s": {k: stage_seconds(v) for k, v in ours.items()},
             "peak_rss_tree_kib": {k: v.tree_peak_kib for k, v in runs.items()},
             "peak_rss_largest_process_kib": {k: v.largest_kib for k, v in runs.items()},
+            "cpu_seconds": {k: dict(v.cpu_seconds) for k, v in runs.items()},
             "wait4_maxrss_kib": {k: v.wait4_maxrss_kib for k, v in runs.items()},
             "peer_inside_s": {k: _peer_inside(v) for k, v in peer.items()},
             "warmup_s": {k: round(v, 2) for k, v in warm.items()},

@@ -21,6 +21,13 @@ Three memory figures come out, all in KiB:
     peak RSS into it across ``exec``, see ``benchmarks/rss.py``), and blind to a JVM that
     its Python process never reaps.
 
+The same samples read each process's CPU time (``/proc/<pid>/stat``) and, every
+:data:`THREADS_EVERY` samples, a JVM's threads' (``/proc/<pid>/task/*/stat``), for
+``cpu_seconds``: the tree's CPU by part (:func:`cpu_parts`), where a cold Spark process spends
+it (its JIT compilers, its garbage collector, Spark's tasks, the rest of the JVM, everything
+that is not a JVM). A process's last reading counts, so a process or thread that ends between
+two samples loses at most one interval of its time.
+
 The wall time stops when ``os.wait4`` returns. After that, :func:`run_process` waits (untimed)
 for the rest of the tree to exit, so that a JVM that outlives its Python process for a moment
 cannot hold the next process's Derby metastore or CPU; past :data:`STRAGGLER_TIMEOUT_S` the
@@ -35,10 +42,11 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SAMPLE_S = 0.2
+THREADS_EVERY = 5
 STRAGGLER_TIMEOUT_S = 30.0
 
 
@@ -59,6 +67,8 @@ class ProcessRun:
     """Distinct processes seen in the tree."""
     stragglers: int = 0
     """Processes of its group still alive long after it exited (killed)."""
+    cpu_seconds: Mapping[str, float] = field(default_factory=dict)
+    """The tree's CPU time by part (:func:`cpu_parts`)."""
 
     @property
     def stdout(self) -> str:
@@ -132,6 +142,7 @@ def run_process(
         wait4_maxrss_kib=usage.ru_maxrss,
         processes=len(sampler.seen),
         stragglers=stragglers,
+        cpu_seconds=cpu_parts(sampler.process_cpu, sampler.thread_cpu),
     )
 
 
@@ -143,6 +154,9 @@ class _TreeSampler(threading.Thread):
         self.tree_peak_kib = 0
         self.largest_kib = 0
         self.seen: set[int] = set()
+        self.process_cpu: dict[int, tuple[str, float]] = {}
+        self.thread_cpu: dict[tuple[int, int], tuple[str, float]] = {}
+        self._samples = 0
         self._root_alive = True
         self._done = threading.Event()
 
@@ -163,6 +177,8 @@ class _TreeSampler(threading.Thread):
 
     def sample(self) -> None:
         total = 0
+        threads = self._samples % THREADS_EVERY == 0
+        self._samples += 1
         for pid in tree(self.root):
             rss, hwm = _memory(pid)
             if rss is None:
@@ -170,7 +186,66 @@ class _TreeSampler(threading.Thread):
             self.seen.add(pid)
             total += rss
             self.largest_kib = max(self.largest_kib, hwm or 0)
+            cpu = _cpu(f"/proc/{pid}/stat")
+            if cpu is None:
+                continue
+            self.process_cpu[pid] = cpu
+            if threads and cpu[0] == "java":
+                for tid in _listdir(f"/proc/{pid}/task"):
+                    if (thread := _cpu(f"/proc/{pid}/task/{tid}/stat")) is not None:
+                        self.thread_cpu[(pid, int(tid))] = thread
         self.tree_peak_kib = max(self.tree_peak_kib, total)
+
+
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+JVM_THREADS = (
+    ("JIT compilers", ("C1 CompilerThre", "C2 CompilerThre")),
+    ("garbage collector", ("GC Thread", "G1 ")),
+    ("Spark tasks", ("Executor task",)),
+)
+"""Parts of a JVM's CPU time (:func:`cpu_parts`), by the starts of its threads' names (Linux
+keeps 15 characters of a thread's name)."""
+
+
+def cpu_parts(
+    processes: Mapping[int, tuple[str, float]], threads: Mapping[tuple[int, int], tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds by part: each of :data:`JVM_THREADS`, ``other JVM`` (the rest of the JVMs'
+    time: the driver's queries, Delta's log, I/O), ``not JVM`` (Python, the workers, anything
+    else), and ``total``. ``processes``: pid -> (name, seconds); ``threads``: (pid, tid) ->
+    (name, seconds), of the JVMs (name ``java``)."""
+    parts = dict.fromkeys([name for name, _ in JVM_THREADS], 0.0)
+    for _, (name, seconds) in threads.items():
+        for part, starts in JVM_THREADS:
+            if name.startswith(starts):
+                parts[part] += seconds
+                break
+    jvm = sum(seconds for name, seconds in processes.values() if name == "java")
+    total = sum(seconds for _, seconds in processes.values())
+    parts["other JVM"] = max(jvm - sum(parts.values()), 0.0)
+    parts["not JVM"] = total - jvm
+    parts["total"] = total
+    return {part: round(seconds, 1) for part, seconds in parts.items()}
+
+
+def _cpu(path: str) -> tuple[str, float] | None:
+    """(name, user + system seconds) from a ``stat`` file; None when it is gone."""
+    try:
+        with open(path, "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    name = stat[stat.find(b"(") + 1 : stat.rfind(b")")].decode(errors="replace")
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return name, (int(fields[11]) + int(fields[12])) * _TICK_S
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 def _processes():
