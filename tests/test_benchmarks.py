@@ -317,6 +317,12 @@ def test_load_runs_end_to_end(bench_env, capsys):
     plain = (details["update_s"] + history["update_again_s"]) / 2
     assert history["added"] == pytest.approx(history["update_s"] / plain - 1, abs=0.01)
     assert all(kib > 0 for kib in details["peak_rss_tree_kib"].values())
+    # every process's CPU by part; the peer's processes start a JVM, whose compilers work
+    assert set(details["cpu_seconds"]) == set(details["peak_rss_tree_kib"])
+    for label, parts in details["cpu_seconds"].items():
+        assert parts["total"] > 0, label
+        if label.startswith("jdbc"):
+            assert 0 < parts["JIT compilers"] < parts["total"], label
     [record] = records
     assert record["name"] == "load" and record["params"] == {
         "rows": 3000,
