@@ -133,7 +133,7 @@ def class_archive_dir() -> Path:
     return _cache_dir() / "jvm-classes"
 
 
-def _jvm_flags() -> str:
+def jvm_flags() -> str:
     """The local JVM's options other than its state directory's (what its classes depend on)."""
     return f"{JVM_OPTIONS} {LOCAL_JVM_OPTIONS} {os.environ.get(EXTRA_JVM_OPTIONS_ENV, '')}".strip()
 
@@ -161,6 +161,14 @@ def _java_path() -> str | None:
     return f"{home}/bin{os.pathsep}{os.environ.get('PATH', '')}" if home else None
 
 
+def class_archive(jars: list[str], java_options: str) -> Path | None:
+    """The file of the class archive for a local JVM with ``jars`` and ``java_options`` (there
+    or not yet), or None where archives are turned off (:data:`CLASS_ARCHIVE_ENV`)."""
+    if os.environ.get(CLASS_ARCHIVE_ENV, "1") == "0":
+        return None
+    return class_archive_dir() / f"{_archive_key(jars, java_options)}.jsa"
+
+
 def class_archive_options(jars: list[str], java_options: str) -> str:
     """JVM options that start the local Spark JVM from an archive of the classes an earlier
     run loaded (HotSpot's class data sharing), or that make this run write one at its exit.
@@ -174,10 +182,10 @@ def class_archive_options(jars: list[str], java_options: str) -> str:
     file this process claimed (other processes meanwhile start without an archive), and this
     process renames it into place once the JVM exited cleanly (:func:`_keep_archive`), so a
     run never starts from a partial archive. ``PGMEDALLION_SPARK_CLASS_ARCHIVE=0`` turns it off."""
-    if os.environ.get(CLASS_ARCHIVE_ENV, "1") == "0":
+    archive = class_archive(jars, java_options)
+    if archive is None:
         return ""
-    folder = class_archive_dir()
-    archive = folder / f"{_archive_key(jars, java_options)}.jsa"
+    folder = archive.parent
     quiet = "-Xlog:cds=off -Xlog:cds+dynamic=off -Xshare:auto"
     if archive.is_file():
         return f"-XX:SharedArchiveFile={archive} {quiet}"
@@ -367,7 +375,7 @@ def spark_settings(state_dir: Path, *, packages: tuple[str, ...] = ()) -> dict[s
     metastore = state_dir / "metastore_db"
     java_options = (
         f"-Dderby.system.home={state_dir} -Dlog4j2.configurationFile={log4j2_file(state_dir)} "
-        + _jvm_flags()
+        + jvm_flags()
     )
     jars = fetch_jars(",".join((delta_package(), *packages)))
     return {
@@ -466,7 +474,7 @@ def get_spark(
     write_log4j2(state)
     builder = sparkapi.SparkSession.builder
     settings = spark_settings(state, packages=packages)
-    archive = class_archive_options(session_jars(settings), _jvm_flags())
+    archive = class_archive_options(session_jars(settings), jvm_flags())
     if archive:
         settings["spark.driver.extraJavaOptions"] += " " + archive
     _launch_driver(settings)

@@ -22,10 +22,49 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: each worker its own serv
 # Spark's JVM in tests (and in the child processes they start) skips the optimizing JIT: on
 # the suite's small tables compiling cost more CPU than it saved (see core/spark.py).
 os.environ.setdefault("PGMEDALLION_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
-# No JVM class archive in the suite's processes (tests/test_spark_start.py covers it): pytest's
-# workers end without running exit handlers, so the one that claimed the archive never put it
-# in place, and each writing JVM spent 10-15 s and 240 MB on it at its exit.
-os.environ.setdefault("PGMEDALLION_SPARK_CLASS_ARCHIVE", "0")
+
+ARCHIVE_ENV = "PGMEDALLION_SPARK_CLASS_ARCHIVE"
+WRITE_ARCHIVE = """
+import sys
+from pgmedallion.core.spark import get_spark
+get_spark(sys.argv[1]).range(1).count()
+"""
+
+
+def _class_archive() -> None:
+    """Before any worker starts: the JVM class archive the suite's Spark processes start from
+    (``core.spark.class_archive_options``), written once by a child process that exits as a
+    ``pgmedallion`` process does. A cold Spark process of the suite takes 10 s with it and 17 s
+    without (a start, a Delta table created, written and read; C1 only). A pytest worker ends
+    without running exit handlers, so it must never be the process that claims the archive:
+    where the archive cannot be written, the suite runs without one."""
+    if os.environ.get(ARCHIVE_ENV) == "0":
+        return
+    import subprocess
+    import sys
+    import tempfile
+
+    from pgmedallion.core.spark import class_archive, jvm_flags, session_jars, spark_settings
+
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            archive = class_archive(session_jars(spark_settings(Path(tmp))), jvm_flags())
+            if archive is not None and not archive.is_file():
+                subprocess.run(
+                    [sys.executable, "-c", WRITE_ARCHIVE, tmp],
+                    capture_output=True,
+                    timeout=900,
+                )
+    except Exception:  # noqa: BLE001 - no Java, no jars: the tests that need them say so
+        archive = None
+    if archive is None or not archive.is_file():
+        os.environ[ARCHIVE_ENV] = "0"
+
+
+def pytest_configure(config):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller (or the only process)
+        _class_archive()
+
 
 SERVERS = ["pg18"] + (["pg15"] if (PG15_BIN / "postgres").exists() else [])
 
