@@ -44,11 +44,18 @@ def _class_archive() -> None:
     import sys
     import tempfile
 
-    from pgmedallion.core.spark import class_archive, jvm_flags, session_jars, spark_settings
+    from pgmedallion.core.spark import (
+        check_java,
+        class_archive,
+        jvm_flags,
+        session_jars,
+        spark_settings,
+    )
 
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            archive = class_archive(session_jars(spark_settings(Path(tmp))), jvm_flags())
+            jars = session_jars(spark_settings(Path(tmp)))
+            archive = class_archive(jars, jvm_flags(), check_java())
             if archive is not None and not archive.is_file():
                 subprocess.run(
                     [sys.executable, "-c", WRITE_ARCHIVE, tmp],

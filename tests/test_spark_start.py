@@ -7,8 +7,10 @@ JVMs in child processes, each with a fresh cache directory of its own.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -35,8 +37,8 @@ CHILD = textwrap.dedent(
 )
 
 
-def _start(cache: Path, state: Path) -> tuple[str, int]:
-    env = dict(os.environ, XDG_CACHE_HOME=str(cache), PYTHONPATH=str(REPO))
+def _start(cache: Path, state: Path, **more_env: str) -> tuple[str, int]:
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache), PYTHONPATH=str(REPO), **more_env)
     env.pop("PGMEDALLION_SPARK_CLASS_ARCHIVE", None)
     # the jars Ivy resolved (recorded in the usual cache) are found as in every other start
     recorded = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
@@ -45,14 +47,18 @@ def _start(cache: Path, state: Path) -> tuple[str, int]:
     mine.parent.mkdir(parents=True, exist_ok=True)
     if recorded.exists() and not mine.exists():
         mine.write_text(recorded.read_text())
-    out = subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-c", CHILD, str(state)],
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
         check=True,
-    ).stdout
+    )
+    out = done.stdout
+    # nothing but the child's own lines: no JVM warning, no report of an archive written
+    assert [line.split()[0] for line in out.splitlines()] == ["OPTIONS", "ROWS"], out
+    assert done.stderr == "", done.stderr
     options = next(line for line in out.splitlines() if line.startswith("OPTIONS"))
     rows = int(next(line for line in out.splitlines() if line.startswith("ROWS")).split()[1])
     return options, rows
@@ -91,6 +97,39 @@ def test_a_claimed_archive_is_left_to_its_writer_and_an_old_claim_is_taken(tmp_p
     options, rows = _start(cache, tmp_path / "state")
     assert "-XX:ArchiveClassesAtExit=" in options and rows == 3
     assert len(list(archives.glob("*.jsa"))) == 1 and not claim.exists()
+
+
+def _java(at_least: int) -> Path | None:
+    """A Java home of major version ``at_least`` or later on this machine, if there is one."""
+    homes = [os.environ.get("JAVA_HOME", ""), *sorted(glob.glob("/usr/lib/jvm/*"))]
+    for home in homes:
+        release = Path(home, "release")
+        if not home or not release.is_file():
+            continue
+        found = re.search(r'JAVA_VERSION="(\d+)', release.read_text())
+        if found and int(found.group(1)) >= at_least:
+            return Path(home)
+    return None
+
+
+@pytest.mark.slow  # two JVM starts, the first assembling an AOT cache at exit: about a minute
+@pytest.mark.skipif(_java(25) is None, reason="no Java 25 or later on this machine")
+def test_from_java_25_on_the_archive_is_an_aot_cache_written_and_used_without_a_word(tmp_path):
+    """Java 25 and later: the archive is an ahead-of-time cache (``.aot``), which the first
+    JVM records and assembles as it exits and the next one starts from. The recording's and the
+    assembly's reports, and the warning Java 25 gives for a package Spark's launcher opens,
+    reach neither stdout nor stderr (checked in ``_start``)."""
+    home = _java(25)
+    java = {"JAVA_HOME": str(home), "PATH": f"{home}/bin{os.pathsep}{os.environ['PATH']}"}
+    cache = tmp_path / "cache"
+    archives = cache / "pgmedallion" / "jvm-classes"
+    options, rows = _start(cache, tmp_path / "state", **java)
+    assert "-XX:AOTCacheOutput=" in options and rows == 1
+    written = list(archives.iterdir())
+    assert [p.suffix for p in written] == [".aot"] and written[0].stat().st_size > 10_000_000
+
+    options, rows = _start(cache, tmp_path / "state", **java)
+    assert f"-XX:AOTCache={written[0]}" in options and rows == 2
 
 
 def test_a_first_start_downloads_the_jars_with_one_line_and_no_resolution_report(tmp_path):
