@@ -193,11 +193,11 @@ def class_archive_options(jars: list[str], java_options: str, java: int) -> str:
     run never starts from a partial archive. ``PGMEDALLION_SPARK_CLASS_ARCHIVE=0`` turns it off.
 
     From Java 25 on (:data:`AOT_JAVA`) the archive is an ahead-of-time cache, which holds the
-    classes linked and the methods' profiles too: a cold update run of a 3,000-row table on the
-    Spark engine took 46-49 s with it, against 47-53 s with Java 25's class archive and 53-59 s
-    with Java 17's (``benchmarks/RESULTS.md``, session 52). The JVM that writes it records the
-    run, then at its exit starts a second JVM that assembles the cache (that exit takes about
-    20-50 s longer, once)."""
+    classes linked and the methods' profiles too: cold update runs of 30 rows in a 3,000-row
+    table on the Spark engine took 58.7-62.6 s with it against 69.4-79.8 s on Java 17 with its
+    archive, run by run; Java 25's class archive alone sat in between (``benchmarks/RESULTS.md``,
+    session 52). The JVM that writes it records the run, then at its exit starts a second JVM
+    that assembles the cache (that exit takes 20-50 s longer, once)."""
     archive = class_archive(jars, java_options, java)
     if archive is None:
         return ""
