@@ -149,6 +149,7 @@ def _archive_key(jars: list[str], java_options: str) -> str:
         str(java),
         str(java.stat().st_mtime) if java.exists() else "",
         pyspark.__version__,
+        str(spark_jars),  # the JVM checks the class path's files: another install, another key
         *sorted(p.name for p in spark_jars.glob("*.jar")),
         *jars,
         java_options,
