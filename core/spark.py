@@ -190,7 +190,7 @@ def class_archive_options(jars: list[str], java_options: str, java: int) -> str:
     archive (about 200 MB, one per Java, Spark and jar set) is written by the first run
     without one (its exit takes 10-15 s longer, once): the JVM writes it when it exits, to a
     file this process claimed (other processes meanwhile start without an archive), and this
-    process renames it into place once the JVM exited cleanly (:func:`_keep_archive`), so a
+    process renames it into place once the JVM exited cleanly (:func:`end_local_jvm`), so a
     run never starts from a partial archive. ``PGMEDALLION_SPARK_CLASS_ARCHIVE=0`` turns it off.
 
     From Java 25 on (:data:`AOT_JAVA`) the archive is an ahead-of-time cache, which holds the
@@ -218,34 +218,64 @@ def class_archive_options(jars: list[str], java_options: str, java: int) -> str:
         os.close(os.open(pending, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except OSError:
         return ""
-    atexit.register(_keep_archive, pending, archive)
+    _keep_archive(pending, archive)
     if aot:
         return f"-XX:AOTCacheOutput={pending} {quiet}"
     return f"-XX:ArchiveClassesAtExit={pending} {quiet} -Xshare:auto"
 
 
-def _keep_archive(pending: Path, archive: Path) -> None:
-    """At this process's exit: stop Spark, wait for its JVM to exit (it writes ``pending``
-    then), and put a cleanly written archive in place."""
-    from pyspark import SparkContext
+_CLAIMED: list[tuple[Path, Path]] = []
+"""The archives this process claimed: (the file its JVM writes as it exits, the archive)."""
 
-    gateway = SparkContext._gateway
-    proc = getattr(gateway, "proc", None)
+
+def _keep_archive(pending: Path, archive: Path) -> None:
+    """Remember the claim; the JVM about to start writes ``pending`` as it exits, and
+    :func:`end_local_jvm` (at this process's exit at the latest) puts it in place."""
+    if not _CLAIMED:
+        atexit.register(end_local_jvm)
+    _CLAIMED.append((pending, archive))
+
+
+def end_local_jvm() -> bool:
+    """End this process's local Spark JVM, if it has one: stop Spark, then the JVM (it exits
+    when its standard input closes), and put in place the class archive it wrote as it exited
+    (cleanly, or the archive is dropped), so a run never starts from a partial one. A later
+    :func:`get_spark` starts a new JVM. True if a JVM was ended. (Stopping the session alone
+    keeps the JVM, and the embedded Derby metastore, open.)"""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    ended = False
+    code = None
     try:
-        if SparkContext._active_spark_context is not None:
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            active.stop()
+        elif SparkContext._active_spark_context is not None:
             SparkContext._active_spark_context.stop()
-        if proc is None:
-            return
-        if proc.stdin is not None:
-            proc.stdin.close()  # the JVM exits when its stdin closes
-        code = proc.wait(timeout=300)
-        if code == 0 and pending.is_file() and pending.stat().st_size > 0:
-            os.replace(pending, archive)
-    except Exception as exc:  # noqa: BLE001 - an archive is only ever an optimisation
-        log.debug("no JVM class archive kept: %s", exc)
+        gateway = SparkContext._gateway
+        if gateway is not None:
+            proc = getattr(gateway, "proc", None)
+            gateway.shutdown()
+            if proc is not None:
+                if proc.stdin is not None:
+                    proc.stdin.close()
+                code = proc.wait(timeout=300)
+            SparkContext._gateway = None
+            SparkContext._jvm = None
+            ended = True
     finally:
-        pending.unlink(missing_ok=True)
-        Path(f"{pending}.config").unlink(missing_ok=True)  # an AOT cache's recording
+        while _CLAIMED:
+            pending, archive = _CLAIMED.pop()
+            try:
+                if code == 0 and pending.is_file() and pending.stat().st_size > 0:
+                    os.replace(pending, archive)
+            except OSError as exc:  # an archive is only ever an optimisation
+                log.debug("no JVM class archive kept: %s", exc)
+            finally:
+                pending.unlink(missing_ok=True)
+                Path(f"{pending}.config").unlink(missing_ok=True)  # an AOT cache's recording
+    return ended
 
 
 def log4j2_file(state_dir: Path) -> Path:

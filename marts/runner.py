@@ -24,12 +24,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyspark import SparkContext
-from pyspark.sql import SparkSession
-
 from pgmedallion.core.config import Config, on_databricks
 from pgmedallion.core.errors import PipelineError
-from pgmedallion.core.spark import check_java, spark_settings, write_log4j2, write_spark_defaults
+from pgmedallion.core.spark import (
+    check_java,
+    end_local_jvm,
+    spark_settings,
+    write_log4j2,
+    write_spark_defaults,
+)
 from pgmedallion.marts import GOLD_SCHEMA_KEY
 
 QUALITY_PREFIX = "pgmedallion-quality "
@@ -55,26 +58,12 @@ class MartsError(PipelineError):
 
 def stop_local_spark() -> bool:
     """End this process's local Spark JVM, if it has one, so that another JVM can open the
-    embedded Derby metastore; a later ``core.spark.get_spark`` starts a new JVM. True if a JVM
-    was ended. (``SparkSession.stop`` alone keeps the JVM, and Derby, open.)"""
+    embedded Derby metastore (``core.spark.end_local_jvm``: the JVM's class archive, if it
+    wrote one, is kept); a later ``core.spark.get_spark`` starts a new JVM. True if a JVM was
+    ended."""
     if on_databricks():
         return False
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        active.stop()
-    gateway = SparkContext._gateway
-    if gateway is None:
-        return False
-    proc = getattr(gateway, "proc", None)
-    gateway.shutdown()
-    if proc is not None:
-        # The JVM (PythonGatewayServer) exits when its standard input closes.
-        if proc.stdin is not None:
-            proc.stdin.close()
-        proc.wait(timeout=120)
-    SparkContext._gateway = None
-    SparkContext._jvm = None
-    return True
+    return end_local_jvm()
 
 
 def run_marts(cfg: Config, *, echo: bool = False) -> PipelineRun:
