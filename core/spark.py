@@ -232,8 +232,15 @@ def _keep_archive(pending: Path, archive: Path) -> None:
     """Remember the claim; the JVM about to start writes ``pending`` as it exits, and
     :func:`end_local_jvm` (at this process's exit at the latest) puts it in place."""
     if not _CLAIMED:
-        atexit.register(end_local_jvm)
+        atexit.register(_end_at_exit)
     _CLAIMED.append((pending, archive))
+
+
+def _end_at_exit() -> None:
+    try:
+        end_local_jvm()
+    except Exception as exc:  # noqa: BLE001 - a JVM already gone, say: nothing to keep
+        log.debug("no JVM class archive kept: %s", exc)
 
 
 def end_local_jvm() -> bool:
