@@ -218,7 +218,7 @@ def class_archive_options(jars: list[str], java_options: str, java: int) -> str:
         os.close(os.open(pending, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except OSError:
         return ""
-    _keep_archive(pending, archive)
+    _remember_claim(pending, archive)
     if aot:
         return f"-XX:AOTCacheOutput={pending} {quiet}"
     return f"-XX:ArchiveClassesAtExit={pending} {quiet} -Xshare:auto"
@@ -228,7 +228,7 @@ _CLAIMED: list[tuple[Path, Path]] = []
 """The archives this process claimed: (the file its JVM writes as it exits, the archive)."""
 
 
-def _keep_archive(pending: Path, archive: Path) -> None:
+def _remember_claim(pending: Path, archive: Path) -> None:
     """Remember the claim; the JVM about to start writes ``pending`` as it exits, and
     :func:`end_local_jvm` (at this process's exit at the latest) puts it in place."""
     if not _CLAIMED:
