@@ -75,6 +75,16 @@ JVM_OPTIONS = "-XX:-DontCompileHugeMethods"
 """Options for every Spark JVM that runs silver (set as well in ``databricks.yml``'s cluster)."""
 
 
+PYTHON_WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}
+"""The environment of every Spark Python worker that runs silver's kernels (set as well in
+``databricks.yml``'s clusters). pyarrow allocates with mimalloc by default, which gave each
+batch's memory back to the system and faulted it in again for the next: a worker casting a
+4M-row first load spent 40% of its CPU in the kernel (page faults), and its kernels took
+11.2-13.4 CPU-s against 8.5-10.2 with jemalloc (the silver stage's append −1.7 s over five
+alternating pairs; benchmarks/RESULTS.md, session 53). The driver keeps mimalloc: casting a
+whole table in one batch there, it was the faster of the two."""
+
+
 LOG4J2 = """\
 # Written by pgmedallion: Spark's own messages at ERROR, without the ones that are not errors.
 rootLogger.level = error
@@ -454,6 +464,7 @@ def spark_settings(state_dir: Path, *, packages: tuple[str, ...] = ()) -> dict[s
         # than that, and ran 3-4x slower than compiled (silver's COPY decoding: 3.3 s against
         # 0.9 s for 500k rows), so huge methods are compiled too (see JVM_OPTIONS).
         "spark.driver.extraJavaOptions": java_options,
+        **{f"spark.executorEnv.{k}": v for k, v in PYTHON_WORKER_ENV.items()},
         "spark.driver.memory": "4g",
         "spark.sql.shuffle.partitions": "2",
         "spark.default.parallelism": "2",

@@ -37,7 +37,7 @@ from databricks.bundles.pipelines import Pipeline
 
 from pgmedallion.cli import build_parser
 from pgmedallion.core.config import LakehouseConfig, SourceConfig, load_config
-from pgmedallion.core.spark import JVM_OPTIONS, spark_settings
+from pgmedallion.core.spark import JVM_OPTIONS, PYTHON_WORKER_ENV, spark_settings
 from pgmedallion.marts import GOLD_SCHEMA_KEY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -611,6 +611,24 @@ def test_job_clusters_compile_huge_methods(bundle, target):
         for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
             assert JVM_OPTIONS in conf.get(key, ""), (target, key)
     assert JVM_OPTIONS in spark_settings(Path("unused"))["spark.driver.extraJavaOptions"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_job_clusters_give_python_workers_the_local_environment(bundle, target):
+    """Every job cluster's Python workers get the environment local Spark gives its own
+    (their Arrow allocator)."""
+    config, _ = resolved(bundle, target)
+    clusters = [
+        c["new_cluster"]
+        for job in config["resources"]["jobs"].values()
+        for c in job.get("job_clusters", [])
+    ]
+    assert clusters
+    local = spark_settings(Path("unused"))
+    for name, value in PYTHON_WORKER_ENV.items():
+        assert local[f"spark.executorEnv.{name}"] == value
+        for cluster in clusters:
+            assert (cluster.get("spark_env_vars") or {}).get(name) == value, (target, name)
 
 
 def test_misspelt_config_variable_is_caught():

@@ -133,3 +133,15 @@ def test_the_driver_and_spark_decide_every_text_alike(db, spark, name):
     for i, text in enumerate(written):  # what PostgreSQL writes casts (or meets its policy)
         assert i not in my_errors or text in ERRORS_BY_DESIGN, (name, text, my_errors[i])
     assert mine[-1] is None and len(texts) - 1 not in my_errors  # NULL is NULL, no error
+
+
+def test_spark_python_workers_allocate_arrow_memory_with_jemalloc(spark):
+    """The workers that run the kernels on Spark allocate with jemalloc
+    (``core.spark.PYTHON_WORKER_ENV``); the driver keeps pyarrow's default."""
+
+    def pool(batches):
+        for _ in batches:
+            yield pa.RecordBatch.from_pylist([{"pool": pa.default_memory_pool().backend_name}])
+
+    (row,) = spark.range(1, numPartitions=1).mapInArrow(pool, "pool string").collect()
+    assert row["pool"] == "jemalloc"
