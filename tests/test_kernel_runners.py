@@ -145,3 +145,14 @@ def test_spark_python_workers_allocate_arrow_memory_with_jemalloc(spark):
 
     (row,) = spark.range(1, numPartitions=1).mapInArrow(pool, "pool string").collect()
     assert row["pool"] == "jemalloc"
+
+
+def test_the_local_jvm_compiles_after_four_times_hotspots_thresholds(spark):
+    """The local JVM runs with ``core.spark.LOCAL_JVM_OPTIONS`` (a cold run's JIT compiled
+    code it ran a few hundred times; benchmarks/RESULTS.md, session 53)."""
+    jvm = spark.sparkContext._jvm
+    bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    )
+    assert bean.getVMOption("CompileThresholdScaling").getValue() == "4.0"
+    assert bean.getVMOption("ReservedCodeCacheSize").getValue() == str(512 * 1024 * 1024)
