@@ -595,10 +595,8 @@ def test_job_environment_configures_pgmedallion(bundle, target):
         )
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_job_clusters_compile_huge_methods(bundle, target):
-    """Every job cluster's JVMs get the options local Spark gets (silver's generated code is
-    over HotSpot's huge-method limit)."""
+def job_clusters(bundle, target: str) -> list[dict]:
+    """The new clusters of every job of the bundle resolved for ``target`` (at least one)."""
     config, _ = resolved(bundle, target)
     clusters = [
         c["new_cluster"]
@@ -606,6 +604,14 @@ def test_job_clusters_compile_huge_methods(bundle, target):
         for c in job.get("job_clusters", [])
     ]
     assert clusters
+    return clusters
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_job_clusters_compile_huge_methods(bundle, target):
+    """Every job cluster's JVMs get the options local Spark gets (silver's generated code is
+    over HotSpot's huge-method limit)."""
+    clusters = job_clusters(bundle, target)
     for cluster in clusters:
         conf = cluster.get("spark_conf") or {}
         for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
@@ -617,13 +623,7 @@ def test_job_clusters_compile_huge_methods(bundle, target):
 def test_job_clusters_give_python_workers_the_local_environment(bundle, target):
     """Every job cluster's Python workers get the environment local Spark gives its own
     (their Arrow allocator)."""
-    config, _ = resolved(bundle, target)
-    clusters = [
-        c["new_cluster"]
-        for job in config["resources"]["jobs"].values()
-        for c in job.get("job_clusters", [])
-    ]
-    assert clusters
+    clusters = job_clusters(bundle, target)
     local = spark_settings(Path("unused"))
     for name, value in PYTHON_WORKER_ENV.items():
         assert local[f"spark.executorEnv.{name}"] == value
