@@ -139,6 +139,9 @@ than it saved (a third of the JVM's CPU time went to compiling)."""
 CLASS_ARCHIVE_ENV = "PGMEDALLION_SPARK_CLASS_ARCHIVE"
 """``0`` turns the local JVM's class archive off (see :func:`class_archive_options`)."""
 _ARCHIVE_LEFTOVER_S = 600
+ARCHIVE_UNUSED_DAYS = 14
+"""An archive no run has started from for this many days is deleted when the next one is put in
+place (:func:`prune_class_archives`)."""
 
 
 def _cache_dir() -> Path:
@@ -210,6 +213,8 @@ def class_archive_options(jars: list[str], java_options: str, java: int) -> str:
     file this process claimed (other processes meanwhile start without an archive), and this
     process renames it into place once the JVM exited cleanly (:func:`end_local_jvm`), so a
     run never starts from a partial archive. ``PGMEDALLION_SPARK_CLASS_ARCHIVE=0`` turns it off.
+    Each start from an archive marks it used; putting a new one in place deletes those unused
+    for :data:`ARCHIVE_UNUSED_DAYS` days (:func:`prune_class_archives`).
 
     From Java 25 on (:data:`AOT_JAVA`) the archive is an ahead-of-time cache, which holds the
     classes linked and the methods' profiles too: cold update runs of 30 rows in a 3,000-row
@@ -224,6 +229,7 @@ def class_archive_options(jars: list[str], java_options: str, java: int) -> str:
     aot = archive.suffix == ".aot"
     quiet = "-Xlog:aot*=off -Xlog:cds*=off" if aot else "-Xlog:cds=off -Xlog:cds+dynamic=off"
     if archive.is_file():
+        _touch(archive)
         if aot:
             return f"-XX:AOTCache={archive} {quiet}"
         return f"-XX:SharedArchiveFile={archive} {quiet} -Xshare:auto"
@@ -240,6 +246,31 @@ def class_archive_options(jars: list[str], java_options: str, java: int) -> str:
     if aot:
         return f"-XX:AOTCacheOutput={pending} {quiet}"
     return f"-XX:ArchiveClassesAtExit={pending} {quiet} -Xshare:auto"
+
+
+def _touch(archive: Path) -> None:
+    """Mark ``archive`` used now (what :func:`prune_class_archives` goes by)."""
+    try:
+        os.utime(archive)
+    except OSError as exc:  # another user's archive, say: it is only ever an optimisation
+        log.debug("class archive %s not marked used: %s", archive, exc)
+
+
+def prune_class_archives(now: float | None = None) -> list[Path]:
+    """Delete the archives no run has started from for :data:`ARCHIVE_UNUSED_DAYS` days; the
+    ones deleted. Every upgrade of pgmedallion's options, pyspark, Delta or Java gives the
+    archive a new key and leaves the old one (100-250 MB) behind. A JVM that still maps a
+    deleted archive keeps reading it."""
+    cutoff = (time.time() if now is None else now) - ARCHIVE_UNUSED_DAYS * 86400
+    deleted = []
+    for path in class_archive_dir().glob("*"):
+        try:
+            if path.suffix in (".jsa", ".aot") and path.stat().st_mtime < cutoff:
+                path.unlink()
+                deleted.append(path)
+        except OSError as exc:
+            log.debug("class archive %s not deleted: %s", path, exc)
+    return deleted
 
 
 _CLAIMED: list[tuple[Path, Path]] = []
@@ -295,6 +326,7 @@ def end_local_jvm() -> bool:
             try:
                 if code == 0 and pending.is_file() and pending.stat().st_size > 0:
                     os.replace(pending, archive)
+                    prune_class_archives()
             except OSError as exc:  # an archive is only ever an optimisation
                 log.debug("no JVM class archive kept: %s", exc)
             finally:

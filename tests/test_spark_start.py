@@ -64,18 +64,57 @@ def _start(cache: Path, state: Path, **more_env: str) -> tuple[str, int]:
     return options, rows
 
 
+def _aged(path: Path, days: float) -> Path:
+    """A file at ``path`` last modified ``days`` ago."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x")
+    then = time.time() - days * 86400
+    os.utime(path, (then, then))
+    return path
+
+
 @pytest.mark.slow  # four JVM starts with an archive written at exit: 2-3 minutes
 def test_the_first_start_writes_the_archive_and_the_next_starts_from_it(tmp_path):
     cache = tmp_path / "cache"
     archives = cache / "pgmedallion" / "jvm-classes"
+    # an upgrade's leftovers: archives of other keys, one unused for weeks
+    stale, recent = (
+        _aged(archives / ("0" * 20 + ".jsa"), 30),
+        _aged(archives / ("1" * 20 + ".aot"), 1),
+    )
     options, rows = _start(cache, tmp_path / "state")
     assert "-XX:ArchiveClassesAtExit=" in options and rows == 1
-    written = list(archives.glob("*.jsa"))
+    written = [p for p in archives.glob("*.jsa") if p != stale]
     assert len(written) == 1 and written[0].stat().st_size > 10_000_000
     assert not list(archives.glob("*.tmp"))  # the claim became the archive
+    assert not stale.exists() and recent.exists()  # the new archive's arrival pruned the stale
 
+    then = time.time() - 86400
+    os.utime(written[0], (then, then))
     options, rows = _start(cache, tmp_path / "state")
     assert f"-XX:SharedArchiveFile={written[0]}" in options and rows == 2
+    assert written[0].stat().st_mtime > then + 3600  # marked used
+
+
+def test_archives_unused_for_two_weeks_are_pruned_and_nothing_else(tmp_path, monkeypatch):
+    from pgmedallion.core.spark import ARCHIVE_UNUSED_DAYS, class_archive_dir, prune_class_archives
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = class_archive_dir()
+    assert folder.is_relative_to(tmp_path)
+    stale = [
+        _aged(folder / f"a{i}{suffix}", ARCHIVE_UNUSED_DAYS + 1)
+        for i, suffix in enumerate((".jsa", ".aot"))
+    ]
+    kept = [
+        _aged(folder / "b.jsa", ARCHIVE_UNUSED_DAYS - 1),
+        _aged(folder / "c.aot", 0),
+        _aged(folder / "d.tmp", ARCHIVE_UNUSED_DAYS + 1),  # a claim: its own rule
+        _aged(folder / "d.tmp.config", ARCHIVE_UNUSED_DAYS + 1),
+    ]
+    assert sorted(prune_class_archives()) == sorted(stale)
+    assert not any(p.exists() for p in stale) and all(p.exists() for p in kept)
+    assert prune_class_archives() == []
 
 
 @pytest.mark.slow  # four JVM starts with an archive written at exit: 2-3 minutes
