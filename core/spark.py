@@ -79,8 +79,8 @@ PYTHON_WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}
 """The environment of every Spark Python worker that runs silver's kernels (set as well in
 ``databricks.yml``'s clusters). pyarrow allocates with mimalloc by default, which gave each
 batch's memory back to the system and faulted it in again for the next: a worker casting a
-4M-row first load spent 40% of its CPU in the kernel (page faults), and its kernels took
-11.2-13.4 CPU-s against 8.5-10.2 with jemalloc (the silver stage's append −1.7 s over five
+4M-row first load spent 40% of its CPU in system time (page faults), and silver's kernels took
+11.2-13.4 CPU-s there against 8.5-10.2 with jemalloc (the silver stage's append −1.7 s over five
 alternating pairs; benchmarks/RESULTS.md, session 53). The driver keeps mimalloc: casting a
 whole table in one batch there, it was the faster of the two."""
 
@@ -256,12 +256,12 @@ def _touch(archive: Path) -> None:
         log.debug("class archive %s not marked used: %s", archive, exc)
 
 
-def prune_class_archives(now: float | None = None) -> list[Path]:
+def prune_class_archives() -> list[Path]:
     """Delete the archives no run has started from for :data:`ARCHIVE_UNUSED_DAYS` days; the
     ones deleted. Every upgrade of pgmedallion's options, pyspark, Delta or Java gives the
     archive a new key and leaves the old one (100-250 MB) behind. A JVM that still maps a
     deleted archive keeps reading it."""
-    cutoff = (time.time() if now is None else now) - ARCHIVE_UNUSED_DAYS * 86400
+    cutoff = time.time() - ARCHIVE_UNUSED_DAYS * 86400
     deleted = []
     for path in class_archive_dir().glob("*"):
         try:
