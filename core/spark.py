@@ -72,17 +72,27 @@ def delta_package() -> str:
 
 
 JVM_OPTIONS = "-XX:-DontCompileHugeMethods"
-"""Options for every Spark JVM that runs silver (set as well in ``databricks.yml``'s cluster)."""
+"""Options for every Spark JVM that runs silver (set as well in ``resources/pgmedallion.job.yml``'s
+clusters)."""
 
 
 PYTHON_WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}
 """The environment of every Spark Python worker that runs silver's kernels (set as well in
-``databricks.yml``'s clusters). pyarrow allocates with mimalloc by default, which gave each
-batch's memory back to the system and faulted it in again for the next: a worker casting a
-4M-row first load spent 40% of its CPU in system time (page faults), and silver's kernels took
-11.2-13.4 CPU-s there against 8.5-10.2 with jemalloc (the silver stage's append −1.7 s over five
-alternating pairs; benchmarks/RESULTS.md, session 53). The driver keeps mimalloc: casting a
-whole table in one batch there, it was the faster of the two."""
+``resources/pgmedallion.job.yml``'s clusters, as ``spark.executorEnv.*``). pyarrow 18 and later
+allocate with mimalloc by default, which gave each batch's memory back to the system and faulted
+it in again for the next: locally, 40% of the CPU of a worker casting a 4M-row first load was
+system time (page faults), and silver's kernels took 11.2-13.4 CPU-s there against 8.5-10.2
+with jemalloc (the silver stage's append −1.7 s over five alternating pairs;
+benchmarks/RESULTS.md, session 53). The driver keeps pyarrow's default: casting a whole table
+in one batch there, mimalloc was the faster of the two."""
+
+
+def python_worker_env() -> dict[str, str]:
+    """:data:`PYTHON_WORKER_ENV`, where this pyarrow has jemalloc (its wheels for macOS and
+    Linux on ARM do not: there a worker would print that it falls back to the default)."""
+    import pyarrow as pa
+
+    return dict(PYTHON_WORKER_ENV) if "jemalloc" in pa.supported_memory_backends() else {}
 
 
 LOG4J2 = """\
@@ -139,6 +149,9 @@ than it saved (a third of the JVM's CPU time went to compiling)."""
 CLASS_ARCHIVE_ENV = "PGMEDALLION_SPARK_CLASS_ARCHIVE"
 """``0`` turns the local JVM's class archive off (see :func:`class_archive_options`)."""
 _ARCHIVE_LEFTOVER_S = 600
+CDS_SUFFIX, AOT_SUFFIX = ".jsa", ".aot"
+"""The ends of a class archive's file name: a class data sharing archive before Java
+:data:`AOT_JAVA`, an ahead-of-time cache from it on."""
 ARCHIVE_UNUSED_DAYS = 14
 """An archive no run has started from for this many days is deleted when the next one is put in
 place (:func:`prune_class_archives`)."""
@@ -196,8 +209,8 @@ def class_archive(jars: list[str], java_options: str, java: int) -> Path | None:
     (:data:`CLASS_ARCHIVE_ENV`)."""
     if os.environ.get(CLASS_ARCHIVE_ENV, "1") == "0":
         return None
-    kind = "aot" if java >= AOT_JAVA else "jsa"
-    return class_archive_dir() / f"{_archive_key(jars, java_options)}.{kind}"
+    kind = AOT_SUFFIX if java >= AOT_JAVA else CDS_SUFFIX
+    return class_archive_dir() / f"{_archive_key(jars, java_options)}{kind}"
 
 
 def class_archive_options(jars: list[str], java_options: str, java: int) -> str:
@@ -226,7 +239,7 @@ def class_archive_options(jars: list[str], java_options: str, java: int) -> str:
     if archive is None:
         return ""
     folder = archive.parent
-    aot = archive.suffix == ".aot"
+    aot = archive.suffix == AOT_SUFFIX
     quiet = "-Xlog:aot*=off -Xlog:cds*=off" if aot else "-Xlog:cds=off -Xlog:cds+dynamic=off"
     if archive.is_file():
         _touch(archive)
@@ -258,14 +271,15 @@ def _touch(archive: Path) -> None:
 
 def prune_class_archives() -> list[Path]:
     """Delete the archives no run has started from for :data:`ARCHIVE_UNUSED_DAYS` days; the
-    ones deleted. Every upgrade of pgmedallion's options, pyspark, Delta or Java gives the
+    ones deleted. Every change of pgmedallion's JVM options, pyspark, Delta or Java gives the
     archive a new key and leaves the old one (100-250 MB) behind. A JVM that still maps a
-    deleted archive keeps reading it."""
+    deleted archive keeps reading it; one about to start from an archive deleted a moment
+    before (unused for two weeks until then) starts without one."""
     cutoff = time.time() - ARCHIVE_UNUSED_DAYS * 86400
     deleted = []
     for path in class_archive_dir().glob("*"):
         try:
-            if path.suffix in (".jsa", ".aot") and path.stat().st_mtime < cutoff:
+            if path.suffix in (CDS_SUFFIX, AOT_SUFFIX) and path.stat().st_mtime < cutoff:
                 path.unlink()
                 deleted.append(path)
         except OSError as exc:
@@ -504,7 +518,7 @@ def spark_settings(state_dir: Path, *, packages: tuple[str, ...] = ()) -> dict[s
         # than that, and ran 3-4x slower than compiled (silver's COPY decoding: 3.3 s against
         # 0.9 s for 500k rows), so huge methods are compiled too (see JVM_OPTIONS).
         "spark.driver.extraJavaOptions": java_options,
-        **{f"spark.executorEnv.{k}": v for k, v in PYTHON_WORKER_ENV.items()},
+        **{f"spark.executorEnv.{k}": v for k, v in python_worker_env().items()},
         "spark.driver.memory": "4g",
         "spark.sql.shuffle.partitions": "2",
         "spark.default.parallelism": "2",

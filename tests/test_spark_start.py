@@ -237,3 +237,14 @@ def test_a_local_session_takes_the_jars_pyspark_lacks_on_its_class_path():
     assert len(on_path) < len(jars)
     cluster = jar_settings(jars, "spark://127.0.0.1:7077")
     assert set(cluster) == {"spark.jars"} and session_jars(cluster) == jars
+
+
+def test_the_local_jvm_compiles_after_four_times_hotspots_thresholds(spark):
+    """The local JVM runs with ``core.spark.LOCAL_JVM_OPTIONS`` (a cold run's JIT compiled
+    code it ran a few hundred times; benchmarks/RESULTS.md, session 53)."""
+    jvm = spark.sparkContext._jvm
+    bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    )
+    assert bean.getVMOption("CompileThresholdScaling").getValue() == "4.0"
+    assert bean.getVMOption("ReservedCodeCacheSize").getValue() == str(512 * 1024 * 1024)
