@@ -6,6 +6,7 @@ choice of engine."""
 from __future__ import annotations
 
 import json
+import os
 import uuid
 
 import pyarrow as pa
@@ -357,3 +358,43 @@ def test_a_table_created_without_spark_is_the_one_spark_creates(spark, tmp_path)
         assert again.state().next_batch_id == 1
     finally:
         spark.sql(f"DROP SCHEMA {schema} CASCADE")
+
+
+def _bytes_read(spark) -> int:
+    """Bytes the Spark JVM (its executors' too: local mode) has read so far, page cache
+    included (``rchar`` of ``/proc/<pid>/io``)."""
+    pid = spark._jvm.java.lang.ProcessHandle.current().pid()
+    with open(f"/proc/{pid}/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("rchar:"))
+
+
+def test_spark_reader_reads_no_copy_payloads(spark, bronze):
+    """Capture's questions read the payloads of progress, schema and error records, never a
+    snapshot's rows: bronze's files of copy records (most of its bytes) are read for their
+    index columns only. A projection that only nulls the payload would read it all."""
+    SparkBronze(spark, bronze, SOURCE).state()  # (the classes a first read loads, read now)
+    snap = RecordBuffer(SOURCE, "r1")
+    rows = 64
+    for ordinal in range(1, rows + 1):  # 64 MB of incompressible rows
+        snap.add(
+            "copy",
+            100,
+            table_oid=21,
+            table_schema="s",
+            table_name="a",
+            ordinal=ordinal,
+            part=0,
+            payload=os.urandom(1 << 20),
+        )
+    control = RecordBuffer(SOURCE, "r1")
+    control.add("rewind", 100, table_oid=21, table_schema="s", table_name="a")
+    control.add("progress", 180, payload=json_payload({"system_id": "7", "timeline": 1}))
+    writer = DeltaRsWriter(open_bronze(bronze, SOURCE, spark=spark).path, app_id(SOURCE))
+    assert writer.append(snap.to_arrow(0), 0) and writer.append(control.to_arrow(1), 1)
+    store = SparkBronze(spark, bronze, SOURCE)
+    before = _bytes_read(spark)
+    state = store.state()
+    read = _bytes_read(spark) - before
+    assert state.frontier == 180 and state.system_identity == {"system_id": "7", "timeline": 1}
+    assert store.landed_counts(0) == {"s.a": rows} and state.snapshots == {21: (100, "s", "a")}
+    assert 0 < read < (16 << 20), f"{read} bytes read"
