@@ -164,12 +164,12 @@ class SparkBronze(Bronze):
         self._read: list[dict[str, Any]] | None = None
         self._next: int | None = None
 
-    # Each read is a Spark job (0.5-1 s, however few the records, 2-3 s once a snapshot's copy
-    # records are there), and a capture asks a dozen questions between two of its commits: the
-    # records are read once and kept, with what this object commits added to them, until
-    # ``refresh`` says another process may have committed (or a snapshot's wave, whose copy
-    # records Spark's executors wrote, calls for a read). After its own commit it knows the
-    # next batch id without a read: a snapshot in key ranges asks only that between two
+    # Each read is a Spark job (0.5-1 s warm however few the records; more in a cold process,
+    # Delta's state of bronze first), and a capture asks a dozen questions between two of its
+    # commits: the records are read once and kept, with what this object commits added to them,
+    # until ``refresh`` says another process may have committed (or a snapshot's wave, whose
+    # copy records Spark's executors wrote, calls for a read). After its own commit it knows
+    # the next batch id without a read: a snapshot in key ranges asks only that between two
     # ranges' commits.
 
     def refresh(self) -> SparkBronze:
