@@ -205,7 +205,7 @@ class SparkBronze(Bronze):
         # The payloads the questions read (progress, error and schema records) come along; the
         # copy records' (their rows) do not. Two scans in one job: a projection that only
         # nulls a payload still reads it, and a snapshot's files of copy records hold most of
-        # bronze's bytes (after a 4M-row snapshot, the scan's stage took 2.2-4.0 s in a cold
+        # bronze's bytes (after a 4M-row snapshot, the scan's stage took 2.2-4.5 s in a cold
         # process, 0.3-1.2 s in two scans: measured in each of capture and silver). Bronze's
         # statistics on ``kind`` skip the files of wal messages in both scans, and the files
         # of copy records in the one that reads payloads.
